@@ -1,0 +1,144 @@
+"""``ctrain doctor``: what this machine has for each ctrain workflow, and what is missing."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ctrain import proc
+from ctrain.errors import CtrainError
+from ctrain.ui import table
+
+
+@dataclass(frozen=True)
+class Check:
+    """One thing doctor looks for."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+def _tool(tool: str, version_args: tuple[str, ...] = ("--version",)) -> Callable[[], Check]:
+    def check() -> Check:
+        path = proc.which(tool)
+        if not path:
+            return Check(tool, False, proc.TOOLS[tool].hint if tool in proc.TOOLS else "not on PATH")
+        detail = path
+        if version_args:
+            try:
+                out = proc.run([path, *version_args], check=False, timeout=20)
+                first = (out.stdout or out.stderr).strip().splitlines()
+                if first:
+                    detail = f"{first[0].strip()} ({path})"
+            except CtrainError:
+                pass
+        return Check(tool, True, detail)
+
+    return check
+
+
+def _controller() -> Check:
+    if not proc.which("scontrol"):
+        return Check("slurm controller", False, "scontrol not found")
+    try:
+        out = proc.run(["scontrol", "ping"], check=False, timeout=20)
+    except CtrainError as exc:
+        return Check("slurm controller", False, str(exc).splitlines()[0])
+    text = (out.stdout + out.stderr).strip()
+    up = out.returncode == 0 and " is UP" in text
+    return Check("slurm controller", up, text.splitlines()[0] if text else f"scontrol ping exited {out.returncode}")
+
+
+def _gpus() -> Check:
+    if not proc.which("nvidia-smi"):
+        return Check("gpus", False, "nvidia-smi not found (no NVIDIA driver)")
+    try:
+        out = proc.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], check=False, timeout=30)
+    except CtrainError as exc:
+        return Check("gpus", False, str(exc).splitlines()[0])
+    names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    if out.returncode != 0 or not names:
+        return Check("gpus", False, (out.stderr or out.stdout).strip() or "no GPU visible")
+    return Check("gpus", True, f"{len(names)} x {names[0]}")
+
+
+def _python(module: str, dist: str | None = None) -> Callable[[], Check]:
+    def check() -> Check:
+        if importlib.util.find_spec(module) is None:
+            return Check(module, False, "pip install 'ctrain[train]'")
+        try:
+            return Check(module, True, importlib.metadata.version(dist or module))
+        except importlib.metadata.PackageNotFoundError:
+            return Check(module, True, "installed")
+
+    return check
+
+
+CHECKS: dict[str, Callable[[], Check]] = {
+    "apptainer": _tool("apptainer"),
+    "docker": _tool("docker"),
+    "podman": _tool("podman"),
+    "buildah": _tool("buildah"),
+    "skopeo": _tool("skopeo"),
+    "mksquashfs": _tool("mksquashfs", ("-version",)),
+    "enroot": _tool("enroot", ("version",)),
+    "rsync": _tool("rsync"),
+    "ssh": _tool("ssh", ("-V",)),
+    "sbatch": _tool("sbatch"),
+    "srun": _tool("srun"),
+    "slurm controller": _controller,
+    "nvidia-smi": _tool("nvidia-smi", ()),
+    "gpus": _gpus,
+    "torch": _python("torch"),
+    "transformers": _python("transformers"),
+    "trl": _python("trl"),
+    "datasets": _python("datasets"),
+    "accelerate": _python("accelerate"),
+    "deepspeed": _python("deepspeed"),
+    "pcluster": _tool("pcluster", ("version",)),
+}
+
+# Each workflow needs every group; a group is satisfied by any one of its checks.
+WORKFLOWS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "build": (("docker", "podman", "buildah", "apptainer"),),
+    "sif": (("apptainer",),),
+    "sqsh": (("enroot", "mksquashfs"),),
+    "push": (("skopeo", "podman", "docker", "apptainer", "rsync"),),
+    "slurm": (("sbatch",), ("srun",), ("slurm controller",)),
+    "apptainer-jobs": (("sbatch",), ("srun",), ("slurm controller",), ("apptainer",)),
+    "gpu": (("nvidia-smi",), ("gpus",)),
+    "train": (("torch",), ("transformers",), ("trl",), ("datasets",), ("accelerate",)),
+    "cluster": (("pcluster",),),
+}
+
+
+def run_checks(names: list[str] | None = None) -> dict[str, Check]:
+    """Run the named checks (all by default)."""
+    return {name: CHECKS[name]() for name in (names or list(CHECKS))}
+
+
+def workflow_status(results: dict[str, Check], workflow: str) -> list[str]:
+    """Groups of ``workflow`` that nothing satisfies, as 'a or b' strings (empty: ready)."""
+    return [" or ".join(group) for group in WORKFLOWS[workflow] if not any(results[c].ok for c in group)]
+
+
+def report(workflows: list[str]) -> tuple[str, bool]:
+    """The doctor's text and whether every chosen workflow is ready."""
+    for w in workflows:
+        if w not in WORKFLOWS:
+            raise CtrainError(f"unknown workflow '{w}'; valid: {', '.join(WORKFLOWS)}")
+    results = run_checks()
+    checks = table(["check", "status", "detail"], [[c.name, "ok" if c.ok else "missing", c.detail] for c in results.values()])
+    rows, ready = [], True
+    for w in WORKFLOWS:
+        lacking = workflow_status(results, w)
+        chosen = w in workflows
+        if chosen and lacking:
+            ready = False
+        mark = "ready" if not lacking else "MISSING" if chosen else "not ready"
+        rows.append([w + (" *" if chosen else ""), mark, "needs " + "; ".join(lacking) if lacking else ""])
+    flows = table(["workflow", "status", "what is missing"], rows)
+    return f"{checks}\n\n{flows}\n", ready

@@ -1,0 +1,52 @@
+"""Typed errors. Anything a user can fix is a ``CtrainError``: the CLI prints its message, not a traceback."""
+
+from __future__ import annotations
+
+
+class CtrainError(Exception):
+    """An error whose message tells the user what went wrong and what to do."""
+
+    exit_code: int = 1
+
+
+class ConfigError(CtrainError):
+    """A settings file, recipe or flag is invalid."""
+
+    exit_code = 2
+
+
+class ToolNotFound(CtrainError):
+    """An external program is missing; the message says how to install it."""
+
+    exit_code = 3
+
+
+class CommandError(CtrainError):
+    """An external program failed; carries the exact command and its stderr."""
+
+    def __init__(self, cmd: list[str], returncode: int, stderr: str = "", stdout: str = "") -> None:
+        self.cmd = list(cmd)
+        self.returncode = returncode
+        self.stderr = stderr
+        self.stdout = stdout
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        from shlex import join
+
+        text = f"command failed (exit {self.returncode}): {join(self.cmd)}"
+        detail = (self.stderr or self.stdout).strip()
+        if detail:
+            lines = detail.splitlines()
+            if len(lines) > 40:
+                lines = ["..."] + lines[-40:]
+            text += "\n" + "\n".join("  " + line for line in lines)
+        return text
+
+
+class ParseError(CtrainError):
+    """Tool output did not have the shape we expected; carries the raw text."""
+
+    def __init__(self, what: str, raw: str) -> None:
+        self.raw = raw
+        super().__init__(f"could not parse {what}; raw output was:\n{raw.rstrip()}")

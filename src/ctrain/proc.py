@@ -1,0 +1,176 @@
+"""The one way ctrain runs external programs.
+
+Every external binary goes through :func:`run` or :func:`stream`: argument lists only (never a
+shell), the program looked up before it is started (a missing one raises :class:`ToolNotFound`
+with an install hint), and a failure raises :class:`CommandError` carrying the command and stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ctrain.errors import CommandError, ToolNotFound
+
+
+@dataclass(frozen=True)
+class Tool:
+    """An external program: the binaries that provide it (first found wins) and how to get one."""
+
+    names: tuple[str, ...]
+    hint: str
+
+
+_APT = "apt-get install {}"
+TOOLS: dict[str, Tool] = {
+    "apptainer": Tool(
+        ("apptainer", "singularity"),
+        "install Apptainer (https://apptainer.org/docs/admin/main/installation.html); on Debian "
+        "`ctrain testbed up` installs it from Debian sid; on a cluster try `module load apptainer`",
+    ),
+    "buildah": Tool(("buildah",), _APT.format("buildah")),
+    "podman": Tool(("podman",), _APT.format("podman")),
+    "docker": Tool(("docker",), "install Docker Engine (https://docs.docker.com/engine/install/)"),
+    "skopeo": Tool(("skopeo",), _APT.format("skopeo")),
+    "umoci": Tool(("umoci",), _APT.format("umoci")),
+    "mksquashfs": Tool(("mksquashfs",), _APT.format("squashfs-tools")),
+    "unsquashfs": Tool(("unsquashfs",), _APT.format("squashfs-tools")),
+    "debootstrap": Tool(("debootstrap",), _APT.format("debootstrap")),
+    "enroot": Tool(("enroot",), "install enroot (https://github.com/NVIDIA/enroot/blob/master/doc/installation.md)"),
+    "rsync": Tool(("rsync",), _APT.format("rsync")),
+    "ssh": Tool(("ssh",), _APT.format("openssh-client")),
+    "sbatch": Tool(("sbatch",), _APT.format("slurm-client") + ", or run on the cluster's login node"),
+    "srun": Tool(("srun",), _APT.format("slurm-client") + ", or run on the cluster's login node"),
+    "squeue": Tool(("squeue",), _APT.format("slurm-client") + ", or run on the cluster's login node"),
+    "sacct": Tool(("sacct",), _APT.format("slurm-client") + ", or run on the cluster's login node"),
+    "scancel": Tool(("scancel",), _APT.format("slurm-client") + ", or run on the cluster's login node"),
+    "scontrol": Tool(("scontrol",), _APT.format("slurm-client") + ", or run on the cluster's login node"),
+    "sinfo": Tool(("sinfo",), _APT.format("slurm-client") + ", or run on the cluster's login node"),
+    "slurmctld": Tool(("slurmctld",), _APT.format("slurmctld")),
+    "slurmd": Tool(("slurmd",), _APT.format("slurmd")),
+    "munged": Tool(("munged",), _APT.format("munge")),
+    "nvidia-smi": Tool(("nvidia-smi",), "install the NVIDIA driver (nvidia-smi comes with it)"),
+    "pcluster": Tool(("pcluster",), "pip install 'ctrain[aws]' (AWS ParallelCluster CLI)"),
+    "apt-get": Tool(("apt-get",), "this needs a Debian or Ubuntu machine"),
+    "ip": Tool(("ip",), _APT.format("iproute2")),
+    "nsenter": Tool(("nsenter",), _APT.format("util-linux")),
+    "unshare": Tool(("unshare",), _APT.format("util-linux")),
+    "registry": Tool(("docker-registry", "registry"), _APT.format("docker-registry")),
+}
+
+
+def which(tool: str) -> str | None:
+    """Path of the first binary providing ``tool``, or None."""
+    spec = TOOLS.get(tool)
+    for name in spec.names if spec else (tool,):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def require(tool: str) -> str:
+    """Path of ``tool``, or raise :class:`ToolNotFound` saying how to install it."""
+    path = which(tool)
+    if path:
+        return path
+    spec = TOOLS.get(tool)
+    names = " or ".join(f"`{n}`" for n in spec.names) if spec else f"`{tool}`"
+    hint = spec.hint if spec else "install it and make sure it is on PATH"
+    raise ToolNotFound(f"{names} not found on PATH: {hint}")
+
+
+def _resolve(args: Sequence[str | os.PathLike[str]]) -> list[str]:
+    if not args:
+        raise ValueError("empty command")
+    argv = [os.fspath(a) for a in args]
+    if os.sep not in argv[0]:
+        argv[0] = require(argv[0])
+    return argv
+
+
+def _env(env: Mapping[str, str] | None) -> dict[str, str] | None:
+    return None if env is None else {**os.environ, **env}
+
+
+def run(
+    args: Sequence[str | os.PathLike[str]],
+    *,
+    check: bool = True,
+    input: str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run a program to completion and capture its output (text).
+
+    ``env`` adds to (does not replace) the current environment.
+    """
+    argv = _resolve(args)
+    try:
+        proc = subprocess.run(
+            argv,
+            input=input,
+            capture_output=True,
+            text=True,
+            env=_env(env),
+            cwd=cwd,
+            timeout=timeout,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise CommandError(argv, -1, f"timed out after {timeout}s\n{_text(exc.stderr)}") from exc
+    if check and proc.returncode != 0:
+        raise CommandError(argv, proc.returncode, proc.stderr, proc.stdout)
+    return proc
+
+
+def _text(data: bytes | str | None) -> str:
+    if data is None:
+        return ""
+    return data.decode(errors="replace") if isinstance(data, bytes) else data
+
+
+def stream(
+    args: Sequence[str | os.PathLike[str]],
+    *,
+    check: bool = True,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    on_line: Callable[[str], None] | None = None,
+    prefix: str = "",
+    tail: int = 60,
+) -> int:
+    """Run a long program, passing each output line (stdout and stderr merged) to ``on_line``.
+
+    By default lines are echoed to stderr with ``prefix`` so users can follow progress. On
+    failure the last ``tail`` lines go into the :class:`CommandError`.
+    """
+    argv = _resolve(args)
+    last: deque[str] = deque(maxlen=tail)
+    emit = on_line or (lambda line: print(prefix + line, file=sys.stderr, flush=True))
+    with subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        bufsize=1,
+        env=_env(env),
+        cwd=cwd,
+    ) as proc:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            last.append(line)
+            emit(line)
+        code = proc.wait()
+    if check and code != 0:
+        raise CommandError(argv, code, "\n".join(last))
+    return code
