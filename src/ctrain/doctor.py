@@ -31,7 +31,7 @@ def _tool(tool: str, version_args: tuple[str, ...] = ("--version",)) -> Callable
             try:
                 out = proc.run([path, *version_args], check=False, timeout=20)
                 first = (out.stdout or out.stderr).strip().splitlines()
-                if first:
+                if first and out.returncode == 0:
                     detail = f"{first[0].strip()} ({path})"
             except CtrainError:
                 pass

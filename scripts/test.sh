@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up everything and run the whole test suite: unit tests, then integration tests against
+# real tools (a Slurm testbed, Apptainer, buildah, a local registry). Run as root.
+# Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -k recipe).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+# A missing prerequisite fails the run instead of skipping tests.
+export CTRAIN_STRICT=1
+exec .venv/bin/python -m pytest "${@:-tests}"
