@@ -35,7 +35,7 @@ def project(ctx: click.Context) -> ProjectConfig:
     return root.meta["config"]
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(name="ctrain", cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="ctrain")
 @click.option(
     "--config",

@@ -1,0 +1,86 @@
+"""The command line: every command's help reads, errors are one line, doctor reports."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from ctrain import doctor
+from ctrain.cli import main
+
+
+def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = []
+    for name, command in sorted(group.commands.items()):
+        path = (*prefix, name)
+        found.append(path)
+        if isinstance(command, click.Group):
+            found.extend(_commands(command, path))
+    return found
+
+
+@pytest.mark.parametrize("path", [(), *_commands(main)], ids=lambda p: " ".join(p) or "ctrain")
+def test_every_help_reads(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(main, [*path, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage: ctrain" in result.output
+    summary = result.output.split("\n\n")[1].strip()
+    assert len(summary) > 15, f"help for {' '.join(path)} has no description"
+
+
+def test_version() -> None:
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.startswith("ctrain, version ")
+
+
+def test_bad_config_is_one_clear_error(tmp_path) -> None:
+    config = tmp_path / "ctrain.yaml"
+    config.write_text("image:\n  flavour: tpu\n")
+    result = CliRunner().invoke(main, ["--config", str(config), "doctor"], standalone_mode=True)
+    # doctor does not read the config; a command that does must fail cleanly.
+    assert result.exit_code == 0
+    from ctrain.cli import project
+
+    @main.command("_probe", hidden=True)
+    @click.pass_context
+    def _probe(ctx: click.Context) -> None:
+        project(ctx)
+
+    try:
+        result = CliRunner().invoke(main, ["--config", str(config), "_probe"])
+    finally:
+        main.commands.pop("_probe")
+    assert result.exit_code == 2
+    assert "error:" in result.output and "'image.flavour' is 'tpu'; valid values: gpu, cpu" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_doctor_unknown_workflow() -> None:
+    result = CliRunner().invoke(main, ["doctor", "--for", "nope"])
+    assert result.exit_code == 1
+    assert "unknown workflow 'nope'; valid:" in result.output
+
+
+def test_doctor_fails_for_missing_workflow_and_passes_for_present(monkeypatch) -> None:
+    present = doctor.Check("x", True, "here")
+    absent = doctor.Check("x", False, "gone")
+    monkeypatch.setattr(doctor, "CHECKS", {**{k: (lambda: absent) for k in doctor.CHECKS}, "buildah": lambda: present})
+    result = CliRunner().invoke(main, ["doctor", "--for", "build"])
+    assert result.exit_code == 0, result.output
+    assert "build *" in result.output
+    result = CliRunner().invoke(main, ["doctor", "--for", "build", "--for", "sif"])
+    assert result.exit_code == 1
+    assert "MISSING" in result.output and "needs apptainer" in result.output
+
+
+def test_doctor_real_checks_on_this_machine() -> None:
+    results = doctor.run_checks(["torch"])
+    assert results["torch"].ok == ("torch" in sys.modules or __import__("importlib").util.find_spec("torch") is not None)
+    text, ready = doctor.report([])
+    assert ready
+    for name in ("apptainer", "sbatch", "slurm controller", "gpus", "pcluster"):
+        assert name in text

@@ -1,0 +1,133 @@
+"""Typed settings: unknown keys, wrong types and bad choices are named; overrides apply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from ctrain.config import ProjectConfig, find_config, load_config
+from ctrain.errors import ConfigError
+from ctrain.settings import apply_overrides, from_mapping, load_yaml, to_mapping
+
+
+@dataclass
+class Inner:
+    size: int = 1
+    rate: float = 0.5
+    mode: Literal["a", "b"] = "a"
+
+
+@dataclass
+class Outer:
+    name: str = "x"
+    inner: Inner = field(default_factory=Inner)
+    tags: list[str] = field(default_factory=list)
+    where: Path | None = None
+    flag: bool = False
+
+    def validate(self) -> None:
+        if self.inner.size > 100:
+            raise ConfigError("inner.size must be at most 100")
+
+
+def test_defaults_and_nested_values() -> None:
+    obj = from_mapping(Outer, {"name": "n", "inner": {"size": 3, "rate": 1}, "tags": ["a"], "where": "~/d"})
+    assert obj.inner == Inner(size=3, rate=1.0)
+    assert isinstance(obj.inner.rate, float)
+    assert obj.where == Path("~/d").expanduser()
+    assert obj.tags == ["a"]
+
+
+def test_unknown_key_lists_valid_keys_and_suggests() -> None:
+    with pytest.raises(ConfigError) as info:
+        from_mapping(Outer, {"inner": {"sise": 3}})
+    message = str(info.value)
+    assert "unknown key 'inner.sise'" in message
+    assert "did you mean 'size'" in message
+    assert "mode, rate, size" in message
+
+
+def test_wrong_type_names_the_path() -> None:
+    with pytest.raises(ConfigError, match="'inner.size' must be an integer, got 'big'"):
+        from_mapping(Outer, {"inner": {"size": "big"}})
+    with pytest.raises(ConfigError, match="'flag' must be true or false"):
+        from_mapping(Outer, {"flag": "yes"})
+    with pytest.raises(ConfigError, match="'inner.size' must be an integer"):
+        from_mapping(Outer, {"inner": {"size": True}})
+
+
+def test_literal_lists_valid_values() -> None:
+    with pytest.raises(ConfigError, match="'inner.mode' is 'c'; valid values: a, b"):
+        from_mapping(Outer, {"inner": {"mode": "c"}})
+
+
+def test_validate_hook_runs() -> None:
+    with pytest.raises(ConfigError, match="at most 100"):
+        from_mapping(Outer, {"inner": {"size": 101}})
+
+
+def test_round_trip() -> None:
+    obj = from_mapping(Outer, {"inner": {"mode": "b"}, "where": "/tmp/x"})
+    assert from_mapping(Outer, to_mapping(obj)) == obj
+
+
+def test_overrides_parse_yaml_values() -> None:
+    data = apply_overrides({"inner": {"size": 1}}, ["inner.size=7", "inner.rate=2e-3", "name=hello world", "flag=true"])
+    obj = from_mapping(Outer, data)
+    assert (obj.inner.size, obj.inner.rate, obj.name, obj.flag) == (7, 0.002, "hello world", True)
+
+
+def test_bad_override_is_clear() -> None:
+    with pytest.raises(ConfigError, match="must look like key=value"):
+        apply_overrides({}, ["inner.size"])
+    with pytest.raises(ConfigError, match="'name' is not a section"):
+        apply_overrides({"name": "x"}, ["name.sub=1"])
+
+
+def test_load_yaml_errors_name_the_file(tmp_path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [1,\n")
+    with pytest.raises(ConfigError, match="bad.yaml is not valid YAML"):
+        load_yaml(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("3\n")
+    with pytest.raises(ConfigError, match="mapping of settings"):
+        load_yaml(scalar)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_yaml(tmp_path / "missing.yaml")
+
+
+def test_project_config_found_upwards_and_relative_paths(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("CTRAIN_CONFIG", raising=False)
+    (tmp_path / "ctrain.yaml").write_text("image:\n  name: team/llm\n  tag: v1\nconvert:\n  output_dir: out/images\n")
+    sub = tmp_path / "a" / "b"
+    sub.mkdir(parents=True)
+    monkeypatch.chdir(sub)
+    assert find_config() == (tmp_path / "ctrain.yaml").resolve()
+    config = load_config()
+    assert config.image.name == "team/llm" and config.image.tag == "v1"
+    assert config.resolve(config.convert.output_dir) == tmp_path.resolve() / "out" / "images"
+
+
+def test_project_config_unknown_key_names_file(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "ctrain.yaml"
+    path.write_text("imgae:\n  name: x\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+    assert "did you mean 'image'" in str(info.value)
+
+
+def test_no_config_gives_defaults(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("CTRAIN_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert load_config() == ProjectConfig()
+
+
+def test_env_config_must_exist(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CTRAIN_CONFIG", str(tmp_path / "nope.yaml"))
+    with pytest.raises(ConfigError, match="CTRAIN_CONFIG points at"):
+        find_config()
