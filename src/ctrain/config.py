@@ -50,12 +50,59 @@ class PushConfig:
 
 
 @dataclass
+class SlurmConfig:
+    """How ``ctrain submit`` runs training through the scripts in ``sbatch/`` (docs/sbatch.md).
+
+    Unset values keep the script's own defaults, so ``sbatch sbatch/NAME.sbatch`` and ``ctrain submit``
+    agree; set values become ``#SBATCH`` lines and ``CTRAIN_*`` variables of the submitted script.
+    """
+
+    runtime: Literal["apptainer", "pyxis"] = "apptainer"
+    script: str | None = None  # a name in sbatch/ or a path; default: RUNTIME or RUNTIME_multinode
+    recipe: Path | None = None  # used when the command line names none
+    # sbatch options
+    job_name: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    ntasks_per_node: int | None = None  # processes per node on nodes without GPUs
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    exclusive: bool = False
+    constraint: str | None = None
+    signal_lead: int | None = None  # seconds before the time limit that USR1 warns the job
+    sbatch_args: list[str] = field(default_factory=list)
+    # CTRAIN_* settings of the scripts
+    image: str | None = None
+    launcher: Literal["torchrun", "accelerate", "deepspeed"] | None = None
+    deepspeed_config: Path | None = None
+    accelerate_config: Path | None = None
+    data: Path | None = None
+    hf_cache: Path | None = None
+    outputs: Path | None = None
+    mounts: list[str] = field(default_factory=list)
+    mount_home: bool | None = None
+    efa: bool | None = None
+    max_requeues: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        from ctrain.submit import check_slurm_config
+
+        check_slurm_config(self)
+
+
+@dataclass
 class ProjectConfig:
     """The whole ``ctrain.yaml``."""
 
     image: ImageConfig = field(default_factory=ImageConfig)
     convert: ConvertConfig = field(default_factory=ConvertConfig)
     push: PushConfig = field(default_factory=PushConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
     path: Path | None = field(default=None, compare=False)
 
     @property

@@ -1,0 +1,335 @@
+# ctrain's sbatch library, sourced by the scripts in sbatch/ (`ctrain submit` inlines it, so the
+# job does not depend on this file after submission). It turns what Slurm allocated into one
+# launcher per node, inside the training image:
+#
+#   srun (one task per node) -> apptainer exec | pyxis container -> torchrun -> one worker per GPU
+#
+# Steps, one function each, in the order ctrain_main runs them:
+#   ctrain_settings     CTRAIN_* variables and their defaults (docs/sbatch.md lists them all)
+#   ctrain_allocation   nodes, processes per node, rendezvous address and port, from the allocation
+#   ctrain_environment  unbuffered Python, threads per process, signal forwarding, AWS EFA
+#   ctrain_container    `apptainer exec ...` words, or pyxis's `srun --container-*` options
+#   ctrain_launcher     torchrun (default), accelerate launch, or DeepSpeed through torchrun
+#   ctrain_run          srun; forward the time-limit signal; requeue when the run asks for it
+#
+# Nothing here states a size: nodes come from SLURM_NNODES, processes per node from the GPUs
+# (else the tasks) Slurm gave each node, so the same script runs 1, 2 or 16 nodes unchanged.
+
+# --- settings -------------------------------------------------------------------------------------
+
+# ctrain_settings RUNTIME [RECIPE] [KEY=VALUE ...]
+ctrain_settings() {
+    CTRAIN_RUNTIME=$1
+    shift
+    : "${CTRAIN_PROJECT_DIR:=${SLURM_SUBMIT_DIR:-$PWD}}" # mounted at /workspace, the working directory
+    : "${CTRAIN_IMAGE:=${IMAGE:-}}"
+    if [[ -z $CTRAIN_IMAGE ]]; then
+        case $CTRAIN_RUNTIME in
+            apptainer) CTRAIN_IMAGE=images/ctrain.sif ;;
+            pyxis) CTRAIN_IMAGE=images/ctrain.sqsh ;;
+        esac
+    fi
+    : "${CTRAIN_RECIPE:=recipes/demo-addition.yaml}"
+    : "${CTRAIN_LAUNCHER:=torchrun}"             # torchrun | accelerate | deepspeed
+    : "${CTRAIN_DEEPSPEED_CONFIG:=configs/deepspeed/zero2.json}"
+    : "${CTRAIN_ACCELERATE_CONFIG:=}"            # an `accelerate config` file; empty: flags only
+    : "${CTRAIN_DATA:=}"                         # host directory mounted at /data; empty: none
+    : "${CTRAIN_HF_CACHE:=${HF_HOME:-$HOME/.cache/huggingface}}" # mounted at /hf_home (HF_HOME)
+    : "${CTRAIN_OUTPUTS:=$CTRAIN_PROJECT_DIR/outputs}" # mounted at /outputs
+    : "${CTRAIN_MOUNTS:=}"                       # more SRC:DST[:ro],... mounts
+    : "${CTRAIN_MOUNT_HOME:=0}"                  # 1: mount $HOME in the container
+    : "${CTRAIN_CONTAINER_ENV:=}"                # NAME,... whose host values win over the image's
+    : "${CTRAIN_EFA:=0}"                         # 1: AWS EFA settings for NCCL (see ctrain_environment)
+    : "${CTRAIN_REQUEUE_EXIT:=124}"              # the trainer's "checkpointed, requeue me" exit code
+    : "${CTRAIN_MAX_REQUEUES:=10}"               # stop requeueing after this many restarts
+    : "${CTRAIN_DRY_RUN:=0}"                     # 1: print the commands instead of running them
+
+    # Files are given relative to the project directory; the containers need absolute paths
+    # (pyxis reads a relative image path as a registry reference).
+    if [[ $CTRAIN_IMAGE == */* || $CTRAIN_IMAGE == *.sif || $CTRAIN_IMAGE == *.sqsh ]] &&
+        [[ $CTRAIN_IMAGE != *://* && $CTRAIN_IMAGE != *#* ]]; then
+        CTRAIN_IMAGE=$(ctrain_abspath "$CTRAIN_IMAGE")
+    fi
+    CTRAIN_HF_CACHE=$(ctrain_abspath "$CTRAIN_HF_CACHE")
+    CTRAIN_OUTPUTS=$(ctrain_abspath "$CTRAIN_OUTPUTS")
+    [[ -z $CTRAIN_DATA ]] || CTRAIN_DATA=$(ctrain_abspath "$CTRAIN_DATA")
+
+    # Arguments: a recipe first (anything without '='), then KEY=VALUE recipe overrides.
+    if [[ $# -gt 0 && $1 != *=* ]]; then
+        CTRAIN_RECIPE=$1
+        shift
+    fi
+    CTRAIN_OVERRIDES=("$@")
+    # The project directory is /workspace in the container: recipes inside it are given relative.
+    if [[ $CTRAIN_RECIPE == "$CTRAIN_PROJECT_DIR"/* ]]; then
+        CTRAIN_RECIPE=${CTRAIN_RECIPE#"$CTRAIN_PROJECT_DIR"/}
+    fi
+    case $CTRAIN_LAUNCHER in
+        torchrun | accelerate | deepspeed) ;;
+        *) ctrain_die "CTRAIN_LAUNCHER is '$CTRAIN_LAUNCHER'; valid: torchrun, accelerate, deepspeed" ;;
+    esac
+}
+
+# --- allocation -----------------------------------------------------------------------------------
+
+ctrain_allocation() {
+    [[ -n ${SLURM_JOB_ID:-} && -n ${SLURM_NNODES:-} && -n ${SLURM_JOB_NODELIST:-} ]] ||
+        ctrain_die "no Slurm allocation here: submit this script with sbatch (or run it inside salloc)"
+    CTRAIN_NNODES=$SLURM_NNODES
+    # One worker per GPU on the node; without GPUs one per task Slurm placed on the node
+    # (SLURM_TASKS_PER_NODE looks like "2(x3),1": the first node's count).
+    if [[ ${SLURM_GPUS_ON_NODE:-0} -gt 0 ]]; then
+        CTRAIN_NPROC_PER_NODE=$SLURM_GPUS_ON_NODE
+    else
+        CTRAIN_NPROC_PER_NODE=${SLURM_TASKS_PER_NODE%%[(,]*}
+    fi
+    # The first node hosts the c10d rendezvous store.
+    CTRAIN_MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+    # A port per job, above Linux's ephemeral range (32768-60999); the same formula as enroot's
+    # PyTorch hook, so the two agree even where that hook runs.
+    CTRAIN_MASTER_PORT=$((SLURM_JOB_ID % 4536 + 61000))
+    [[ -n $CTRAIN_MASTER_ADDR ]] || ctrain_die "no hostnames in SLURM_JOB_NODELIST='${SLURM_JOB_NODELIST:-}'"
+}
+
+# --- environment ----------------------------------------------------------------------------------
+
+ctrain_environment() {
+    local cpus=${SLURM_CPUS_ON_NODE:-1}
+    export PYTHONUNBUFFERED=1 # every line reaches logs/%x-%j.out as it is printed
+    export PYTHONNOUSERSITE=1 # packages in ~/.local on the host must not shadow the image's
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cpus / CTRAIN_NPROC_PER_NODE > 0 ? cpus / CTRAIN_NPROC_PER_NODE : 1))}
+    # torchrun (and accelerate, which runs torchrun's agent) forwards these signals to every
+    # worker and then waits this long for them to exit: USR1 is the time-limit warning.
+    export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
+    export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-600}
+    local forced=(PYTHONUNBUFFERED PYTHONNOUSERSITE OMP_NUM_THREADS)
+    if [[ $CTRAIN_LAUNCHER == accelerate && ${SLURM_GPUS_ON_NODE:-0} -eq 0 ]]; then
+        # Without this accelerate's workers stay single-process on CPU-only nodes.
+        export ACCELERATE_USE_CPU=true
+    fi
+    if [[ $CTRAIN_EFA == 1 ]]; then
+        # AWS Elastic Fabric Adapter: NCCL over libfabric's EFA provider (the image needs
+        # libfabric and the aws-ofi-nccl plugin, as AWS's deep learning images have).
+        export FI_PROVIDER=efa
+        export FI_EFA_USE_DEVICE_RDMA=1 # GPUDirect RDMA (p4d, p5)
+        export FI_EFA_FORK_SAFE=1       # data loader workers fork
+        export FI_EFA_USE_HUGE_PAGE=0   # ... and huge pages break fork
+        export NCCL_SOCKET_IFNAME=^docker,lo,veth
+        forced+=(FI_PROVIDER FI_EFA_USE_DEVICE_RDMA FI_EFA_FORK_SAFE FI_EFA_USE_HUGE_PAGE NCCL_SOCKET_IFNAME)
+    fi
+    CTRAIN_FORCED_ENV=("${forced[@]}")
+    if [[ -n $CTRAIN_CONTAINER_ENV ]]; then
+        local IFS=,
+        CTRAIN_FORCED_ENV+=($CTRAIN_CONTAINER_ENV)
+    fi
+}
+
+# --- container ------------------------------------------------------------------------------------
+
+# Host directory -> image mount target (containers/Dockerfile names the targets).
+ctrain_mounts() {
+    CTRAIN_MOUNT_LIST=("$CTRAIN_PROJECT_DIR:/workspace" "$CTRAIN_HF_CACHE:/hf_home" "$CTRAIN_OUTPUTS:/outputs")
+    [[ -z $CTRAIN_DATA ]] || CTRAIN_MOUNT_LIST+=("$CTRAIN_DATA:/data:ro")
+    if [[ -n $CTRAIN_MOUNTS ]]; then
+        local IFS=,
+        CTRAIN_MOUNT_LIST+=($CTRAIN_MOUNTS)
+    fi
+    # Writable mounts must exist before the container starts; creating them is harmless.
+    [[ $CTRAIN_DRY_RUN == 1 ]] || mkdir -p "$CTRAIN_HF_CACHE" "$CTRAIN_OUTPUTS"
+}
+
+# Apptainer: words that go between srun's options and the launcher.
+ctrain_container_apptainer() {
+    local apptainer
+    apptainer=$(command -v apptainer || command -v singularity) ||
+        ctrain_die "neither apptainer nor singularity is on PATH (try: module load apptainer)"
+    [[ $CTRAIN_DRY_RUN == 1 || -r $CTRAIN_IMAGE ]] ||
+        ctrain_die "image '$CTRAIN_IMAGE' is not a readable file (set IMAGE=... or run: ctrain convert --to sif)"
+    CTRAIN_CONTAINER=("${apptainer##*/}" exec)
+    # GPUs only when Slurm gave the job some: --nv on a CPU node only prints warnings.
+    [[ ${SLURM_GPUS_ON_NODE:-0} -eq 0 ]] || CTRAIN_CONTAINER+=(--nv)
+    [[ $CTRAIN_MOUNT_HOME == 1 ]] || CTRAIN_CONTAINER+=(--no-home)
+    local mount
+    for mount in "${CTRAIN_MOUNT_LIST[@]}"; do
+        CTRAIN_CONTAINER+=(--bind "$mount")
+    done
+    CTRAIN_CONTAINER+=(--pwd /workspace "$CTRAIN_IMAGE")
+    # Host variables reach the container, but the image's own values win unless set this way.
+    local name
+    for name in "${CTRAIN_FORCED_ENV[@]}"; do
+        export "APPTAINERENV_$name=${!name}" "SINGULARITYENV_$name=${!name}"
+    done
+}
+
+# pyxis: options for srun itself (pyxis is a plugin of srun); the command then runs in the image.
+ctrain_container_pyxis() {
+    local mounts
+    mounts=$(IFS=,; echo "${CTRAIN_MOUNT_LIST[*]}")
+    CTRAIN_SRUN_CONTAINER=(
+        --container-image="$CTRAIN_IMAGE" # a .sqsh file, or a registry reference (nvcr.io#nvidia/pytorch:TAG)
+        --container-mounts="$mounts"
+        --container-workdir=/workspace
+        --no-container-remap-root # run as the user, not as a fake root
+        --no-container-entrypoint # the image's entrypoint is `ctrain`; run the launcher directly
+    )
+    if [[ $CTRAIN_MOUNT_HOME == 1 ]]; then
+        CTRAIN_SRUN_CONTAINER+=(--container-mount-home)
+    else
+        CTRAIN_SRUN_CONTAINER+=(--no-container-mount-home)
+    fi
+    CTRAIN_SRUN_CONTAINER+=(--container-env="$(IFS=,; echo "${CTRAIN_FORCED_ENV[*]}")")
+    CTRAIN_CONTAINER=()
+}
+
+ctrain_container() {
+    ctrain_mounts
+    CTRAIN_SRUN_CONTAINER=()
+    "ctrain_container_$CTRAIN_RUNTIME"
+}
+
+# --- launcher -------------------------------------------------------------------------------------
+
+ctrain_launcher() {
+    local train=(-m ctrain train "$CTRAIN_RECIPE" "${CTRAIN_OVERRIDES[@]}")
+    local endpoint=$CTRAIN_MASTER_ADDR:$CTRAIN_MASTER_PORT
+    case $CTRAIN_LAUNCHER in
+        torchrun | deepspeed)
+            # DeepSpeed runs under torchrun: its own launcher needs pdsh/ssh between nodes,
+            # which containers on Slurm do not have.
+            [[ $CTRAIN_LAUNCHER == torchrun ]] || train+=("training.deepspeed=$CTRAIN_DEEPSPEED_CONFIG")
+            CTRAIN_LAUNCH=(
+                torchrun
+                --nnodes="$CTRAIN_NNODES"
+                --nproc-per-node="$CTRAIN_NPROC_PER_NODE"
+                --rdzv-backend=c10d
+                --rdzv-endpoint="$endpoint"
+                --rdzv-id="$SLURM_JOB_ID"
+                "${train[@]}"
+            )
+            ;;
+        accelerate)
+            # --machine_rank is added on each node (CTRAIN_TASK): only there is SLURM_NODEID known.
+            CTRAIN_LAUNCH=(
+                accelerate launch
+                --multi_gpu
+                --num_machines="$CTRAIN_NNODES"
+                --num_processes="$((CTRAIN_NNODES * CTRAIN_NPROC_PER_NODE))"
+                --main_process_ip="$CTRAIN_MASTER_ADDR"
+                --main_process_port="$CTRAIN_MASTER_PORT"
+                --rdzv_backend=c10d
+            )
+            [[ -z $CTRAIN_ACCELERATE_CONFIG ]] || CTRAIN_LAUNCH+=(--config_file="$CTRAIN_ACCELERATE_CONFIG")
+            CTRAIN_LAUNCH+=("${train[@]}")
+            ;;
+    esac
+}
+
+# What each srun task runs, once per node, inside the container (bash -c; the launcher's words
+# follow as "$@"). Only here are the node's own values (SLURM_NODEID) known.
+# enroot's PyTorch hook (pyxis, images with PYTORCH_VERSION) sets RANK, WORLD_SIZE, MASTER_* from
+# SLURM_* as if each task were one worker: unset, so only torchrun's own values reach the workers.
+CTRAIN_TASK='unset RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT
+[[ $1 != accelerate ]] || set -- "$1" "$2" --machine_rank="$SLURM_NODEID" "${@:3}"
+echo "ctrain: $HOSTNAME: $*"
+exec "$@"'
+
+# --- run ------------------------------------------------------------------------------------------
+
+ctrain_run() {
+    CTRAIN_SRUN=(
+        srun
+        --label                     # "N: " before each line: N is the node (one task per node)
+        --kill-on-bad-exit=1        # one node failing ends the step everywhere
+        --nodes="$CTRAIN_NNODES"
+        --ntasks="$CTRAIN_NNODES"
+        --ntasks-per-node=1         # one launcher per node starts the node's workers
+        "${CTRAIN_SRUN_CONTAINER[@]}"
+        "${CTRAIN_CONTAINER[@]}"
+        bash -c "$CTRAIN_TASK" ctrain-task
+        "${CTRAIN_LAUNCH[@]}"
+    )
+    ctrain_show "${CTRAIN_SRUN[@]}"
+    [[ $CTRAIN_DRY_RUN != 1 ]] || return 0
+
+    CTRAIN_SIGNAL=
+    "${CTRAIN_SRUN[@]}" &
+    CTRAIN_STEP_PID=$!
+    # #SBATCH --signal=B:USR1@SECONDS warns this shell (only) before the time limit: pass it on
+    # to every task of the step; torchrun forwards it to the workers, which save a checkpoint.
+    trap 'ctrain_forward USR1' USR1
+    # Preemption and scancel send TERM to every process of the job themselves: keep waiting
+    # for the workers' checkpoint instead of dying first.
+    trap 'CTRAIN_SIGNAL=TERM' TERM
+    local rc
+    while :; do
+        wait "$CTRAIN_STEP_PID"
+        rc=$?
+        kill -0 "$CTRAIN_STEP_PID" 2>/dev/null || break # wait returned early for a trapped signal
+    done
+    trap - USR1 TERM
+    echo "ctrain: step exited with $rc${CTRAIN_SIGNAL:+ after SIG$CTRAIN_SIGNAL}"
+    ctrain_requeue_if_asked "$rc"
+    return "$rc"
+}
+
+ctrain_forward() {
+    CTRAIN_SIGNAL=$1
+    echo "ctrain: SIG$1 (time limit near): forwarding it to the training step"
+    kill -s "$1" "$CTRAIN_STEP_PID" # srun passes it to every task on every node
+}
+
+# The run asked to come back: it was warned of the time limit, or the trainer exited with its
+# requeue code after saving a checkpoint. The requeued job resumes from that checkpoint.
+ctrain_requeue_if_asked() {
+    local rc=$1 restarts=${SLURM_RESTART_COUNT:-0}
+    [[ $CTRAIN_SIGNAL == USR1 || $rc -eq $CTRAIN_REQUEUE_EXIT ]] || return 0
+    if ((restarts >= CTRAIN_MAX_REQUEUES)); then
+        echo "ctrain: not requeueing: already restarted $restarts times (CTRAIN_MAX_REQUEUES=$CTRAIN_MAX_REQUEUES)"
+        return 0
+    fi
+    echo "ctrain: requeueing job $SLURM_JOB_ID (restart $((restarts + 1))); it resumes from the last checkpoint"
+    scontrol requeue "$SLURM_JOB_ID"
+}
+
+# --- helpers --------------------------------------------------------------------------------------
+
+# Print a command as one shell line (words quoted only where the shell needs it).
+ctrain_show() {
+    local word line=+
+    for word in "$@"; do
+        if [[ $word =~ ^[][A-Za-z0-9_@%+=:,./^-]+$ ]]; then
+            line+=" $word"
+        else
+            line+=" ${word@Q}"
+        fi
+    done
+    echo "$line"
+}
+
+# An absolute path for a file setting given relative to the project directory.
+ctrain_abspath() {
+    [[ $1 == /* ]] && echo "$1" || echo "$CTRAIN_PROJECT_DIR/${1#./}"
+}
+
+ctrain_die() {
+    echo "ctrain: error: $*" >&2
+    exit 2
+}
+
+ctrain_summary() {
+    echo "ctrain: job ${SLURM_JOB_ID} '${SLURM_JOB_NAME:-}' restart ${SLURM_RESTART_COUNT:-0}" \
+        "on $CTRAIN_NNODES node(s) [${SLURM_JOB_NODELIST}] x $CTRAIN_NPROC_PER_NODE process(es)"
+    echo "ctrain: $CTRAIN_RUNTIME image $CTRAIN_IMAGE, $CTRAIN_LAUNCHER, recipe $CTRAIN_RECIPE" \
+        "${CTRAIN_OVERRIDES[*]}, rendezvous $CTRAIN_MASTER_ADDR:$CTRAIN_MASTER_PORT"
+}
+
+# ctrain_main RUNTIME [RECIPE] [KEY=VALUE ...]: the whole job.
+ctrain_main() {
+    ctrain_settings "$@"
+    ctrain_allocation
+    ctrain_environment
+    ctrain_container
+    ctrain_launcher
+    ctrain_summary
+    ctrain_run
+}

@@ -1,0 +1,344 @@
+"""Slurm from Python: submit a batch script, read job states, follow a job's log, cancel.
+
+Every Slurm command goes through :mod:`ctrain.proc` and is parsed narrowly: ``sbatch --parsable``,
+``squeue``/``sacct`` with fixed format strings, ``scontrol show job -o`` key=value records, ``sinfo``
+GRES strings. Output of any other shape is a :class:`ParseError` carrying the raw text.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ctrain import proc
+from ctrain.errors import CommandError, CtrainError, ParseError
+
+# States after which a job does not run again (unless requeued by hand).
+FINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REVOKED",
+        "SPECIAL_EXIT",
+        "TIMEOUT",
+    }
+)
+
+_JOB_ID = re.compile(r"\d+(?:_\d+)?(?:\.\S+)?")
+
+
+def check_job_id(job_id: str) -> str:
+    """A job id as Slurm prints it (123, 123_4 for arrays, 123.0 for a step), or a ConfigError."""
+    job_id = str(job_id).strip()
+    if not _JOB_ID.fullmatch(job_id):
+        raise CtrainError(f"{job_id!r} is not a Slurm job id (like 1234)")
+    return job_id
+
+
+# --- sbatch ---------------------------------------------------------------------------------------
+
+_PARSABLE = re.compile(r"(\d+)(?:;(\S+))?")
+
+
+def parse_sbatch_parsable(raw: str) -> str:
+    """The job id from ``sbatch --parsable`` ("123" or "123;cluster"); other lines are warnings."""
+    lines = [line.strip() for line in raw.splitlines() if line.strip()]
+    if not lines:
+        raise ParseError("sbatch --parsable output (no job id)", raw)
+    match = _PARSABLE.fullmatch(lines[-1])
+    if not match:
+        raise ParseError("sbatch --parsable output (no job id)", raw)
+    return match.group(1)
+
+
+def sbatch(args: list[str], *, cwd: Path, script: str | None = None) -> str:
+    """Run ``sbatch --parsable ARGS`` in ``cwd`` (the job's submit directory); return the job id.
+
+    ``script`` is the batch script's text, given on standard input (then ``args`` holds options only).
+    """
+    out = proc.run(["sbatch", "--parsable", *args], cwd=cwd, input=script)
+    return parse_sbatch_parsable(out.stdout)
+
+
+# --- job records ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job as squeue, sacct or scontrol report it; empty strings where a source has no value."""
+
+    id: str
+    name: str
+    state: str
+    elapsed: str = ""
+    time_limit: str = ""
+    nodes: str = ""
+    where: str = ""  # node list when running, the reason when pending
+    exit_code: str = ""
+    stdout: str = ""
+    restarts: str = ""
+    source: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+# squeue: the job name last, so a name holding the separator still splits right.
+_SQUEUE_FIELDS = ("%i", "%T", "%M", "%l", "%D", "%R", "%j")
+SQUEUE_FORMAT = "|".join(_SQUEUE_FIELDS)
+
+
+def parse_squeue(raw: str) -> list[Job]:
+    """``squeue --noheader --format=SQUEUE_FORMAT`` lines as jobs."""
+    jobs = []
+    for line in raw.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", len(_SQUEUE_FIELDS) - 1)
+        if len(parts) != len(_SQUEUE_FIELDS) or not _JOB_ID.fullmatch(parts[0]):
+            raise ParseError("squeue output", raw)
+        job_id, state, elapsed, limit, nodes, where, name = parts
+        jobs.append(Job(job_id, name, state, elapsed, limit, nodes, where, source="squeue"))
+    return jobs
+
+
+def squeue(job_ids: Iterable[str] = (), *, mine: bool = False) -> list[Job]:
+    """Pending and running jobs: the given ids, or (``mine``) the caller's, or everyone's."""
+    args = ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}"]
+    ids = list(job_ids)
+    if ids:
+        args.append("--jobs=" + ",".join(ids))
+    elif mine:
+        args.append("--me")
+    out = proc.run(args, check=False)
+    if out.returncode != 0:
+        # squeue fails for ids it no longer knows (finished and purged); they are simply not queued.
+        if ids and "Invalid job id" in out.stderr:
+            return []
+        raise CommandError(args, out.returncode, out.stderr, out.stdout)
+    return parse_squeue(out.stdout)
+
+
+_SACCT_FIELDS = ("JobID", "State", "Elapsed", "Timelimit", "NNodes", "NodeList", "ExitCode", "Restarts", "JobName")
+SACCT_FORMAT = ",".join(_SACCT_FIELDS)
+
+
+def parse_sacct(raw: str) -> list[Job]:
+    """``sacct -X -n -P --format=SACCT_FORMAT`` lines as jobs (the state's "by UID" suffix dropped)."""
+    jobs = []
+    for line in raw.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", len(_SACCT_FIELDS) - 1)
+        if len(parts) != len(_SACCT_FIELDS) or not _JOB_ID.fullmatch(parts[0]):
+            raise ParseError("sacct output", raw)
+        job_id, state, elapsed, limit, nodes, nodelist, exit_code, restarts, name = parts
+        state = state.split()[0] if state.strip() else ""
+        jobs.append(Job(job_id, name, state, elapsed, limit, nodes, nodelist, exit_code, restarts=restarts,
+                        source="sacct"))  # fmt: skip
+    return jobs
+
+
+def sacct(job_ids: Iterable[str]) -> list[Job] | None:
+    """Finished jobs from the accounting database; None where the cluster keeps no accounting."""
+    if not proc.which("sacct"):
+        return None
+    args = ["sacct", "-X", "--noheader", "--parsable2", f"--format={SACCT_FORMAT}", "--jobs=" + ",".join(job_ids)]
+    out = proc.run(args, check=False)
+    text = out.stdout + out.stderr
+    if out.returncode != 0 or "accounting storage is disabled" in text:
+        if "accounting" in text.lower() or "slurmdbd" in text.lower():
+            return None
+        raise CommandError(args, out.returncode, out.stderr, out.stdout)
+    return parse_sacct(out.stdout)
+
+
+_RECORD_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=")
+
+
+def parse_scontrol_record(raw: str) -> dict[str, str]:
+    """One ``scontrol show ... -o`` line as {key: value}; values may hold spaces and '='."""
+    line = raw.strip()
+    keys = list(_RECORD_KEY.finditer(line))
+    if not keys or keys[0].start(1) != 0:
+        raise ParseError("scontrol output (expected Key=Value ...)", raw)
+    record = {}
+    for this, following in zip(keys, [*keys[1:], None]):
+        end = following.start() if following else len(line)
+        record[this.group(1)] = line[this.end() : end].strip()
+    return record
+
+
+def show_job(job_id: str) -> dict[str, str] | None:
+    """``scontrol show job -o ID`` as a record; None once Slurm has forgotten the job."""
+    args = ["scontrol", "show", "job", "--oneliner", check_job_id(job_id)]
+    out = proc.run(args, check=False)
+    if out.returncode != 0 or not out.stdout.strip():
+        if "Invalid job id" in out.stderr + out.stdout:
+            return None
+        raise CommandError(args, out.returncode, out.stderr, out.stdout)
+    first = out.stdout.strip().splitlines()[0]  # array jobs: one line per task; the first is enough
+    return parse_scontrol_record(first)
+
+
+def job_from_record(record: dict[str, str]) -> Job:
+    """A :class:`Job` from a ``scontrol show job`` record."""
+    try:
+        state = record["JobState"]
+        job_id = record["JobId"]
+    except KeyError as exc:
+        raise ParseError(f"scontrol show job output (no {exc.args[0]}=)", " ".join(f"{k}={v}" for k, v in record.items())) from exc
+    where = record.get("NodeList", "") if state not in ("PENDING", "REQUEUED") else record.get("Reason", "")
+    return Job(
+        job_id,
+        record.get("JobName", ""),
+        state,
+        record.get("RunTime", ""),
+        record.get("TimeLimit", ""),
+        record.get("NumNodes", ""),
+        "" if where == "(null)" else where,
+        record.get("ExitCode", ""),
+        record.get("StdOut", ""),
+        record.get("Restarts", ""),
+        source="scontrol",
+    )
+
+
+def job(job_id: str) -> Job | None:
+    """One job from wherever Slurm still knows it: the controller, else accounting."""
+    record = show_job(job_id)
+    if record is not None:
+        return job_from_record(record)
+    found = sacct([job_id]) or []
+    return found[0] if found else None
+
+
+def status(job_ids: Iterable[str] = ()) -> list[Job]:
+    """The given jobs (queued, running or finished), or all of the caller's queued and running jobs."""
+    ids = [check_job_id(i) for i in job_ids]
+    if not ids:
+        return squeue(mine=True)
+    queued = {j.id: j for j in squeue(ids)}
+    jobs = []
+    for job_id in ids:
+        found = queued.get(job_id) or job(job_id)
+        jobs.append(found or Job(job_id, "", "UNKNOWN", where="Slurm no longer knows this job"))
+    return jobs
+
+
+def status_table(jobs: list[Job]) -> str:
+    """A readable table of jobs."""
+    from ctrain.ui import table
+
+    rows = [[j.id, j.name, j.state, j.elapsed, j.time_limit, j.nodes, j.where, j.exit_code] for j in jobs]
+    return table(["job", "name", "state", "time", "limit", "nodes", "nodelist / reason", "exit"], rows)
+
+
+def wait(job_id: str, *, timeout: float | None = None, poll: float = 2.0, on_change: Callable[[Job], None] | None = None) -> Job:
+    """Block until the job reaches a final state; return it. Raises on ``timeout`` seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = None
+    while True:
+        current = job(job_id)
+        if current is None:
+            raise CtrainError(f"job {job_id}: Slurm does not know it (finished too long ago, or never submitted)")
+        if on_change and current.state != last:
+            on_change(current)
+        last = current.state
+        if current.final:
+            return current
+        if deadline is not None and time.monotonic() > deadline:
+            raise CtrainError(f"job {job_id} is still {current.state} after {timeout:.0f}s")
+        time.sleep(poll)
+
+
+# --- logs -----------------------------------------------------------------------------------------
+
+
+def log_path(job_id: str, *, search: Iterable[Path] = (Path("logs"),)) -> Path:
+    """The job's output file: Slurm's StdOut, else the ``logs/NAME-JOBID.out`` convention."""
+    job_id = check_job_id(job_id)
+    record = show_job(job_id)
+    if record is not None and record.get("StdOut"):
+        return Path(record["StdOut"])
+    for directory in search:
+        found = sorted(directory.glob(f"*-{job_id}.out"))
+        if found:
+            return found[0]
+    where = ", ".join(str(d) for d in search)
+    raise CtrainError(f"no log for job {job_id}: Slurm no longer knows it and there is no *-{job_id}.out in {where}")
+
+
+def follow(job_id: str, *, emit: Callable[[str], None], poll: float = 1.0, search: Iterable[Path] = (Path("logs"),)) -> Job | None:
+    """Print the job's log as it grows until the job ends (``tail -f`` that stops); return the final job.
+
+    Waits for the file while the job is pending. A requeued job keeps appending to the same file
+    (the scripts use --open-mode=append), so following continues across requeues.
+    """
+    path = log_path(job_id, search=search)
+    position = 0
+    partial = ""
+    while True:
+        current = job(job_id)
+        if path.exists():
+            with path.open("r", errors="replace") as handle:
+                handle.seek(position)
+                chunk = handle.read()
+                position = handle.tell()
+            if chunk:
+                lines = (partial + chunk).split("\n")
+                partial = lines.pop()
+                for line in lines:
+                    emit(line)
+        if current is None or current.final:
+            if partial:
+                emit(partial)
+            return current
+        time.sleep(poll)
+
+
+# --- cancel ---------------------------------------------------------------------------------------
+
+
+def cancel(job_id: str, *, signal: str | None = None) -> None:
+    """``scancel`` the job (or send it ``signal``: to its steps, as scancel does)."""
+    args = ["scancel", check_job_id(job_id)]
+    if signal:
+        args[1:1] = [f"--signal={signal}"]
+    proc.run(args)
+
+
+# --- partitions -----------------------------------------------------------------------------------
+
+_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
+
+
+def parse_gres_gpus(gres: str) -> int:
+    """GPUs in one ``sinfo %G`` GRES string ("gpu:8", "gpu:h100:8(S:0-1)", "(null)" -> 0)."""
+    return sum(int(n) for n in _GRES_GPU.findall(gres.strip()))
+
+
+def partition_gpus(partition: str | None) -> int | None:
+    """The most GPUs any node of ``partition`` (of any partition if None) has; None if sinfo fails."""
+    args = ["sinfo", "--noheader", "--format=%G"]
+    if partition:
+        args.append(f"--partition={partition}")
+    out = proc.run(args, check=False)
+    if out.returncode != 0:
+        return None
+    lines = [line for line in out.stdout.splitlines() if line.strip()]
+    if not lines:
+        if partition:
+            raise CtrainError(f"partition '{partition}' does not exist here (sinfo lists none); see `sinfo -s`")
+        return None
+    return max(parse_gres_gpus(line) for line in lines)

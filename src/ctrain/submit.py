@@ -1,0 +1,452 @@
+"""``ctrain submit``: one of the scripts in ``sbatch/``, with the project's settings, rendered into a
+self-contained job script, checked, and queued.
+
+The rendered script is the chosen script with its ``#SBATCH`` lines updated from ctrain.yaml and
+the command line, a settings block (``CTRAIN_*`` exports and the recipe arguments), and the
+library it sources inlined, so what runs does not change when the checkout does (a requeued job
+runs the same text). ``--dry-run`` prints exactly that text and the sbatch command; a submitted
+job's copy is kept as ``logs/NAME-JOBID.sbatch`` beside its log.
+
+Settings the scripts default themselves are resolved by the script library itself (bash), so
+Python never restates a default.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ctrain import proc, slurm
+from ctrain.config import ProjectConfig, SlurmConfig
+from ctrain.errors import ConfigError, CtrainError
+
+LIB = Path("sbatch/lib/ctrain.sh")
+# How every script in sbatch/ loads the library (the line `ctrain submit` replaces by the library).
+SOURCE_LINE = 'source "${CTRAIN_SBATCH_LIB:-$SLURM_SUBMIT_DIR/sbatch/lib/ctrain.sh}" || exit 2'
+_MAIN_LINE = re.compile(r"^ctrain_main (\w+) \"\$@\"$", re.M)
+
+# sbatch options ctrain.yaml can set (field -> option); short forms users write in their own scripts.
+OPTIONS = {
+    "job_name": "job-name",
+    "partition": "partition",
+    "account": "account",
+    "qos": "qos",
+    "time": "time",
+    "nodes": "nodes",
+    "gpus_per_node": "gpus-per-node",
+    "ntasks_per_node": "ntasks-per-node",
+    "cpus_per_task": "cpus-per-task",
+    "mem": "mem",
+    "exclusive": "exclusive",
+    "constraint": "constraint",
+    "signal_lead": "signal",
+}
+_SHORT = {"J": "job-name", "p": "partition", "A": "account", "q": "qos", "t": "time", "N": "nodes",
+          "c": "cpus-per-task", "C": "constraint", "o": "output", "e": "error"}  # fmt: skip
+_SBATCH_LINE = re.compile(r"^#SBATCH\s+(-{1,2})([A-Za-z][\w-]*)(?:[=\s]\s*(\S+))?")
+
+# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; or UNLIMITED/INFINITE.
+_TIME = re.compile(r"(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MOUNT = re.compile(r"[^:,]+:/[^:,]*(?::(?:ro|rw))?")
+
+# Container image references.
+_URI_SCHEMES = ("docker://", "oras://", "library://", "shub://", "http://", "https://", "docker-archive:", "oci-archive:")
+_ENROOT_REF = re.compile(r"(?:[\w.-]+@)?(?:[\w.-]+(?::\d+)?#)?[a-z0-9][\w./-]*(?::[\w.-]+|@sha256:[0-9a-f]{64})?")
+_SQUASHFS_MAGIC = b"hsqs"
+_SIF_MAGIC = b"SIF_MAGIC"
+
+
+# --- settings checks (also run when ctrain.yaml is loaded) -----------------------------------------
+
+
+def time_seconds(value: str) -> int | None:
+    """Seconds in a Slurm time limit (None for UNLIMITED/INFINITE); a ConfigError when malformed."""
+    if value.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    match = _TIME.fullmatch(value.strip())
+    if not match:
+        raise ConfigError(
+            f"time {value!r} is not a Slurm time limit: use MINUTES, HH:MM:SS, D-HH or D-HH:MM:SS (e.g. 04:00:00)"
+        )
+    d, dh, dm, ds, m, ms, mss = (int(g) if g else 0 for g in match.groups())
+    if match.group(1) is not None:  # D-H[:M[:S]]
+        return ((d * 24 + dh) * 60 + dm) * 60 + ds
+    if match.group(7) is not None:  # H:M:S
+        return (m * 60 + ms) * 60 + mss
+    return m * 60 + ms  # M or M:S
+
+
+def check_slurm_config(c: SlurmConfig) -> None:
+    """Relations between settings that are wrong before anything is run."""
+    for name in ("nodes", "gpus_per_node", "ntasks_per_node", "cpus_per_task", "max_requeues", "signal_lead"):
+        value = getattr(c, name)
+        least = 1 if name in ("nodes", "ntasks_per_node", "cpus_per_task") else 0
+        if value is not None and value < least:
+            raise ConfigError(f"slurm.{name} must be at least {least}, got {value}")
+    if c.signal_lead is not None and c.signal_lead > 65535:
+        raise ConfigError(f"slurm.signal_lead is {c.signal_lead}s; Slurm allows at most 65535")
+    limit = time_seconds(c.time) if c.time else None
+    if limit is not None and c.signal_lead is not None and c.signal_lead >= limit:
+        raise ConfigError(
+            f"slurm.signal_lead ({c.signal_lead}s) must be shorter than slurm.time ({c.time}): the warning "
+            "would come before the job starts"
+        )
+    if c.gpus_per_node and c.ntasks_per_node:
+        raise ConfigError(
+            "slurm.gpus_per_node and slurm.ntasks_per_node are both set: with GPUs the scripts start one "
+            "process per GPU, so leave ntasks_per_node (processes per node on CPU-only nodes) unset"
+        )
+    for mount in c.mounts:
+        if not _MOUNT.fullmatch(mount):
+            raise ConfigError(f"slurm.mounts entry {mount!r} must look like /host/dir:/container/dir[:ro]")
+    for name in c.env:
+        if not _ENV_NAME.fullmatch(name):
+            raise ConfigError(f"slurm.env: {name!r} is not an environment variable name")
+    for arg in c.sbatch_args:
+        if not arg.startswith("-"):
+            raise ConfigError(f"slurm.sbatch_args entry {arg!r} must be an sbatch option like --qos=high")
+
+
+# --- the job --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """A job about to be submitted: the rendered script and where and how it is queued."""
+
+    template: Path  # the script in sbatch/
+    runtime: str  # apptainer | pyxis, from the script's ctrain_main line
+    text: str  # the rendered, self-contained script
+    project: Path  # submit directory: /workspace in the container, logs/ and outputs/ here
+    settings: dict[str, str]  # CTRAIN_* as the script resolves them (defaults included)
+    arguments: list[str]  # recipe and KEY=VALUE overrides
+    options: dict[str, str | None] = field(default_factory=dict)  # final #SBATCH options
+
+    @property
+    def command(self) -> list[str]:
+        return ["sbatch", "--parsable"]
+
+    def describe(self) -> str:
+        """The sbatch command and the script, as --dry-run prints them."""
+        return (
+            f"# in {self.project}:\n{shlex.join(self.command)} <<'CTRAIN_SCRIPT'\n"
+            f"{self.text}CTRAIN_SCRIPT\n"
+        )
+
+    @property
+    def log_dir(self) -> Path:
+        output = self.options.get("output") or "slurm-%j.out"
+        return self.project / Path(output).parent
+
+
+def scripts_dir(project: Path) -> Path:
+    """``sbatch/`` of the project, else of the ctrain checkout this module runs from."""
+    for base in (project, Path(__file__).resolve().parents[2]):
+        if (base / LIB).is_file():
+            return base / "sbatch"
+    raise CtrainError(
+        f"no sbatch/ scripts found in {project} or next to ctrain's source: run from a ctrain checkout "
+        "(git clone) or give --script PATH"
+    )
+
+
+def choose_script(c: SlurmConfig, project: Path, nodes: int | None) -> Path:
+    """The script named by the config/command line, else RUNTIME (1 node) or RUNTIME_multinode."""
+    name = c.script or (c.runtime if (nodes or 1) == 1 else f"{c.runtime}_multinode")
+    if "/" in name or name.endswith(".sbatch"):
+        path = Path(name) if Path(name).is_absolute() else project / name
+    else:
+        path = scripts_dir(project) / f"{name}.sbatch"
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.sbatch")) if path.parent.is_dir() else []
+        raise ConfigError(f"no sbatch script {path}" + (f"; available: {', '.join(known)}" if known else ""))
+    return path
+
+
+def _option_value(c: SlurmConfig, name: str) -> str | None:
+    value = getattr(c, name)
+    if name == "signal_lead":
+        return f"B:USR1@{value}"
+    if name == "exclusive":
+        return None
+    return str(value)
+
+
+def sbatch_options(c: SlurmConfig) -> list[tuple[str, str | None]]:
+    """(option, value) pairs the config sets; value None for a flag."""
+    pairs: list[tuple[str, str | None]] = []
+    for name, option in OPTIONS.items():
+        value = getattr(c, name)
+        if value is None or value is False:
+            continue
+        pairs.append((option, _option_value(c, name)))
+    for arg in c.sbatch_args:
+        option, sep, value = arg.lstrip("-").partition("=")
+        pairs.append((option, value if sep else None))
+    return pairs
+
+
+def _parse_header_line(line: str) -> tuple[str, str | None] | None:
+    match = _SBATCH_LINE.match(line)
+    if not match:
+        return None
+    dashes, option, value = match.groups()
+    if dashes == "-":
+        option, value = _SHORT.get(option[0], option[0]), value or (option[1:] or None)
+    return option, value
+
+
+def render_header(lines: list[str], pairs: list[tuple[str, str | None]]) -> tuple[list[str], dict[str, str | None]]:
+    """Header lines with each option's #SBATCH line replaced (or added after the last one)."""
+    out = list(lines)
+    last = max((i for i, line in enumerate(out) if line.startswith("#SBATCH")), default=len(out) - 1)
+    for option, value in pairs:
+        new = f"#SBATCH --{option}" + (f"={value}" if value is not None else "")
+        for i, line in enumerate(out):
+            parsed = _parse_header_line(line)
+            if parsed and parsed[0] == option:
+                out[i] = new
+                break
+        else:
+            last += 1
+            out.insert(last, new)
+    final = {}
+    for line in out:
+        parsed = _parse_header_line(line)
+        if parsed:
+            final[parsed[0]] = parsed[1]
+    return out, final
+
+
+def settings_env(c: SlurmConfig, config: ProjectConfig, project: Path) -> dict[str, str]:
+    """CTRAIN_* (and the config's own ``env``) values the config sets, as the scripts read them."""
+    env: dict[str, str] = {}
+    if c.image:
+        env["CTRAIN_IMAGE"] = _image_setting(c.image, config)
+    if c.launcher:
+        env["CTRAIN_LAUNCHER"] = c.launcher
+    for name, var in (("deepspeed_config", "CTRAIN_DEEPSPEED_CONFIG"), ("accelerate_config", "CTRAIN_ACCELERATE_CONFIG")):
+        value = getattr(c, name)
+        if value is not None:
+            env[var] = str(_inside(config.resolve(value), project, f"slurm.{name}"))
+    for name, var in (("data", "CTRAIN_DATA"), ("hf_cache", "CTRAIN_HF_CACHE"), ("outputs", "CTRAIN_OUTPUTS")):
+        value = getattr(c, name)
+        if value is not None:
+            env[var] = str(config.resolve(value))
+    if c.mounts:
+        env["CTRAIN_MOUNTS"] = ",".join(c.mounts)
+    for name, var in (("mount_home", "CTRAIN_MOUNT_HOME"), ("efa", "CTRAIN_EFA")):
+        value = getattr(c, name)
+        if value is not None:
+            env[var] = "1" if value else "0"
+    if c.max_requeues is not None:
+        env["CTRAIN_MAX_REQUEUES"] = str(c.max_requeues)
+    env.update(c.env)
+    if c.env:
+        env["CTRAIN_CONTAINER_ENV"] = ",".join(c.env)
+    return env
+
+
+def _image_setting(image: str, config: ProjectConfig) -> str:
+    """A file path made absolute against the config; registry references and URIs as they are."""
+    if image.startswith(_URI_SCHEMES) or "#" in image or not (
+        "/" in image or image.endswith((".sif", ".sqsh", ".squashfs"))
+    ):
+        return image
+    return str(config.resolve(image))
+
+
+def _inside(path: Path, project: Path, what: str) -> Path:
+    """``path`` relative to the project directory, which the container sees as /workspace."""
+    try:
+        return path.resolve().relative_to(project.resolve())
+    except ValueError:
+        raise ConfigError(
+            f"{what} {path} is outside the project directory {project}, which is all the container sees "
+            "of it (as /workspace): move it into the project, or mount its directory with slurm.mounts"
+        ) from None
+
+
+def resolve_settings(lib: Path, runtime: str, arguments: list[str], env: dict[str, str], project: Path) -> dict[str, str]:
+    """CTRAIN_* values as the script library resolves them from ``env`` and ``arguments``."""
+    snippet = (
+        'source "$0" && ctrain_settings "$@" && '
+        'for v in "${!CTRAIN_@}"; do [[ $v == CTRAIN_OVERRIDES ]] || printf "%s=%s\\0" "$v" "${!v}"; done'
+    )
+    # The job sees the submitting shell's environment (sbatch exports it), then the rendered exports.
+    out = proc.run(["bash", "-c", snippet, str(lib), runtime, *arguments],
+                   env={**env, "SLURM_SUBMIT_DIR": str(project)}, cwd=project)  # fmt: skip
+    pairs = [item.partition("=") for item in out.stdout.split("\0") if item]
+    return {key: value for key, _, value in pairs}
+
+
+def render(template: Path, lib_text: str, header_pairs: list[tuple[str, str | None]], env: dict[str, str],
+           arguments: list[str]) -> tuple[str, dict[str, str | None], str]:  # fmt: skip
+    """The self-contained script, its final #SBATCH options, and its runtime."""
+    text = template.read_text()
+    main = _MAIN_LINE.search(text)
+    if SOURCE_LINE not in text.splitlines() or not main:
+        raise ConfigError(
+            f"{template} is not a ctrain sbatch script: it needs the line\n  {SOURCE_LINE}\n"
+            'and a line `ctrain_main RUNTIME "$@"`'
+        )
+    lines = text.splitlines()
+    body_start = next(i for i, line in enumerate(lines) if line and not line.startswith("#") or not line.strip())
+    header, body = lines[:body_start], lines[body_start:]
+    header, options = render_header(header, header_pairs)
+    source_at = body.index(SOURCE_LINE)
+    comment_start = source_at
+    while comment_start > 0 and body[comment_start - 1].startswith("#"):
+        comment_start -= 1
+    settings = ["", "# --- settings from ctrain.yaml and the command line (ctrain submit) ---"]
+    settings += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
+    settings.append(shlex.join(["set", "--", *arguments]))
+    inlined = [f"# --- {LIB}, inlined by ctrain submit ---", *lib_text.rstrip("\n").splitlines(), f"# --- end of {LIB} ---"]
+    body = body[:comment_start] + inlined + body[source_at + 1 :]
+    return "\n".join(header + settings + body) + "\n", options, main.group(1)
+
+
+def prepare(config: ProjectConfig, *, recipe: str | None = None, overrides: tuple[str, ...] = (), **changes: object) -> Job:
+    """Render the job for ``config.slurm`` with command-line ``changes`` (nodes=, time=, image=, ...)."""
+    c = replace(config.slurm, **{k: v for k, v in changes.items() if v is not None})
+    check_slurm_config(c)
+    project = config.root
+    template = choose_script(c, project, c.nodes)
+    lib = template.parent / "lib" / LIB.name
+    if not lib.is_file():
+        lib = scripts_dir(project) / "lib" / LIB.name
+    env = settings_env(c, config, project)
+    recipe_arg = recipe or (str(c.recipe) if c.recipe else None)
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. training.max_steps=100)")
+    if recipe_arg and "=" in recipe_arg:
+        raise ConfigError(f"the recipe comes first, then key=value overrides; got {recipe_arg!r} as the recipe")
+    arguments = [*([recipe_arg] if recipe_arg else []), *overrides]
+    text, options, runtime = render(template, lib.read_text(), sbatch_options(c), env, arguments)
+    settings = resolve_settings(lib, runtime, arguments, env, project)
+    return Job(template, runtime, text, project, settings, arguments, options)
+
+
+# --- checks before queueing -----------------------------------------------------------------------
+
+
+def check(job: Job) -> list[str]:
+    """Everything that can be known wrong before the job waits in the queue; returns warnings."""
+    warnings: list[str] = []
+    s = job.settings
+    check_image(s["CTRAIN_IMAGE"], job.runtime)
+    check_recipe(job)
+    if s["CTRAIN_LAUNCHER"] == "deepspeed":
+        _project_file(job, s["CTRAIN_DEEPSPEED_CONFIG"], "the DeepSpeed config (CTRAIN_DEEPSPEED_CONFIG)")
+    if s.get("CTRAIN_ACCELERATE_CONFIG"):
+        _project_file(job, s["CTRAIN_ACCELERATE_CONFIG"], "the accelerate config (CTRAIN_ACCELERATE_CONFIG)")
+    if s.get("CTRAIN_DATA") and not Path(s["CTRAIN_DATA"]).is_dir():
+        raise ConfigError(f"the data directory {s['CTRAIN_DATA']} (CTRAIN_DATA, slurm.data) does not exist")
+    warnings += check_gpus(job)
+    return warnings
+
+
+def check_image(image: str, runtime: str) -> None:
+    """The image exists and suits the runtime: a local file, or a well-formed reference."""
+    if runtime == "pyxis":
+        if image.startswith("/") or image.startswith("."):
+            kind = _image_kind(Path(image))
+            if kind != "squashfs":
+                raise ConfigError(
+                    f"pyxis needs an enroot squashfs, and {image} is {kind}: run `ctrain convert --to sqsh` "
+                    "and set slurm.image (or IMAGE) to the .sqsh"
+                )
+            return
+        ref = image.removeprefix("docker://")
+        first = ref.split("#", 1)[0].split("/", 1)[0] if "#" not in ref else ""
+        if not _ENROOT_REF.fullmatch(ref):
+            raise ConfigError(f"{image!r} is neither a .sqsh path nor an image reference like nvcr.io#nvidia/pytorch:24.10-py3")
+        if "/" in ref and "#" not in ref and ("." in first or ":" in first or first == "localhost"):
+            fixed = ref.replace("/", "#", 1)
+            raise ConfigError(
+                f"{image!r}: enroot separates the registry with '#', not '/': use {fixed!r} "
+                f"(as written, enroot would look for an image named {ref.split(':')[0]!r} on Docker Hub)"
+            )
+        return
+    if image.startswith(_URI_SCHEMES):
+        return
+    kind = _image_kind(Path(image))
+    if kind not in ("SIF", "squashfs", "a sandbox directory"):
+        raise ConfigError(f"Apptainer cannot run {image}: it is {kind} (expected a .sif from `ctrain convert --to sif`)")
+
+
+def _image_kind(path: Path) -> str:
+    if path.is_dir():
+        return "a sandbox directory"
+    if not path.exists():
+        raise ConfigError(
+            f"image {path} does not exist: build and convert it (`ctrain build && ctrain convert`), "
+            "or set slurm.image / IMAGE to an existing image"
+        )
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(128)
+    except OSError as exc:
+        raise ConfigError(f"image {path} cannot be read: {exc.strerror}") from exc
+    if head.startswith(_SQUASHFS_MAGIC):
+        return "squashfs"
+    if _SIF_MAGIC in head:
+        return "SIF"
+    return "not a container image (neither SIF nor squashfs)"
+
+
+def check_recipe(job: Job) -> None:
+    """The recipe exists inside the project and validates, with the overrides, without torch."""
+    recipe = job.settings["CTRAIN_RECIPE"]
+    path = _project_file(job, recipe, "the recipe")
+    overrides = job.arguments[1:] if job.arguments and "=" not in job.arguments[0] else job.arguments
+    from ctrain.train.recipe import load_recipe
+
+    load_recipe(path, list(overrides))
+
+
+def _project_file(job: Job, name: str, what: str) -> Path:
+    path = Path(name) if Path(name).is_absolute() else job.project / name
+    if not path.is_file():
+        raise ConfigError(f"{what} {name} does not exist (paths are relative to the project directory {job.project})")
+    _inside(path, job.project, what)
+    return path
+
+
+def check_gpus(job: Job) -> list[str]:
+    """Requested GPUs per node against what the partition's nodes have (sinfo)."""
+    wanted = job.options.get("gpus-per-node")
+    partition = job.options.get("partition")
+    if not proc.which("sinfo"):
+        return []
+    have = slurm.partition_gpus(partition)
+    where = f"partition '{partition}'" if partition else "this cluster"
+    if wanted is not None:
+        count = int(wanted.rsplit(":", 1)[-1])
+        if have is not None and count > have:
+            raise ConfigError(
+                f"{count} GPUs per node requested, but the nodes of {where} have at most {have}"
+                + ("; choose a GPU partition (slurm.partition, --partition)" if have == 0 else "")
+            )
+        return []
+    if have:
+        return [f"no GPUs requested although {where} has nodes with {have}: training runs on CPU "
+                "(set slurm.gpus_per_node or --gpus-per-node)"]  # fmt: skip
+    return []
+
+
+# --- submit ---------------------------------------------------------------------------------------
+
+
+def submit(job: Job) -> tuple[str, Path]:
+    """Queue the job; returns its id and where its copy of the script was kept."""
+    job.log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the --output directory
+    job_id = slurm.sbatch([], cwd=job.project, script=job.text)
+    name = job.options.get("job-name") or "sbatch"
+    copy = job.log_dir / f"{name}-{job_id}.sbatch"
+    copy.write_text(job.text)
+    return job_id, copy
