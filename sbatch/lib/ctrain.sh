@@ -22,13 +22,11 @@ ctrain_settings() {
     CTRAIN_RUNTIME=$1
     shift
     : "${CTRAIN_PROJECT_DIR:=${SLURM_SUBMIT_DIR:-$PWD}}" # mounted at /workspace, the working directory
-    : "${CTRAIN_IMAGE:=${IMAGE:-}}"
-    if [[ -z $CTRAIN_IMAGE ]]; then
-        case $CTRAIN_RUNTIME in
-            apptainer) CTRAIN_IMAGE=images/ctrain.sif ;;
-            pyxis) CTRAIN_IMAGE=images/ctrain.sqsh ;;
-        esac
-    fi
+    case $CTRAIN_RUNTIME in
+        apptainer) : "${CTRAIN_IMAGE:=${IMAGE:-images/ctrain.sif}}" ;;
+        pyxis) : "${CTRAIN_IMAGE:=${IMAGE:-images/ctrain.sqsh}}" ;; # or a registry reference
+        *) ctrain_die "unknown runtime '$CTRAIN_RUNTIME'; valid: apptainer, pyxis" ;;
+    esac
     : "${CTRAIN_RECIPE:=recipes/demo-addition.yaml}"
     : "${CTRAIN_LAUNCHER:=torchrun}"             # torchrun | accelerate | deepspeed
     : "${CTRAIN_DEEPSPEED_CONFIG:=configs/deepspeed/zero2.json}"
@@ -140,12 +138,15 @@ ctrain_mounts() {
 
 # Apptainer: words that go between srun's options and the launcher.
 ctrain_container_apptainer() {
-    local apptainer
-    apptainer=$(command -v apptainer || command -v singularity) ||
-        ctrain_die "neither apptainer nor singularity is on PATH (try: module load apptainer)"
-    [[ $CTRAIN_DRY_RUN == 1 || -r $CTRAIN_IMAGE ]] ||
-        ctrain_die "image '$CTRAIN_IMAGE' is not a readable file (set IMAGE=... or run: ctrain convert --to sif)"
-    CTRAIN_CONTAINER=("${apptainer##*/}" exec)
+    local apptainer=apptainer # or its older name, where only that is installed
+    command -v apptainer >/dev/null || ! command -v singularity >/dev/null || apptainer=singularity
+    if [[ $CTRAIN_DRY_RUN != 1 ]]; then
+        command -v "$apptainer" >/dev/null ||
+            ctrain_die "neither apptainer nor singularity is on PATH (try: module load apptainer)"
+        [[ $CTRAIN_IMAGE == *://* || -r $CTRAIN_IMAGE ]] ||
+            ctrain_die "image '$CTRAIN_IMAGE' cannot be read (set IMAGE=..., or run: ctrain convert --to sif)"
+    fi
+    CTRAIN_CONTAINER=("$apptainer" exec)
     # GPUs only when Slurm gave the job some: --nv on a CPU node only prints warnings.
     [[ ${SLURM_GPUS_ON_NODE:-0} -eq 0 ]] || CTRAIN_CONTAINER+=(--nv)
     [[ $CTRAIN_MOUNT_HOME == 1 ]] || CTRAIN_CONTAINER+=(--no-home)
@@ -300,7 +301,7 @@ ctrain_show() {
         if [[ $word =~ ^[][A-Za-z0-9_@%+=:,./^-]+$ ]]; then
             line+=" $word"
         else
-            line+=" ${word@Q}"
+            line+=" '${word//\'/\'\\\'\'}'"
         fi
     done
     echo "$line"

@@ -180,7 +180,7 @@ def sbatch_options(c: SlurmConfig) -> list[tuple[str, str | None]]:
     pairs: list[tuple[str, str | None]] = []
     for name, option in OPTIONS.items():
         value = getattr(c, name)
-        if value is None or value is False:
+        if value is None or value is False or (name == "gpus_per_node" and value == 0):
             continue
         pairs.append((option, _option_value(c, name)))
     for arg in c.sbatch_args:
@@ -265,8 +265,8 @@ def _inside(path: Path, project: Path, what: str) -> Path:
         return path.resolve().relative_to(project.resolve())
     except ValueError:
         raise ConfigError(
-            f"{what} {path} is outside the project directory {project}, which is all the container sees "
-            "of it (as /workspace): move it into the project, or mount its directory with slurm.mounts"
+            f"{what} {path} is outside the project directory {project}, the part of this machine's files the "
+            "container sees (as /workspace): copy it into the project directory and name it from there"
         ) from None
 
 

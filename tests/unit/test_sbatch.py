@@ -1,0 +1,293 @@
+"""The sbatch scripts and their library, run for real by bash in dry-run mode on a made-up allocation.
+
+CTRAIN_DRY_RUN=1 makes the library print the srun command instead of running it; everything
+before that (settings, allocation, environment, container and launcher words) runs as in a job.
+``scontrol show hostnames`` is the real one, reading a minimal slurm.conf (it needs no controller).
+Golden files: tests/golden/sbatch/; CTRAIN_UPDATE_GOLDEN=1 rewrites them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import need
+
+REPO = Path(__file__).resolve().parents[2]
+SBATCH = REPO / "sbatch"
+LIB = SBATCH / "lib" / "ctrain.sh"
+GOLDEN = REPO / "tests" / "golden" / "sbatch"
+SCRIPTS = ["apptainer", "apptainer_multinode", "pyxis", "pyxis_multinode"]
+NODE_COUNTS = [1, 2, 16]
+
+
+def golden(name: str, text: str) -> None:
+    """Compare ``text`` with tests/golden/sbatch/NAME (CTRAIN_UPDATE_GOLDEN=1 writes it)."""
+    path = GOLDEN / name
+    if os.environ.get("CTRAIN_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}: run with CTRAIN_UPDATE_GOLDEN=1 and review it"
+    assert text == path.read_text(), f"{name} differs from its golden file (CTRAIN_UPDATE_GOLDEN=1 rewrites it)"
+
+
+@pytest.fixture(scope="module")
+def slurm_conf(tmp_path_factory) -> Path:
+    """Just enough slurm.conf for `scontrol show hostnames` to expand node lists offline."""
+    need(shutil.which("scontrol") is not None, "scontrol (slurm-client)")
+    path = tmp_path_factory.mktemp("slurm") / "slurm.conf"
+    path.write_text("ClusterName=unit\nSlurmctldHost=localhost\nNodeName=gpu[001-016]\nPartitionName=p Nodes=ALL\n")
+    return path
+
+
+def allocation(nodes: int, *, gpus: int = 8, tasks_per_node: int = 1, cpus: int = 96) -> dict[str, str]:
+    """The environment Slurm gives a batch script on an allocation of ``nodes`` nodes."""
+    env = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": "ctrain",
+        "SLURM_NNODES": str(nodes),
+        "SLURM_JOB_NODELIST": f"gpu[001-{nodes:03d}]" if nodes > 1 else "gpu001",
+        "SLURM_TASKS_PER_NODE": f"{tasks_per_node}(x{nodes})" if nodes > 1 else str(tasks_per_node),
+        "SLURM_CPUS_ON_NODE": str(cpus),
+        "SLURM_SUBMIT_DIR": "/project",
+    }
+    if gpus:
+        env["SLURM_GPUS_ON_NODE"] = str(gpus)
+    return env
+
+
+def dry_run(script: str, *args: str, env: dict[str, str], slurm_conf: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run sbatch/SCRIPT.sbatch under bash as Slurm would, printing instead of launching."""
+    base = {
+        "PATH": os.environ["PATH"],
+        "HOME": "/home/alice",
+        "SLURM_CONF": str(slurm_conf),
+        "CTRAIN_DRY_RUN": "1",
+        "CTRAIN_SBATCH_LIB": str(LIB),
+    }
+    result = subprocess.run(["bash", str(SBATCH / f"{script}.sbatch"), *args], env={**base, **env},
+                            capture_output=True, text=True, cwd="/")  # fmt: skip
+    if check:
+        assert result.returncode == 0, result.stderr + result.stdout
+    return result
+
+
+def srun_words(output: str) -> list[str]:
+    """The srun command the library printed (its `+ ` line), as words."""
+    assert output.count("\n+ srun ") == 1, output  # the last thing printed; it may span lines
+    return ["srun", *shlex.split(output.split("\n+ srun ", 1)[1])]
+
+
+# --- goldens: what runs on 1, 2 and 16 nodes ----------------------------------------------------
+
+
+@pytest.mark.parametrize("nodes", NODE_COUNTS)
+@pytest.mark.parametrize("runtime", ["apptainer", "pyxis"])
+def test_srun_command_golden(runtime: str, nodes: int, slurm_conf: Path) -> None:
+    script = runtime if nodes == 1 else f"{runtime}_multinode"
+    result = dry_run(script, "recipes/demo-addition.yaml", "training.max_steps=50", env=allocation(nodes), slurm_conf=slurm_conf)
+    golden(f"{runtime}-{nodes}node.txt", result.stdout)
+
+
+def test_same_script_any_size(slurm_conf: Path) -> None:
+    """Between 2 and 16 nodes only the allocation changes: the commands differ in node counts alone."""
+    two = dry_run("pyxis_multinode", env=allocation(2), slurm_conf=slurm_conf).stdout
+    sixteen = dry_run("pyxis_multinode", env=allocation(16), slurm_conf=slurm_conf).stdout
+    words = [(a, b) for a, b in zip(srun_words(two), srun_words(sixteen)) if a != b]
+    assert words == [("--nodes=2", "--nodes=16"), ("--ntasks=2", "--ntasks=16"), ("--nnodes=2", "--nnodes=16")]
+
+
+# --- how the allocation becomes the launch ------------------------------------------------------
+
+
+def test_processes_per_node_follow_gpus_else_tasks(slurm_conf: Path) -> None:
+    gpus = srun_words(dry_run("apptainer_multinode", env=allocation(2, gpus=4), slurm_conf=slurm_conf).stdout)
+    assert "--nproc-per-node=4" in gpus and "--nv" in gpus
+    cpu = srun_words(dry_run("apptainer_multinode", env=allocation(2, gpus=0, tasks_per_node=3), slurm_conf=slurm_conf).stdout)
+    assert "--nproc-per-node=3" in cpu and "--nv" not in cpu
+
+
+def test_rendezvous_from_first_node_and_job_id(slurm_conf: Path) -> None:
+    env = {**allocation(16), "SLURM_JOB_ID": "123456", "SLURM_JOB_NODELIST": "gpu[007-016,001-006]"}
+    words = srun_words(dry_run("pyxis_multinode", env=env, slurm_conf=slurm_conf).stdout)
+    port = 123456 % 4536 + 61000
+    assert f"--rdzv-endpoint=gpu007:{port}" in words
+    assert "--rdzv-id=123456" in words and "--rdzv-backend=c10d" in words
+    assert 32768 <= 60999 < port <= 65535  # above Linux's ephemeral ports
+
+
+def test_one_task_per_node_kill_on_bad_exit_labels(slurm_conf: Path) -> None:
+    words = srun_words(dry_run("apptainer_multinode", env=allocation(2), slurm_conf=slurm_conf).stdout)
+    assert words[:6] == ["srun", "--label", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1"]
+
+
+def test_recipe_and_overrides_reach_the_trainer(slurm_conf: Path) -> None:
+    env = {**allocation(2), "CTRAIN_LAUNCHER": "deepspeed", "CTRAIN_DEEPSPEED_CONFIG": "configs/z3.json"}
+    words = srun_words(dry_run("pyxis_multinode", "/project/recipes/r.yaml", "a.b=1", env=env, slurm_conf=slurm_conf).stdout)
+    assert words[-6:] == ["-m", "ctrain", "train", "recipes/r.yaml", "a.b=1", "training.deepspeed=configs/z3.json"]
+    assert words[words.index("ctrain-task") + 1] == "torchrun"
+
+
+def test_accelerate_machine_rank_per_node(slurm_conf: Path) -> None:
+    env = {**allocation(2, gpus=0, tasks_per_node=2), "CTRAIN_LAUNCHER": "accelerate"}
+    result = dry_run("apptainer_multinode", env=env, slurm_conf=slurm_conf)
+    words = srun_words(result.stdout)
+    launch = words[words.index("ctrain-task") + 1 :]
+    assert launch[:3] == ["accelerate", "launch", "--multi_gpu"]
+    assert {"--num_machines=2", "--num_processes=4", "--main_process_ip=gpu001", "--rdzv_backend=c10d"} <= set(launch)
+    # The per-node part: the task script inserts the node's own rank, here run as node 1 would.
+    task = words[words.index("-c") + 1]
+    shown = subprocess.run(["bash", "-c", task.replace('exec "$@"', "true"), "ctrain-task", *launch],
+                           env={"SLURM_NODEID": "1", "HOSTNAME": "gpu002", "RANK": "9"}, capture_output=True, text=True)  # fmt: skip
+    assert "ctrain: gpu002: accelerate launch --machine_rank=1 --multi_gpu" in shown.stdout
+
+
+def test_enroot_hook_variables_do_not_reach_the_launcher(slurm_conf: Path) -> None:
+    """enroot's PyTorch hook sets RANK/WORLD_SIZE/MASTER_* per task; the task script drops them."""
+    words = srun_words(dry_run("pyxis_multinode", env=allocation(2), slurm_conf=slurm_conf).stdout)
+    task = words[words.index("-c") + 1]
+    hook = {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "gpu001", "MASTER_PORT": "61000"}
+    probe = subprocess.run(["bash", "-c", task, "ctrain-task", "env"], env={"PATH": os.environ["PATH"], **hook},
+                           capture_output=True, text=True)  # fmt: skip
+    seen = dict(line.split("=", 1) for line in probe.stdout.splitlines() if "=" in line and not line.startswith("ctrain:"))
+    assert not set(hook) & set(seen), seen
+
+
+def test_apptainer_mounts_env_and_home(slurm_conf: Path) -> None:
+    env = {**allocation(1, gpus=0), "CTRAIN_DATA": "data", "CTRAIN_MOUNTS": "/scratch:/scratch,/ro:/ro:ro",
+           "IMAGE": "images/x.sif", "FOO": "bar", "CTRAIN_CONTAINER_ENV": "FOO"}  # fmt: skip
+    words = srun_words(dry_run("apptainer", env=env, slurm_conf=slurm_conf).stdout)
+    binds = [words[i + 1] for i, w in enumerate(words) if w == "--bind"]
+    assert binds == ["/project:/workspace", "/home/alice/.cache/huggingface:/hf_home", "/project/outputs:/outputs",
+                     "/project/data:/data:ro", "/scratch:/scratch", "/ro:/ro:ro"]  # fmt: skip
+    assert "--no-home" in words and words[words.index("--pwd") + 1] == "/workspace"
+    assert "/project/images/x.sif" in words
+    on = srun_words(dry_run("apptainer", env={**env, "CTRAIN_MOUNT_HOME": "1"}, slurm_conf=slurm_conf).stdout)
+    assert "--no-home" not in on
+
+
+def test_apptainer_forced_variables_are_exported(slurm_conf: Path) -> None:
+    """Variables that must beat the image's go in as APPTAINERENV_* (what srun's tasks inherit)."""
+    script = (f'source {LIB}; ctrain_settings apptainer; ctrain_allocation; ctrain_environment; ctrain_container; '
+              'env | grep -E "^(APPTAINERENV|SINGULARITYENV)_" | sort')  # fmt: skip
+    env = {"PATH": os.environ["PATH"], "HOME": "/home/alice", "SLURM_CONF": str(slurm_conf), "CTRAIN_DRY_RUN": "1",
+           **allocation(2, gpus=0, tasks_per_node=2, cpus=8), "CTRAIN_EFA": "1"}  # fmt: skip
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    assert "APPTAINERENV_OMP_NUM_THREADS=4\n" in out  # 8 CPUs / 2 processes
+    assert "APPTAINERENV_PYTHONUNBUFFERED=1\n" in out
+    assert "APPTAINERENV_NCCL_SOCKET_IFNAME=^docker,lo,veth\n" in out
+    assert "SINGULARITYENV_FI_PROVIDER=efa\n" in out
+
+
+def test_pyxis_container_options(slurm_conf: Path) -> None:
+    env = {**allocation(2), "CTRAIN_EFA": "1", "IMAGE": "nvcr.io#nvidia/pytorch:24.10-py3"}
+    words = srun_words(dry_run("pyxis_multinode", env=env, slurm_conf=slurm_conf).stdout)
+    options = dict(w.split("=", 1) if "=" in w else (w, "") for w in words if w.startswith("--") and "container" in w)
+    assert options["--container-image"] == "nvcr.io#nvidia/pytorch:24.10-py3"
+    assert options["--container-workdir"] == "/workspace"
+    assert options["--container-mounts"].split(",")[0] == "/project:/workspace"
+    assert "--no-container-mount-home" in options and "--no-container-entrypoint" in options
+    assert set(options["--container-env"].split(",")) >= {"PYTHONUNBUFFERED", "OMP_NUM_THREADS", "FI_PROVIDER", "NCCL_SOCKET_IFNAME"}
+    assert "apptainer" not in words
+
+
+def test_local_sqsh_becomes_an_absolute_path(slurm_conf: Path) -> None:
+    """pyxis reads a relative path as a registry reference, so files are made absolute."""
+    words = srun_words(dry_run("pyxis", env={**allocation(1), "IMAGE": "images/ctrain.sqsh"}, slurm_conf=slurm_conf).stdout)
+    assert "--container-image=/project/images/ctrain.sqsh" in words
+
+
+def test_outside_an_allocation_is_a_clear_error(slurm_conf: Path) -> None:
+    result = dry_run("apptainer", env={}, slurm_conf=slurm_conf, check=False)
+    assert result.returncode == 2
+    assert "no Slurm allocation here: submit this script with sbatch" in result.stderr
+
+
+def test_bad_launcher_is_a_clear_error(slurm_conf: Path) -> None:
+    result = dry_run("apptainer", env={**allocation(1), "CTRAIN_LAUNCHER": "deepspeed-pdsh"}, slurm_conf=slurm_conf, check=False)
+    assert result.returncode == 2 and "CTRAIN_LAUNCHER is 'deepspeed-pdsh'; valid: torchrun, accelerate, deepspeed" in result.stderr
+
+
+# --- pyxis: every container flag is one pyxis documents -------------------------------------------
+
+
+def pyxis_options() -> dict[str, bool]:
+    """pyxis's srun options (tests/golden/sbatch/pyxis-srun-options.txt): name -> takes a value."""
+    options = {}
+    for line in (GOLDEN / "pyxis-srun-options.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, argument = line.split(None, 1)
+            options[name] = argument.strip() != "-"
+    return options
+
+
+@pytest.mark.parametrize("mount_home", ["0", "1"])
+@pytest.mark.parametrize("script", ["pyxis", "pyxis_multinode"])
+def test_pyxis_flags_are_documented_pyxis_options(script: str, mount_home: str, slurm_conf: Path) -> None:
+    documented = pyxis_options()
+    env = {**allocation(2), "CTRAIN_MOUNT_HOME": mount_home, "CTRAIN_EFA": "1", "CTRAIN_DATA": "/d", "CTRAIN_MOUNTS": "/a:/b"}
+    words = srun_words(dry_run(script, env=env, slurm_conf=slurm_conf).stdout)
+    srun_options = words[1 : words.index("bash")]
+    used = [w for w in srun_options if "container" in w]
+    assert used, "the pyxis script passes no container options"
+    for word in used:
+        name, has_value, value = word.removeprefix("--").partition("=")
+        assert name in documented, f"--{name} is not a pyxis option"
+        assert bool(has_value) == documented[name], f"--{name}: value {'missing' if documented[name] else 'not allowed'}"
+        if name == "container-mounts":
+            for mount in value.split(","):
+                assert re.fullmatch(r"[./][^:]*:/[^:]*(:[a-z+]+)?", mount), mount  # SRC:DST[:FLAGS], FLAGS joined by +
+
+
+def test_pyxis_option_list_cites_its_source() -> None:
+    text = (GOLDEN / "pyxis-srun-options.txt").read_text()
+    assert "github.com/NVIDIA/pyxis" in text and "container-env" in pyxis_options()
+
+
+# --- the scripts themselves -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_scripts_parse_and_share_the_library(script: str) -> None:
+    text = (SBATCH / f"{script}.sbatch").read_text()
+    subprocess.run(["bash", "-n", str(SBATCH / f"{script}.sbatch")], check=True)
+    from ctrain.submit import SOURCE_LINE
+
+    assert SOURCE_LINE in text.splitlines()
+    assert "#SBATCH --output=logs/%x-%j.out" in text
+    assert "#SBATCH --signal=B:USR1@" in text and "#SBATCH --requeue" in text and "#SBATCH --open-mode=append" in text
+    body = text.split(SOURCE_LINE, 1)[1].strip().splitlines()
+    assert body == [f"ctrain_main {script.split('_')[0]} \"$@\""], "scripts hold settings only; logic lives in the library"
+
+
+def test_single_and_multinode_differ_only_in_nodes_and_text() -> None:
+    for runtime in ("apptainer", "pyxis"):
+        one = (SBATCH / f"{runtime}.sbatch").read_text().splitlines()
+        many = (SBATCH / f"{runtime}_multinode.sbatch").read_text().splitlines()
+        differing = [(a, b) for a, b in zip(one, many) if a != b and not a.startswith("# ")]
+        assert differing == [("#SBATCH --nodes=1", "#SBATCH --nodes=2")]
+
+
+def lib_defaults() -> dict[str, list[str]]:
+    """CTRAIN_* variables the library defaults with `: "${NAME:=default}"` (some per runtime)."""
+    found: dict[str, list[str]] = {}
+    for name, default in re.findall(r': "\$\{(CTRAIN_[A-Z_]+):=(.*?)\}"[\s;]', LIB.read_text()):
+        found.setdefault(name, []).append(default)
+    return found
+
+
+def test_docs_list_every_setting_with_its_default() -> None:
+    docs = (REPO / "docs" / "sbatch.md").read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(CTRAIN_[A-Z_]+)` \| ([^|]*) \|", docs, re.M)}
+    defaults = lib_defaults()
+    assert len(defaults) > 10 and len(defaults["CTRAIN_IMAGE"]) == 2
+    for name, values in defaults.items():
+        assert name in rows, f"docs/sbatch.md has no row for {name}"
+        for value in values:
+            assert f"`{value}`" in rows[name], f"docs/sbatch.md: {name} defaults to {value!r} in the library, not {rows[name]!r}"

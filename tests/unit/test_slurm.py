@@ -1,0 +1,300 @@
+"""Parsing Slurm's output, and `ctrain submit`'s rendering and checks (no cluster needed).
+
+The texts below are what Slurm 22.05 prints for these commands (taken from the testbed)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ctrain import slurm, submit
+from ctrain.cli import main
+from ctrain.config import SlurmConfig, load_config
+from ctrain.errors import ConfigError, CtrainError, ParseError
+from tests.unit.test_sbatch import NODE_COUNTS, REPO, golden
+
+# --- Slurm output -------------------------------------------------------------------------------
+
+
+def test_sbatch_parsable() -> None:
+    assert slurm.parse_sbatch_parsable("1234\n") == "1234"
+    assert slurm.parse_sbatch_parsable("sbatch: warning: memory limit ignored\n77;cluster2\n") == "77"
+    with pytest.raises(ParseError) as err:
+        slurm.parse_sbatch_parsable("Submitted batch job 12\n")
+    assert "Submitted batch job 12" in str(err.value) and err.value.raw == "Submitted batch job 12\n"
+
+
+def test_squeue_name_last_keeps_separators() -> None:
+    raw = "42|RUNNING|1:02|1:00:00|2|node[1-2]|ctrain\n43_1|PENDING|0:00|10:00|16|(Resources)|odd|name\n"
+    jobs = slurm.parse_squeue(raw)
+    assert jobs[0] == slurm.Job("42", "ctrain", "RUNNING", "1:02", "1:00:00", "2", "node[1-2]", source="squeue")
+    assert jobs[1].id == "43_1" and jobs[1].name == "odd|name" and jobs[1].where == "(Resources)"
+    with pytest.raises(ParseError):
+        slurm.parse_squeue("JOBID PARTITION NAME\n")
+
+
+def test_sacct_states_and_exit_codes() -> None:
+    raw = "7|CANCELLED by 1001|00:00:12|01:00:00|2|node[1-2]|0:15|0|ctrain\n8|COMPLETED|00:05:00|01:00:00|1|node1|0:0|1|x\n"
+    jobs = slurm.parse_sacct(raw)
+    assert [j.state for j in jobs] == ["CANCELLED", "COMPLETED"]
+    assert jobs[0].exit_code == "0:15" and jobs[1].restarts == "1" and jobs[1].final
+    with pytest.raises(ParseError):
+        slurm.parse_sacct("7|COMPLETED\n")
+
+
+SCONTROL = (
+    "JobId=5 JobName=ctrain UserId=ctrain(1001) GroupId=ctrain(1001) MCS_label=N/A Priority=4294901756 Nice=0 "
+    "Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=1 BatchFlag=2 "
+    "Reboot=0 ExitCode=0:0 RunTime=00:00:41 TimeLimit=01:00:00 TimeMin=N/A SubmitTime=2026-11-21T17:29:07 "
+    "NodeList=node[1-2] BatchHost=node1 NumNodes=2 NumCPUs=4 NumTasks=4 CPUs/Task=1 ReqB:S:C:T=0:0:*:* "
+    "TRES=cpu=4,mem=2G,node=2,billing=4 Socks/Node=* Command=/home/a b/sbatch/x.sbatch "
+    "WorkDir=/home/a b StdErr=/home/a b/logs/ctrain-5.out StdIn=/dev/null StdOut=/home/a b/logs/ctrain-5.out Power="
+)
+
+
+def test_scontrol_record_values_with_spaces_and_equals() -> None:
+    record = slurm.parse_scontrol_record(SCONTROL)
+    assert record["StdOut"] == "/home/a b/logs/ctrain-5.out"
+    assert record["TRES"] == "cpu=4,mem=2G,node=2,billing=4"
+    assert record["Socks/Node"] == "*" and record["ReqB:S:C:T"] == "0:0:*:*" and record["Power"] == ""
+    job = slurm.job_from_record(record)
+    assert (job.id, job.state, job.where, job.restarts, job.nodes) == ("5", "RUNNING", "node[1-2]", "1", "2")
+    with pytest.raises(ParseError):
+        slurm.parse_scontrol_record("slurm_load_jobs error: Invalid job id specified")
+
+
+def test_pending_job_shows_its_reason() -> None:
+    record = slurm.parse_scontrol_record(SCONTROL.replace("JobState=RUNNING Reason=None", "JobState=PENDING Reason=BeginTime"))
+    assert slurm.job_from_record(record).where == "BeginTime"
+
+
+def test_gres_gpus() -> None:
+    assert slurm.parse_gres_gpus("gpu:8") == 8
+    assert slurm.parse_gres_gpus("gpu:h100:8(S:0-1)") == 8
+    assert slurm.parse_gres_gpus("(null)") == 0
+    assert slurm.parse_gres_gpus("gpu:a100:4,gpu:v100:2") == 6
+
+
+def test_job_ids() -> None:
+    assert slurm.check_job_id(" 123 ") == "123" and slurm.check_job_id("9_3") == "9_3"
+    with pytest.raises(CtrainError, match="not a Slurm job id"):
+        slurm.check_job_id("123; rm -rf /")
+
+
+def test_status_table_reads() -> None:
+    text = slurm.status_table([slurm.Job("5", "ctrain", "RUNNING", "0:41", "1:00:00", "2", "node[1-2]", "0:0")])
+    header, row = text.splitlines()
+    assert header.split()[:3] == ["JOB", "NAME", "STATE"] and row.split()[:3] == ["5", "ctrain", "RUNNING"]
+
+
+# --- settings -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("30", 1800), ("30:15", 1815), ("04:00:00", 14400), ("2-00:00:00", 172800), ("1-12", 129600), ("1-0:30", 88200)],
+)
+def test_time_limits(value: str, seconds: int) -> None:
+    assert submit.time_seconds(value) == seconds
+
+
+def test_time_limit_errors_say_the_formats() -> None:
+    with pytest.raises(ConfigError, match="use MINUTES, HH:MM:SS, D-HH or D-HH:MM:SS"):
+        submit.time_seconds("4h")
+    assert submit.time_seconds("UNLIMITED") is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"time": "00:04:00", "signal_lead": 300}, "must be shorter than slurm.time"),
+        ({"gpus_per_node": 8, "ntasks_per_node": 8}, "leave ntasks_per_node"),
+        ({"nodes": 0}, "slurm.nodes must be at least 1"),
+        ({"mounts": ["/a"]}, "must look like /host/dir:/container/dir"),
+        ({"env": {"1BAD": "x"}}, "not an environment variable name"),
+        ({"sbatch_args": ["qos=high"]}, "must be an sbatch option"),
+    ],
+)
+def test_config_relations(settings: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        submit.check_slurm_config(SlurmConfig(**settings))
+
+
+def test_unknown_slurm_key_lists_valid_ones(tmp_path: Path) -> None:
+    (tmp_path / "ctrain.yaml").write_text("slurm:\n  gpus: 8\n")
+    with pytest.raises(ConfigError, match="unknown key 'slurm.gpus'; valid keys under slurm: .*gpus_per_node"):
+        load_config(tmp_path / "ctrain.yaml")
+
+
+# --- rendering ------------------------------------------------------------------------------------
+
+
+def project(tmp_path: Path, yaml: str) -> Path:
+    (tmp_path / "ctrain.yaml").write_text(yaml)
+    return tmp_path
+
+
+GPU_CLUSTER = """\
+slurm:
+  runtime: pyxis
+  partition: gpu
+  account: proj42
+  gpus_per_node: 8
+  cpus_per_task: 96
+  time: "2-00:00:00"
+  signal_lead: 600
+  image: nvcr.io#nvidia/pytorch:24.10-py3
+  hf_cache: /fsx/hf_cache
+  outputs: /fsx/outputs
+  efa: true
+  env:
+    NCCL_DEBUG: WARN
+"""
+
+
+@pytest.mark.parametrize("nodes", NODE_COUNTS)
+def test_rendered_script_golden(tmp_path: Path, nodes: int) -> None:
+    config = load_config(project(tmp_path, GPU_CLUSTER) / "ctrain.yaml")
+    job = submit.prepare(config, recipe="recipes/demo-addition.yaml", overrides=("training.max_steps=100",), nodes=nodes)
+    golden(f"submit-pyxis-{nodes}node.sbatch", job.text)
+    assert job.template.name == ("pyxis.sbatch" if nodes == 1 else "pyxis_multinode.sbatch")
+    assert job.options["nodes"] == str(nodes) and job.options["signal"] == "B:USR1@600"
+
+
+def test_rendered_script_runs_as_the_library_says(tmp_path: Path) -> None:
+    """Inlining changes nothing: the rendered script resolves the same settings as the library."""
+    config = load_config(project(tmp_path, GPU_CLUSTER) / "ctrain.yaml")
+    job = submit.prepare(config, nodes=2)
+    assert job.settings["CTRAIN_IMAGE"] == "nvcr.io#nvidia/pytorch:24.10-py3"
+    assert job.settings["CTRAIN_RECIPE"] == "recipes/demo-addition.yaml"  # the library's default
+    assert job.settings["CTRAIN_EFA"] == "1" and job.settings["CTRAIN_CONTAINER_ENV"] == "NCCL_DEBUG"
+    assert job.settings["CTRAIN_PROJECT_DIR"] == str(tmp_path)
+    assert "source " not in job.text and "ctrain_main pyxis \"$@\"" in job.text
+    lib = (REPO / "sbatch/lib/ctrain.sh").read_text()
+    assert lib.strip() in job.text
+
+
+def test_header_lines_replaced_not_duplicated(tmp_path: Path) -> None:
+    config = load_config(project(tmp_path, "slurm:\n  time: '10'\n  job_name: demo\n  sbatch_args: ['--qos=high', '--exclusive']\n") / "ctrain.yaml")
+    job = submit.prepare(config, nodes=2)
+    header = [line for line in job.text.splitlines() if line.startswith("#SBATCH")]
+    assert header.count("#SBATCH --time=10") == 1 and not any(line.startswith("#SBATCH --time=01") for line in header)
+    assert "#SBATCH --job-name=demo" in header and "#SBATCH --qos=high" in header and "#SBATCH --exclusive" in header
+    assert job.log_dir == tmp_path / "logs"
+
+
+def test_short_options_in_user_scripts_are_replaced(tmp_path: Path) -> None:
+    own = tmp_path / "mine.sbatch"
+    own.write_text((REPO / "sbatch/apptainer.sbatch").read_text().replace("#SBATCH --time=01:00:00", "#SBATCH -t 5"))
+    config = load_config(project(tmp_path, "slurm:\n  script: mine.sbatch\n") / "ctrain.yaml")
+    job = submit.prepare(config, time="20")
+    assert "#SBATCH --time=20" in job.text and "#SBATCH -t 5" not in job.text
+
+
+def test_config_paths_are_made_absolute_and_container_files_relative(tmp_path: Path) -> None:
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "z3.json").write_text("{}")
+    config = load_config(project(tmp_path, "slurm:\n  image: images/c.sif\n  data: data\n  deepspeed_config: configs/z3.json\n") / "ctrain.yaml")
+    job = submit.prepare(config)
+    assert f"export CTRAIN_IMAGE={tmp_path}/images/c.sif" in job.text
+    assert f"export CTRAIN_DATA={tmp_path}/data" in job.text
+    assert "export CTRAIN_DEEPSPEED_CONFIG=configs/z3.json" in job.text
+
+
+def test_container_files_outside_the_project_are_refused(tmp_path: Path) -> None:
+    config = load_config(project(tmp_path, "slurm:\n  deepspeed_config: /etc/z3.json\n") / "ctrain.yaml")
+    with pytest.raises(ConfigError, match="outside the project directory .*copy it into the project directory"):
+        submit.prepare(config)
+
+
+def test_unknown_script_lists_the_scripts(tmp_path: Path) -> None:
+    config = load_config(project(tmp_path, "slurm:\n  script: pyxis_multi\n") / "ctrain.yaml")
+    with pytest.raises(ConfigError, match="available: apptainer, apptainer_multinode, pyxis, pyxis_multinode"):
+        submit.prepare(config)
+
+
+def test_overrides_must_be_key_value(tmp_path: Path) -> None:
+    config = load_config(project(tmp_path, "") / "ctrain.yaml")
+    with pytest.raises(ConfigError, match="must look like key=value"):
+        submit.prepare(config, recipe="r.yaml", overrides=("max_steps",))
+    with pytest.raises(ConfigError, match="the recipe comes first"):
+        submit.prepare(config, recipe="a=1")
+
+
+# --- checks before queueing -----------------------------------------------------------------------
+
+
+def _image(tmp_path: Path, name: str, head: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(head + b"\0" * 64)
+    return path
+
+
+def test_image_checks(tmp_path: Path) -> None:
+    sif = _image(tmp_path, "c.sif", b"#!/usr/bin/env run-singularity\n\0SIF_MAGIC0\x01")
+    sqsh = _image(tmp_path, "c.sqsh", b"hsqs")
+    text = _image(tmp_path, "c.txt", b"hello")
+    submit.check_image(str(sif), "apptainer")
+    submit.check_image(str(sqsh), "apptainer")  # Apptainer runs a plain squashfs too
+    submit.check_image(str(sqsh), "pyxis")
+    submit.check_image("docker://ghcr.io/org/ctrain:1", "apptainer")
+    submit.check_image("nvcr.io#nvidia/pytorch:24.10-py3", "pyxis")
+    submit.check_image("ubuntu:24.04", "pyxis")
+    with pytest.raises(ConfigError, match="pyxis needs an enroot squashfs.*ctrain convert --to sqsh"):
+        submit.check_image(str(sif), "pyxis")
+    with pytest.raises(ConfigError, match="use 'nvcr.io#nvidia/pytorch:24.10-py3'"):
+        submit.check_image("nvcr.io/nvidia/pytorch:24.10-py3", "pyxis")
+    with pytest.raises(ConfigError, match="does not exist: build and convert it"):
+        submit.check_image(str(tmp_path / "missing.sif"), "apptainer")
+    with pytest.raises(ConfigError, match="neither SIF nor squashfs"):
+        submit.check_image(str(text), "apptainer")
+
+
+def test_dry_run_prints_the_exact_script_and_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    project(tmp_path, GPU_CLUSTER)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(submit, "check", lambda job: [])  # the checks need the recipe and a cluster
+    result = CliRunner().invoke(main, ["submit", "--dry-run", "--nodes", "16", "recipes/demo-addition.yaml", "training.max_steps=100"])
+    assert result.exit_code == 0, result.output
+    expected = (REPO / "tests/golden/sbatch/submit-pyxis-16node.sbatch").read_text()
+    assert result.output == f"# in {tmp_path}:\nsbatch --parsable <<'CTRAIN_SCRIPT'\n{expected}CTRAIN_SCRIPT\n"
+    assert not (tmp_path / "logs").exists()  # nothing written, nothing queued
+
+
+def test_dry_run_output_is_a_runnable_heredoc(tmp_path: Path) -> None:
+    """What --dry-run prints, run by bash with sbatch replaced by cat, hands over the script unchanged."""
+    config = load_config(project(tmp_path, GPU_CLUSTER) / "ctrain.yaml")
+    job = submit.prepare(config, nodes=2)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text('#!/bin/sh\ncat > "$CAPTURE"\n')
+    (fake / "sbatch").chmod(0o755)
+    import subprocess
+
+    described = job.describe().split("\n", 1)[1]
+    subprocess.run(["bash", "-c", described], env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}",
+                   "CAPTURE": str(tmp_path / "got")}, check=True)  # fmt: skip
+    assert (tmp_path / "got").read_text() == job.text
+
+
+def test_gpu_check_against_partition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = load_config(project(tmp_path, GPU_CLUSTER) / "ctrain.yaml")
+    job = submit.prepare(config, nodes=2)
+    monkeypatch.setattr(submit.proc, "which", lambda tool: "/usr/bin/" + tool)
+    monkeypatch.setattr(slurm, "partition_gpus", lambda partition: 4)
+    with pytest.raises(ConfigError, match="8 GPUs per node requested, but the nodes of partition 'gpu' have at most 4"):
+        submit.check_gpus(job)
+    monkeypatch.setattr(slurm, "partition_gpus", lambda partition: 8)
+    assert submit.check_gpus(job) == []
+    cpu_job = submit.prepare(config, nodes=2, gpus_per_node=0)
+    assert "gpus-per-node" not in cpu_job.options
+    assert "training runs on CPU (set slurm.gpus_per_node" in submit.check_gpus(cpu_job)[0]
+
+
+def test_scripts_dir_found_from_elsewhere(tmp_path: Path) -> None:
+    assert submit.scripts_dir(tmp_path) == REPO / "sbatch"
+    assert shutil.which("bash")
