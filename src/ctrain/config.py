@@ -9,6 +9,7 @@ belongs to the module that uses it; the dataclasses live here so the whole file 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -47,6 +48,90 @@ class PushConfig:
     registry: str | None = None
     oras: str | None = None
     remote: str | None = None
+
+
+# ParallelCluster's own limit (pcluster.constants.PCLUSTER_NAME_MAX_LENGTH; a unit test keeps them equal).
+CLUSTER_NAME_MAX = 60
+_CLUSTER_NAME = re.compile(r"[a-zA-Z][a-zA-Z0-9-]*")
+_S3_URI = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?")
+
+
+@dataclass
+class ClusterConfig:
+    """What ``ctrain cluster init`` fills into the ParallelCluster template (docs/cluster.md)."""
+
+    name: str = "ctrain"
+    region: str | None = None
+    config_file: Path = Path("pcluster.yaml")
+    template: Path | None = None
+    scripts_dir: Path | None = None
+    scripts_s3_uri: str | None = None
+    os: Literal["alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rocky8", "rhel9", "rocky9"] = "ubuntu2204"
+    custom_ami: str | None = None
+    key_pair: str | None = None
+    ssh_key: Path | None = None
+    ssh_allowed_ips: str | None = None
+    head_node_subnet: str | None = None
+    compute_subnet: str | None = None
+    head_node_instance_type: str = "m6i.2xlarge"
+    gpu_queue: bool = True
+    gpu_instance_type: str = "p5.48xlarge"
+    gpu_min_nodes: int = 0
+    gpu_max_nodes: int = 2
+    efa: bool = True
+    placement_group: bool | None = None
+    capacity_type: Literal["ONDEMAND", "SPOT", "CAPACITY_BLOCK"] = "ONDEMAND"
+    capacity_reservation: str | None = None
+    cpu_queue: bool = True
+    cpu_instance_type: str = "c6i.2xlarge"
+    cpu_max_nodes: int = 2
+    fsx_id: str | None = None
+    fsx_size_gib: int = 1200
+    fsx_deployment: Literal["SCRATCH_2", "PERSISTENT_2"] = "SCRATCH_2"
+    fsx_throughput: Literal[125, 250, 500, 1000] = 250
+    fsx_deletion_policy: Literal["Delete", "Retain"] = "Delete"
+    fsx_mount: str = "/fsx"
+    local_storage: str = "/scratch"
+    enroot_squash_options: str = "-noI -noD -noF -noX -no-duplicates"
+    idle_minutes: int = 10
+    log_retention_days: int = 14
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Checks that need no AWS and no ParallelCluster install."""
+        if not _CLUSTER_NAME.fullmatch(self.name) or len(self.name) > CLUSTER_NAME_MAX:
+            raise ConfigError(
+                f"cluster.name {self.name!r}: a cluster name starts with a letter, holds only letters, digits and "
+                f"hyphens, and has at most {CLUSTER_NAME_MAX} characters"
+            )
+        if self.capacity_reservation and self.placement_group:
+            raise ConfigError(
+                "cluster.placement_group and cluster.capacity_reservation conflict (EC2 launches reserved capacity "
+                "outside a new placement group): remove placement_group, it defaults to off with a reservation"
+            )
+        if self.capacity_type == "CAPACITY_BLOCK" and not self.capacity_reservation:
+            raise ConfigError("cluster.capacity_type CAPACITY_BLOCK needs cluster.capacity_reservation (cr-...)")
+        if not 0 <= self.gpu_min_nodes <= self.gpu_max_nodes or self.gpu_max_nodes < 1:
+            raise ConfigError("cluster: need 0 <= gpu_min_nodes <= gpu_max_nodes and gpu_max_nodes >= 1")
+        if self.cpu_max_nodes < 1:
+            raise ConfigError("cluster.cpu_max_nodes must be at least 1")
+        if not (self.gpu_queue or self.cpu_queue):
+            raise ConfigError("cluster: gpu_queue and cpu_queue are both off; a cluster needs at least one queue")
+        if self.fsx_size_gib != _FSX_FIRST_STEP_GIB and (self.fsx_size_gib <= 0 or self.fsx_size_gib % _FSX_STEP_GIB):
+            raise ConfigError(
+                f"cluster.fsx_size_gib {self.fsx_size_gib}: FSx for Lustre (SSD) sizes are {_FSX_FIRST_STEP_GIB} GiB "
+                f"or a multiple of {_FSX_STEP_GIB} GiB"
+            )
+        if self.scripts_s3_uri is not None and not _S3_URI.fullmatch(self.scripts_s3_uri):
+            raise ConfigError(
+                f"cluster.scripts_s3_uri {self.scripts_s3_uri!r} must look like s3://BUCKET/PREFIX "
+                "(a bucket you own; `ctrain cluster up` uploads the custom-action scripts there)"
+            )
+
+
+# FSx for Lustre SSD capacity steps (https://docs.aws.amazon.com/fsx/latest/LustreGuide/managing-storage-capacity.html).
+_FSX_FIRST_STEP_GIB = 1200
+_FSX_STEP_GIB = 2400
 
 
 @dataclass
@@ -102,6 +187,7 @@ class ProjectConfig:
     image: ImageConfig = field(default_factory=ImageConfig)
     convert: ConvertConfig = field(default_factory=ConvertConfig)
     push: PushConfig = field(default_factory=PushConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     path: Path | None = field(default=None, compare=False)
 

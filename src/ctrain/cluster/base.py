@@ -1,0 +1,124 @@
+"""What every ``ctrain cluster`` command shares: settings with overrides, shipped files, the region,
+and where the ``pcluster`` CLI and its Python live."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ctrain import proc
+from ctrain.config import ClusterConfig, ProjectConfig
+from ctrain.errors import ConfigError, ToolNotFound
+from ctrain.settings import from_mapping, to_mapping
+
+# The ctrain source tree's cluster/ directory: the template and the custom-action scripts.
+SHIPPED = Path(__file__).resolve().parents[3] / "cluster"
+TEMPLATE_NAME = "pcluster.yaml"
+SCRIPTS_NAME = "scripts"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The ``cluster:`` settings (after flags) and the directory their relative paths start from."""
+
+    settings: ClusterConfig
+    root: Path
+
+    def path(self, p: Path | str) -> Path:
+        p = Path(p).expanduser()
+        return p if p.is_absolute() else self.root / p
+
+    @property
+    def config_file(self) -> Path:
+        """The filled ParallelCluster config that ``init`` writes and the other commands read."""
+        return self.path(self.settings.config_file)
+
+    @property
+    def template(self) -> Path:
+        return self.path(self.settings.template) if self.settings.template else _shipped(TEMPLATE_NAME)
+
+    @property
+    def scripts_dir(self) -> Path:
+        return self.path(self.settings.scripts_dir) if self.settings.scripts_dir else _shipped(SCRIPTS_NAME)
+
+    @property
+    def scripts_uri(self) -> str | None:
+        """``cluster.scripts_s3_uri`` without a trailing slash."""
+        uri = self.settings.scripts_s3_uri
+        return uri.rstrip("/") if uri else None
+
+    def display(self, p: Path) -> str:
+        """A path as users know it: relative to the project or to the ctrain tree where possible."""
+        for base in (self.root, SHIPPED.parent):
+            try:
+                return str(p.relative_to(base))
+            except ValueError:
+                continue
+        return str(p)
+
+
+def _shipped(name: str) -> Path:
+    path = SHIPPED / name
+    if not path.exists():
+        raise ConfigError(
+            f"{path} is missing: the cluster template and scripts ship in ctrain's source tree (cluster/); "
+            "run ctrain from a checkout, or set cluster.template and cluster.scripts_dir in ctrain.yaml"
+        )
+    return path
+
+
+def load(project: ProjectConfig, overrides: Mapping[str, Any] | None = None) -> Setup:
+    """The project's ``cluster:`` section with ``overrides`` (flags) applied and validated again."""
+    data = to_mapping(project.cluster)
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return Setup(from_mapping(ClusterConfig, data, where="cluster"), project.root)
+
+
+def region(setup: Setup, config: Mapping[str, Any] | None = None) -> str:
+    """``cluster.region``, else the config file's ``Region``, else the AWS environment's default."""
+    found = setup.settings.region or (config or {}).get("Region")
+    found = found or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if not found:
+        raise ConfigError("no AWS region: set cluster.region in ctrain.yaml, pass --region, or export AWS_REGION")
+    return str(found)
+
+
+def pcluster_bin() -> str:
+    """The ``pcluster`` CLI: on PATH, else next to this Python (a virtual environment not activated)."""
+    found = proc.which("pcluster")
+    if found:
+        return found
+    sibling = Path(sys.executable).parent / "pcluster"
+    if sibling.is_file() and os.access(sibling, os.X_OK):
+        return str(sibling)
+    return proc.require("pcluster")
+
+
+def pcluster_python() -> str:
+    """A Python that can import ParallelCluster's library: this one, else the one the CLI runs on."""
+    if importlib.util.find_spec("pcluster") is not None:
+        return sys.executable
+    exe = pcluster_bin()
+    with open(exe, "rb") as fh:
+        first = fh.readline(512)
+    words = first[2:].decode(errors="replace").split() if first.startswith(b"#!") else []
+    if words and Path(words[0]).name == "env":
+        words = [found for found in [shutil.which(words[1])] if found] if len(words) > 1 else []
+    if words and Path(words[0]).is_file():
+        return words[0]
+    raise ToolNotFound(f"cannot tell which Python runs {exe}; {proc.TOOLS['pcluster'].hint}")
+
+
+def helper(script: Path, *args: str | os.PathLike[str]) -> list[str]:
+    """argv running one of ctrain's standalone helper scripts with pcluster's Python.
+
+    ``-I`` (isolated mode) keeps the script's own directory off ``sys.path``: it holds ctrain's
+    ``pcluster.py``, which would otherwise shadow the ``pcluster`` package.
+    """
+    return [pcluster_python(), "-I", str(script), *map(str, args)]
