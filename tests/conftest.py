@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.plugins.testbed", "tests.plugins.image", "tests.plugins.train", "tests.plugins.cluster"]
+pytest_plugins = ["tests.plugins.testbed", "tests.plugins.image", "tests.plugins.train", "tests.plugins.cluster", "tests.plugins.slurm"]
 
 STRICT = bool(os.environ.get("CTRAIN_STRICT") or os.environ.get("CI"))
 

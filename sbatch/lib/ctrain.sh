@@ -225,13 +225,13 @@ ctrain_launcher() {
     esac
 }
 
-# What each srun task runs, once per node, inside the container (bash -c; the launcher's words
-# follow as "$@"). Only here are the node's own values (SLURM_NODEID) known.
+# What each srun task runs, once per node, inside the container (`sh -c`: any image has a POSIX
+# shell; the launcher's words follow as "$@"). Only here are the node's own values known.
 # enroot's PyTorch hook (pyxis, images with PYTORCH_VERSION) sets RANK, WORLD_SIZE, MASTER_* from
 # SLURM_* as if each task were one worker: unset, so only torchrun's own values reach the workers.
 CTRAIN_TASK='unset RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT
-[[ $1 != accelerate ]] || set -- "$1" "$2" --machine_rank="$SLURM_NODEID" "${@:3}"
-echo "ctrain: $HOSTNAME: $*"
+if [ "$1" = accelerate ]; then shift 2; set -- accelerate launch --machine_rank="$SLURM_NODEID" "$@"; fi
+echo "ctrain: $(uname -n): $*"
 exec "$@"'
 
 # --- run ------------------------------------------------------------------------------------------
@@ -246,7 +246,7 @@ ctrain_run() {
         --ntasks-per-node=1         # one launcher per node starts the node's workers
         "${CTRAIN_SRUN_CONTAINER[@]}"
         "${CTRAIN_CONTAINER[@]}"
-        bash -c "$CTRAIN_TASK" ctrain-task
+        sh -c "$CTRAIN_TASK" ctrain-task
         "${CTRAIN_LAUNCH[@]}"
     )
     ctrain_show "${CTRAIN_SRUN[@]}"

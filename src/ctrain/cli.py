@@ -102,12 +102,15 @@ def doctor(workflows: tuple[str, ...]) -> None:
 @click.option("--launcher", type=click.Choice(["torchrun", "accelerate", "deepspeed"]), help="Launcher (default: torchrun).")
 @click.option("--job-name", "-J", help="Job name (names the log: logs/NAME-JOBID.out).")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch command and the exact script; queue nothing.")
+@click.option("--write-script", type=click.Path(dir_okay=False, path_type=Path),
+              help="Check, then write the script to this file instead of queueing it (run `sbatch FILE` "
+              "from the project directory, e.g. as another user).")  # fmt: skip
 @click.option("--wait", "wait_", is_flag=True, help="Follow the job's log until it ends; exit 1 unless it completed.")
 @click.pass_context
 def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], script: str | None, runtime: str | None,
            nodes: int | None, time_limit: str | None, partition: str | None, account: str | None,
            gpus_per_node: int | None, ntasks_per_node: int | None, image: str | None, launcher: str | None,
-           job_name: str | None, dry_run: bool, wait_: bool) -> None:  # fmt: skip
+           job_name: str | None, dry_run: bool, write_script: Path | None, wait_: bool) -> None:  # fmt: skip
     """Train RECIPE on the cluster: render an sbatch/ script with ctrain.yaml's `slurm:` settings,
     check it, and queue it.
 
@@ -129,6 +132,11 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
     for warning in jobs.check(job):
         info(f"warning: {warning}")
     if dry_run:
+        return
+    if write_script:
+        job.log_dir.mkdir(parents=True, exist_ok=True)
+        write_script.write_text(job.text)
+        info(f"wrote {write_script}; queue it from {job.project} with: sbatch {write_script}")
         return
     job_id, copy = jobs.submit(job)
     click.echo(job_id)

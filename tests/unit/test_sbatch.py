@@ -143,9 +143,9 @@ def test_accelerate_machine_rank_per_node(slurm_conf: Path) -> None:
     assert {"--num_machines=2", "--num_processes=4", "--main_process_ip=gpu001", "--rdzv_backend=c10d"} <= set(launch)
     # The per-node part: the task script inserts the node's own rank, here run as node 1 would.
     task = words[words.index("-c") + 1]
-    shown = subprocess.run(["bash", "-c", task.replace('exec "$@"', "true"), "ctrain-task", *launch],
-                           env={"SLURM_NODEID": "1", "HOSTNAME": "gpu002", "RANK": "9"}, capture_output=True, text=True)  # fmt: skip
-    assert "ctrain: gpu002: accelerate launch --machine_rank=1 --multi_gpu" in shown.stdout
+    shown = subprocess.run(["sh", "-c", task.replace('exec "$@"', "true"), "ctrain-task", *launch],
+                           env={"SLURM_NODEID": "1", "PATH": os.environ["PATH"]}, capture_output=True, text=True)  # fmt: skip
+    assert f"ctrain: {os.uname().nodename}: accelerate launch --machine_rank=1 --multi_gpu" in shown.stdout
 
 
 def test_enroot_hook_variables_do_not_reach_the_launcher(slurm_conf: Path) -> None:
@@ -153,7 +153,7 @@ def test_enroot_hook_variables_do_not_reach_the_launcher(slurm_conf: Path) -> No
     words = srun_words(dry_run("pyxis_multinode", env=allocation(2), slurm_conf=slurm_conf).stdout)
     task = words[words.index("-c") + 1]
     hook = {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "gpu001", "MASTER_PORT": "61000"}
-    probe = subprocess.run(["bash", "-c", task, "ctrain-task", "env"], env={"PATH": os.environ["PATH"], **hook},
+    probe = subprocess.run(["sh", "-c", task, "ctrain-task", "env"], env={"PATH": os.environ["PATH"], **hook},
                            capture_output=True, text=True)  # fmt: skip
     seen = dict(line.split("=", 1) for line in probe.stdout.splitlines() if "=" in line and not line.startswith("ctrain:"))
     assert not set(hook) & set(seen), seen
@@ -233,7 +233,7 @@ def test_pyxis_flags_are_documented_pyxis_options(script: str, mount_home: str, 
     documented = pyxis_options()
     env = {**allocation(2), "CTRAIN_MOUNT_HOME": mount_home, "CTRAIN_EFA": "1", "CTRAIN_DATA": "/d", "CTRAIN_MOUNTS": "/a:/b"}
     words = srun_words(dry_run(script, env=env, slurm_conf=slurm_conf).stdout)
-    srun_options = words[1 : words.index("bash")]
+    srun_options = words[1 : words.index("sh")]
     used = [w for w in srun_options if "container" in w]
     assert used, "the pyxis script passes no container options"
     for word in used:

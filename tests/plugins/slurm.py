@@ -1,0 +1,118 @@
+"""Fixtures for the sbatch scripts on the testbed: a user's project directory on the shared
+filesystem, jobs submitted as the job user, and a test double of pyxis.
+
+pyxis and enroot cannot run on the testbed. ``pyxis_double`` is an ``srun`` in front of the real
+one that turns pyxis's ``--container-*`` options into ``apptainer exec`` (which runs the enroot
+squashfs as it is), refuses container options it does not know, and plants wrong ``RANK``,
+``WORLD_SIZE`` and ``MASTER_*`` values in the container, as enroot's PyTorch hook would. It is a
+double: it shows the pyxis scripts' payload and environment handling work, not pyxis itself.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# What enroot's 50-slurm-pytorch.sh would write into the container, with values no run can use.
+HOOK_VALUES = {"MASTER_ADDR": "hook.invalid", "MASTER_PORT": "1", "RANK": "99", "WORLD_SIZE": "99", "LOCAL_RANK": "99"}
+
+_DOUBLE = r"""#!/bin/bash
+# Test double of pyxis (tests/plugins/slurm.py): srun --container-* -> srun apptainer exec.
+set -euo pipefail
+options=() container=(apptainer exec) image=
+while [[ $# -gt 0 && $1 == -* ]]; do
+    case $1 in
+        --container-image=*) image=${1#*=} ;;
+        --container-mounts=*)
+            IFS=, read -ra mounts <<<"${1#*=}"
+            for mount in "${mounts[@]}"; do container+=(--bind "${mount//+/,}"); done ;;
+        --container-workdir=*) container+=(--pwd "${1#*=}") ;;
+        --no-container-mount-home) container+=(--no-home) ;;
+        --container-mount-home | --no-container-remap-root | --no-container-entrypoint) ;;
+        --container-env=*)
+            IFS=, read -ra names <<<"${1#*=}"
+            for name in "${names[@]}"; do export "APPTAINERENV_$name=${!name}"; done ;;
+        --container-* | --no-container-*) echo "srun (pyxis double): unsupported option $1" >&2; exit 1 ;;
+        *) options+=("$1") ;;
+    esac
+    shift
+done
+[[ -n $image ]] || { echo "srun (pyxis double): no --container-image" >&2; exit 1; }
+HOOK
+echo "pyxis double: ${options[*]} ${container[*]} $image $1 ..." >&2
+exec REAL_SRUN "${options[@]}" "${container[@]}" "$image" "$@"
+"""
+
+
+@dataclass
+class Project:
+    """A user's ctrain project on the shared filesystem, as the job user sees it."""
+
+    path: Path
+    testbed: object
+
+    def sbatch(self, *args: str, env: dict[str, str] | None = None, script_text: str | None = None) -> str:
+        """``sbatch --parsable ARGS`` as the job user from the project directory; the job id."""
+        out = self.testbed.run_as_user(["sbatch", "--parsable", *args], env=env, cwd=self.path, input=script_text)
+        return out.stdout.strip().split(";")[0]
+
+    def log(self, job_id: str) -> str:
+        found = list((self.path / "logs").glob(f"*-{job_id}.out"))
+        return found[0].read_text(errors="replace") if found else ""
+
+    def wait_for_log(self, job_id: str, pattern: str, timeout: float) -> re.Match[str]:
+        """Wait until the job's log matches ``pattern`` (while it runs); the match."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = re.search(pattern, self.log(job_id), re.M)
+            if match:
+                return match
+            if self.testbed.job_state(job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+                break
+            time.sleep(2)
+        raise AssertionError(f"job {job_id}: no {pattern!r} in its log:\n{self.log(job_id)[-4000:]}")
+
+    def own(self, *paths: Path) -> None:
+        user = pwd.getpwnam(self.testbed.user)
+        for path in paths:
+            for item in [path, *path.rglob("*")] if path.is_dir() else [path]:
+                os.chown(item, user.pw_uid, user.pw_gid)
+
+
+@pytest.fixture(scope="session")
+def sbatch_project(testbed) -> Project:
+    """The project directory a user submits from: sbatch/, recipes/ and configs/ of this checkout."""
+    path = Path(testbed.shared_dir) / "sbatch-project"
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir()
+    for name in ("sbatch", "recipes", "configs"):
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, path / name)
+    (path / "logs").mkdir()
+    project = Project(path, testbed)
+    project.own(path)
+    return project
+
+
+@pytest.fixture(scope="session")
+def pyxis_double(testbed) -> Path:
+    """A directory holding the pyxis double ``srun``: put it first on the job's PATH."""
+    real = shutil.which("srun")
+    assert real, "srun not found"
+    hook = "\n".join(f"export APPTAINERENV_{k}={v}" for k, v in HOOK_VALUES.items())
+    directory = Path(testbed.shared_dir) / "pyxis-double"
+    directory.mkdir(exist_ok=True)
+    double = directory / "srun"
+    double.write_text(_DOUBLE.replace("HOOK", "# the PyTorch hook's variables, wrong on purpose\n" + hook).replace("REAL_SRUN", real))
+    double.chmod(0o755)
+    return directory
