@@ -60,6 +60,10 @@ TOOLS: dict[str, Tool] = {
     "ip": Tool(("ip",), _APT.format("iproute2")),
     "nsenter": Tool(("nsenter",), _APT.format("util-linux")),
     "unshare": Tool(("unshare",), _APT.format("util-linux")),
+    "setpriv": Tool(("setpriv",), _APT.format("util-linux")),
+    "useradd": Tool(("useradd",), _APT.format("passwd")),
+    "hostname": Tool(("hostname",), _APT.format("hostname")),
+    "dpkg-deb": Tool(("dpkg-deb",), "this needs a Debian or Ubuntu machine (dpkg)"),
     "registry": Tool(("docker-registry", "registry"), _APT.format("docker-registry")),
 }
 

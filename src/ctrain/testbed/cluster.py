@@ -1,0 +1,494 @@
+"""The testbed itself: ``up``, ``down``, ``status``, and running commands and jobs as the job user.
+
+State lives in one directory (``testbed.json`` plus config, munge key, logs, spool, controller
+state and the shared directory). The state file is written after every step of ``up``, so ``down``
+can undo a start that crashed half-way; ``down`` also finds PID files and the testbed's own
+network names when the state file is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ctrain import proc, system, ui
+from ctrain.errors import CtrainError
+from ctrain.testbed import host
+from ctrain.testbed.plan import (
+    BRIDGE,
+    CONTROLLER_IP,
+    DEFAULT_STATE_DIR,
+    FINAL_JOB_STATES,
+    JOB_USER,
+    PARTITION,
+    READY_NODE_STATES,
+    STATE_DIR_ENV,
+    Layout,
+    Node,
+    check_nodes,
+    hosts_conflicts,
+    hosts_with_ours,
+    hosts_without_ours,
+    machine_cpus,
+    machine_memory_mb,
+    node_plan,
+    parse_job_state,
+    parse_node_states,
+    render_slurm_conf,
+)
+
+SLURM_CONF_LINK = Path("/etc/slurm/slurm.conf")
+STARTUP_TIMEOUT = 60.0
+Log = Callable[[str], None]
+
+
+@dataclass
+class NodeStatus:
+    """One node as ``status`` sees it."""
+
+    name: str
+    ip: str
+    pid: int | None
+    running: bool
+    slurm_state: str
+
+
+@dataclass
+class Status:
+    """The testbed's state: whether it is up, what is wrong, and each daemon."""
+
+    up: bool
+    problems: list[str] = field(default_factory=list)
+    controller_host: str = ""
+    controller_ip: str = str(CONTROLLER_IP)
+    controller_pid: int | None = None
+    controller_running: bool = False
+    controller_answer: str = ""
+    munged_pid: int | None = None
+    munged_running: bool = False
+    nodes: list[NodeStatus] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return self.up and not self.problems
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except FileNotFoundError:
+        return f"  ({path} does not exist)"
+    return "\n".join("  " + line for line in text)
+
+
+class Testbed:
+    """A Slurm cluster on this machine: one controller, N nodes in network namespaces, one job user.
+
+    ``state_dir`` defaults to ``$CTRAIN_TESTBED_DIR``, else /var/lib/ctrain/testbed.
+    """
+
+    def __init__(self, state_dir: Path | str | None = None) -> None:
+        root = Path(state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR).expanduser().absolute()
+        self.layout = Layout(root)
+        # Only the testbed's daemons have this on their command line (config, socket or key path).
+        self.marker = f"{root}/"
+
+    # --- what it is -------------------------------------------------------------------------------
+
+    @property
+    def state_dir(self) -> Path:
+        return self.layout.root
+
+    @property
+    def shared_dir(self) -> Path:
+        """Like a cluster's /scratch: owned by the job user, readable by all, the same on every node."""
+        return self.layout.shared_dir
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.layout.slurm_conf
+
+    @property
+    def user(self) -> str:
+        return str((self._state() or {}).get("user", JOB_USER))
+
+    @property
+    def nodes(self) -> list[Node]:
+        """The nodes of the running testbed (empty when it is down)."""
+        return [Node(n["name"], n["ip"]) for n in (self._state() or {}).get("nodes", [])]
+
+    def _state(self) -> dict | None:
+        try:
+            return json.loads(self.layout.state_file.read_text())
+        except FileNotFoundError:
+            return None
+        except json.JSONDecodeError as exc:
+            raise CtrainError(
+                f"{self.layout.state_file} is not valid JSON ({exc}); run `ctrain testbed down` to clean up"
+            ) from exc
+
+    def _save(self, state: dict) -> None:
+        tmp = self.layout.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(self.layout.state_file)
+
+    # --- slurm and the job user ---------------------------------------------------------------------
+
+    def slurm(self, args: Sequence[str], *, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        """A Slurm client command as root, against this testbed's config."""
+        return proc.run(list(args), check=check, timeout=timeout, env={"SLURM_CONF": str(self.slurm_conf)})
+
+    def _as_user(self, args: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None) -> list[str]:
+        extra = [f"{k}={v}" for k, v in {"SLURM_CONF": str(self.slurm_conf), **(env or {})}.items()]
+        user = self.user
+        return ["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups",
+                "--reset-env", "--", "env", *extra, *map(os.fspath, args)]  # fmt: skip
+
+    def run_as_user(
+        self,
+        args: Sequence[str | os.PathLike[str]],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        check: bool = True,
+        timeout: float | None = None,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command as the job user (login-like environment) in the shared directory."""
+        return proc.run(
+            self._as_user(args, env), cwd=cwd or self.shared_dir, check=check, timeout=timeout, input=input
+        )
+
+    def stream_as_user(
+        self, args: Sequence[str], *, env: Mapping[str, str] | None = None, on_line: Log | None = None
+    ) -> int:
+        """Like :meth:`run_as_user`, passing output lines on as they come; returns the exit code."""
+        return proc.stream(self._as_user(args, env), cwd=self.shared_dir, check=False, on_line=on_line)
+
+    def submit(self, script: Path | str, *sbatch_args: str, env: Mapping[str, str] | None = None) -> str:
+        """``sbatch --parsable`` as the job user from the shared directory; returns the job id.
+
+        A script the job user cannot read (e.g. in a checkout under /root) is copied into the
+        shared directory first.
+        """
+        script = Path(script).absolute()
+        if not script.is_file():
+            raise CtrainError(f"batch script {script} does not exist")
+        if not host.world_readable(script):
+            copy = self.shared_dir / ".submitted" / script.name
+            copy.parent.mkdir(exist_ok=True)
+            shutil.copyfile(script, copy)
+            uid, gid = pwd.getpwnam(self.user)[2:4]
+            os.chown(copy.parent, uid, gid)
+            os.chown(copy, uid, gid)
+            script = copy
+        out = self.run_as_user(["sbatch", "--parsable", *sbatch_args, script], env=env).stdout.strip()
+        job_id = out.split(";")[0]
+        if not job_id.isdigit():
+            raise CtrainError(f"sbatch --parsable printed {out!r}, not a job id")
+        return job_id
+
+    def job_state(self, job_id: str) -> str:
+        """The job's state from the controller (finished jobs are kept for an hour)."""
+        return parse_job_state(self.slurm(["scontrol", "show", "job", "-o", str(job_id)]).stdout)
+
+    def wait(self, job_id: str, timeout: float = 300, poll: float = 1.0) -> str:
+        """Wait until the job reaches a final state (COMPLETED, FAILED, ...) and return it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.job_state(job_id)
+            if state in FINAL_JOB_STATES:
+                return state
+            if time.monotonic() > deadline:
+                raise CtrainError(f"job {job_id} is still {state} after {timeout:.0f}s")
+            time.sleep(poll)
+
+    # --- status ------------------------------------------------------------------------------------------
+
+    def _daemons(self, state: dict | None) -> dict[str, host.Daemon]:
+        """Daemons from the state file, plus any PID file of a daemon the state file missed."""
+        found = {name: host.Daemon.from_json(d) for name, d in (state or {}).get("daemons", {}).items()}
+        if self.layout.run_dir.is_dir():
+            for pid_file in sorted(self.layout.run_dir.glob("*.pid")):
+                name = pid_file.stem
+                try:
+                    pid = int(pid_file.read_text().strip())
+                except ValueError:
+                    continue
+                tool = name.split("-", 1)[0]
+                if tool in ("munged", "slurmctld", "slurmd") and proc.which(tool):
+                    found.setdefault(name, host.Daemon(host.program_of(tool), pid))
+        return found
+
+    def status(self) -> Status:
+        """What is running, and what the controller says about each node."""
+        state = self._state()
+        if state is None:
+            leftovers = host.our_netns() + [n for n in host.our_links() if n == BRIDGE]
+            running = [n for n, d in self._daemons(None).items() if host.is_ours(d, self.marker)]
+            problems = [f"left over from an earlier start: {', '.join(leftovers + running)}"] if leftovers or running else []
+            return Status(up=False, problems=problems)
+        daemons = self._daemons(state)
+        st = Status(up=True, controller_host=state.get("controller_host", ""))
+
+        def check(name: str) -> tuple[int | None, bool]:
+            d = daemons.get(name)
+            ok = d is not None and host.is_ours(d, self.marker)
+            if not ok:
+                st.problems.append(f"{name} is not running")
+            return (d.pid if d else None), ok
+
+        st.munged_pid, st.munged_running = check("munged")
+        st.controller_pid, st.controller_running = check("slurmctld")
+        states: dict[str, str] = {}
+        if st.controller_running:
+            ping = self.slurm(["scontrol", "ping"], check=False)
+            st.controller_answer = (ping.stdout + ping.stderr).strip()
+            if ping.returncode != 0 or " is UP" not in st.controller_answer:
+                st.problems.append(f"the controller does not answer: {st.controller_answer}")
+            else:
+                states = parse_node_states(self.slurm(["sinfo", "-h", "-N", "-o", "%N %T"]).stdout)
+        for node in self.nodes:
+            pid, running = check(f"slurmd-{node.name}")
+            st.nodes.append(NodeStatus(node.name, node.ip, pid, running, states.get(node.name, "unknown")))
+        return st
+
+    def is_up(self) -> bool:
+        """Whether the testbed is up and every daemon it started is running."""
+        return self.status().healthy
+
+    # --- up ------------------------------------------------------------------------------------------------
+
+    def up(self, nodes: int = 2, *, log: Log = ui.info) -> None:
+        """Start a testbed with ``nodes`` nodes (harmless if the same one is already up)."""
+        memory_mb = machine_memory_mb()
+        check_nodes(nodes, memory_mb)
+        if not system.is_root():
+            raise CtrainError("`ctrain testbed up` must run as root: it starts Slurm daemons and creates network namespaces")
+        current = self.status()
+        if current.up:
+            if current.healthy and len(current.nodes) == nodes:
+                log(f"testbed already up with {nodes} nodes")
+                self._wait_ready([Node(n.name, n.ip) for n in current.nodes], log)
+                return
+            if current.healthy:
+                raise CtrainError(
+                    f"a testbed with {len(current.nodes)} nodes is already up; to change the number of nodes, run "
+                    f"`ctrain testbed down`, then `ctrain testbed up --nodes {nodes}`"
+                )
+            log(f"found a testbed that is not fully up ({'; '.join(current.problems)}); cleaning it up first")
+            self._teardown(log)
+        elif current.problems:
+            log(f"cleaning up first: {current.problems[0]}")
+            self._teardown(log)
+        plan = node_plan(nodes)
+        self._refuse_foreign(plan)
+        system.ensure("testbed", "apptainer")
+        try:
+            self._start(plan, memory_mb // nodes, log)
+        except BaseException:
+            log("start failed; stopping what was started (logs are kept in " f"{self.layout.log_dir})")
+            try:
+                self._teardown(lambda line: None)
+            except CtrainError as exc:
+                log(f"cleanup after the failed start also failed: {exc}")
+            raise
+
+    def _refuse_foreign(self, plan: list[Node]) -> None:
+        """Never take over a Slurm setup, host names or a directory the testbed did not create."""
+        link = SLURM_CONF_LINK
+        if link.exists() or link.is_symlink():
+            if not (link.is_symlink() and os.readlink(link) == str(self.slurm_conf)):
+                what = f"a link to {os.readlink(link)}" if link.is_symlink() else "a file"
+                raise CtrainError(
+                    f"{link} already exists ({what}) and was not created by this testbed; the testbed does not "
+                    f"replace an existing Slurm setup. Slurm commands read $SLURM_CONF, else {link}, so the "
+                    f"testbed needs that path: move the file away (and back after `ctrain testbed down`), "
+                    "or use a machine without Slurm configured"
+                )
+        foreign = host.foreign_daemons(("slurmctld", "slurmd"), self.marker)
+        if foreign:
+            raise CtrainError(
+                "Slurm daemons not started by this testbed are running; stop them first (the testbed uses "
+                "Slurm's default ports):\n  " + "\n  ".join(foreign)
+            )
+        conflicts = hosts_conflicts(host.HOSTS_FILE.read_text(), plan)
+        if conflicts:
+            raise CtrainError(
+                f"{host.HOSTS_FILE} already names the testbed's nodes or addresses; remove these lines first:\n  "
+                + "\n  ".join(conflicts)
+            )
+        if socket.gethostname().split(".")[0] in {n.name for n in plan}:
+            raise CtrainError(f"this machine's hostname {socket.gethostname()!r} is also a testbed node name")
+        blocked = host.unreachable_dirs(self.state_dir)
+        if blocked:
+            raise CtrainError(
+                f"the job user could not reach {self.state_dir}: {blocked[0]} is closed to other users; choose a "
+                f"state directory elsewhere (--state-dir or ${STATE_DIR_ENV}), e.g. under /var/lib or /srv"
+            )
+
+    def _start(self, plan: list[Node], memory_mb: int, log: Log) -> None:
+        lay = self.layout
+        cpus = machine_cpus()
+        controller = socket.gethostname().split(".")[0]
+        for directory, mode in ((lay.root, 0o755), (lay.run_dir, 0o755), (lay.log_dir, 0o755), (lay.munge_dir, 0o700),
+                                (lay.spool_dir, 0o755), (lay.controller_state_dir, 0o700)):  # fmt: skip
+            directory.mkdir(parents=True, exist_ok=True)
+            directory.chmod(mode)
+        user = host.ensure_user(JOB_USER)
+        lay.shared_dir.mkdir(exist_ok=True)
+        os.chown(lay.shared_dir, user.pw_uid, user.pw_gid)
+        lay.shared_dir.chmod(0o755)
+        state: dict = {"user": JOB_USER, "controller_host": controller, "cpus": cpus, "memory_mb": memory_mb,
+                       "nodes": [{"name": n.name, "ip": n.ip} for n in plan], "daemons": {}}  # fmt: skip
+        self._save(state)
+
+        if not lay.munge_key.exists():
+            fd = os.open(lay.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(os.urandom(1024))
+        lay.slurm_conf.write_text(render_slurm_conf(lay, controller, plan, cpus, memory_mb))
+        if not SLURM_CONF_LINK.is_symlink():
+            SLURM_CONF_LINK.parent.mkdir(parents=True, exist_ok=True)
+            SLURM_CONF_LINK.symlink_to(lay.slurm_conf)
+
+        log(f"network: bridge {BRIDGE} ({CONTROLLER_IP}), {len(plan)} node namespaces")
+        host.network_up(plan)
+        host.write_in_place(host.HOSTS_FILE, hosts_with_ours(host.HOSTS_FILE.read_text(), plan))
+
+        def started(name: str, daemon: host.Daemon) -> None:
+            state["daemons"][name] = daemon.to_json()
+            self._save(state)
+
+        log("starting munged, slurmctld")
+        started("munged", host.start_daemon(
+            [proc.require("munged"), f"--socket={lay.munge_socket}", f"--key-file={lay.munge_key}",
+             f"--pid-file={lay.pid_file('munged')}", f"--log-file={lay.log_file('munged')}",
+             f"--seed-file={lay.munge_dir / 'munged.seed'}"],
+            "munged", lay.pid_file("munged"), self.marker))  # fmt: skip
+        started("slurmctld", host.start_daemon(
+            [proc.require("slurmctld"), "-f", str(lay.slurm_conf)], "slurmctld", lay.pid_file("slurmctld"),
+            self.marker))  # fmt: skip
+        self._wait_controller()
+        log(f"starting slurmd on {', '.join(n.name for n in plan)}")
+        slurmd, hostname = proc.require("slurmd"), proc.require("hostname")
+        for node in plan:
+            # `ip netns exec` would remount /sys without the cgroup mounts slurmd needs: enter only the
+            # network namespace, and give the node its own hostname in a new UTS namespace.
+            argv = ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--uts", "--",
+                    "/bin/sh", "-c", f'{shlex.quote(hostname)} "$0" && exec "$@"', node.name,
+                    slurmd, "-f", str(lay.slurm_conf), "-N", node.name]  # fmt: skip
+            name = f"slurmd-{node.name}"
+            started(name, host.start_daemon(argv, "slurmd", lay.pid_file(name), self.marker))
+        self._wait_ready(plan, log)
+        if host.fuse_needs_opening():
+            host.open_fuse()
+            log(f"made {host.FUSE_DEVICE} usable by all users (mode 0666, the usual default): Apptainer needs it "
+                "to mount images as an unprivileged user")  # fmt: skip
+
+    def _wait_controller(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while True:
+            ping = self.slurm(["scontrol", "ping"], check=False)
+            if ping.returncode == 0 and " is UP" in ping.stdout:
+                return
+            if time.monotonic() > deadline:
+                raise CtrainError(
+                    f"slurmctld does not answer after {STARTUP_TIMEOUT:.0f}s ({(ping.stdout + ping.stderr).strip()}); "
+                    f"end of {self.layout.log_file('slurmctld')}:\n{_tail(self.layout.log_file('slurmctld'))}"
+                )
+            time.sleep(0.3)
+
+    def _wait_ready(self, plan: list[Node], log: Log) -> None:
+        """Wait until every node is up in ``sinfo``, printing each change."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        last = ""
+        while True:
+            states = parse_node_states(self.slurm(["sinfo", "-h", "-N", "-o", "%N %T"]).stdout)
+            waiting = [n for n in plan if states.get(n.name) not in READY_NODE_STATES]
+            line = ", ".join(f"{n.name} {states.get(n.name, 'missing')}" for n in plan)
+            if line != last:
+                log(f"nodes: {line}")
+                last = line
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                tails = "\n".join(
+                    f"end of {self.layout.log_file('slurmd-' + n.name)}:\n{_tail(self.layout.log_file('slurmd-' + n.name))}"
+                    for n in waiting
+                )
+                raise CtrainError(f"nodes not ready after {STARTUP_TIMEOUT:.0f}s: {line}\n{tails}")
+            time.sleep(0.3)
+
+    # --- down -----------------------------------------------------------------------------------------------
+
+    def down(self, *, log: Log = ui.info) -> list[str]:
+        """Stop everything the testbed started and remove what it created; returns what it did."""
+        if not system.is_root():
+            raise CtrainError("`ctrain testbed down` must run as root: it stops daemons and removes network namespaces")
+        done = self._teardown(log)
+        log("testbed is down" + (f": {'; '.join(done)}" if done else " (nothing was running)"))
+        return done
+
+    def _teardown(self, log: Log) -> list[str]:
+        state = self._state()
+        daemons = self._daemons(state)
+        done: list[str] = []
+        ctld = daemons.get("slurmctld")
+        if ctld and host.is_ours(ctld, self.marker):
+            jobs = self.slurm(["squeue", "-h", "-o", "%A"], check=False).stdout.split()
+            if jobs:
+                self.slurm(["scancel", *jobs], check=False)
+                done.append(f"cancelled {len(jobs)} job(s)")
+
+        def stop(names: list[str]) -> None:
+            for name in names:
+                if host.stop(daemons[name], self.marker):
+                    done.append(f"stopped {name} (pid {daemons[name].pid})")
+
+        by_tool = {t: [n for n in daemons if n.split("-", 1)[0] == t] for t in ("munged", "slurmctld", "slurmd")}
+        stop(by_tool["slurmd"])
+        for netns in host.our_netns():
+            count = host.kill_netns_processes(netns)
+            if count:
+                done.append(f"ended {count} job process(es) left on {netns}")
+        stop(by_tool["slurmctld"])
+        stop(by_tool["munged"])
+        done.extend(f"removed {what}" for what in host.network_down())
+        hosts = host.HOSTS_FILE.read_text()
+        kept = hosts_without_ours(hosts)
+        if kept != hosts:
+            host.write_in_place(host.HOSTS_FILE, kept)
+            done.append(f"removed the testbed's lines from {host.HOSTS_FILE}")
+        if SLURM_CONF_LINK.is_symlink() and os.readlink(SLURM_CONF_LINK) == str(self.slurm_conf):
+            SLURM_CONF_LINK.unlink()
+            done.append(f"removed {SLURM_CONF_LINK}")
+        for name, daemon in daemons.items():
+            if host.is_ours(daemon, self.marker):
+                raise CtrainError(f"{name} (pid {daemon.pid}) is still running after SIGKILL")
+        self.layout.state_file.unlink(missing_ok=True)
+        return done
+
+
+def usage(tb: Testbed) -> str:
+    """How to use a running testbed (printed by ``up``)."""
+    names = " ".join(n.name for n in tb.nodes)
+    return f"""\
+testbed is up: {len(tb.nodes)} nodes ({names}), partition {PARTITION}, controller at {CONTROLLER_IP}
+  job user:   {tb.user} (jobs run as this user, as on a cluster)
+  shared dir: {tb.shared_dir} (the same path on every node, like /scratch)
+try:
+  ctrain testbed exec -- srun -N{len(tb.nodes)} hostname
+  ctrain testbed exec -- sbatch -N{len(tb.nodes)} --wrap 'srun hostname -I'
+  su - {tb.user}                 # then sbatch, srun, squeue as on a login node; cd {tb.shared_dir}
+  ctrain testbed status; ctrain testbed down
+"""

@@ -1,0 +1,260 @@
+"""What the testbed does to the machine: daemons (started detached, known by PID), the bridge and
+per-node network namespaces, /etc/hosts lines, the job user. Everything here needs root.
+
+A daemon counts as the testbed's only while its PID still runs the same program, started at the
+recorded time, with the testbed's own directory on its command line; nothing is stopped by name.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import signal
+import stat
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ctrain import proc
+from ctrain.errors import CtrainError
+from ctrain.testbed.plan import BRIDGE, CONTROLLER_IP, NETNS_PREFIX, NETWORK, VETH_PREFIX, Node
+
+HOSTS_FILE = Path("/etc/hosts")
+FUSE_DEVICE = Path("/dev/fuse")
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """A process the testbed started: PID, program and start time (clock ticks after boot)."""
+
+    program: str
+    pid: int
+    start: int | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Daemon:
+        return cls(str(data["program"]), int(data["pid"]), data.get("start"))
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """What /proc says about a PID."""
+
+    program: str
+    start: int
+    state: str
+    cmdline: str
+
+
+def program_of(tool: str) -> str:
+    """The executable a tool's binary really is (/usr/sbin/slurmctld may be a link to slurmctld-wlm)."""
+    return os.path.basename(os.path.realpath(proc.require(tool)))
+
+
+def proc_info(pid: int) -> ProcInfo | None:
+    """The program, start time, state and command line of ``pid``; None when it is gone."""
+    base = Path("/proc") / str(pid)
+    try:
+        stat_text = (base / "stat").read_text()
+        exe = os.readlink(base / "exe")
+        cmdline = (base / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # Fields after the command name (which may hold spaces) start after the last ')'.
+    rest = stat_text[stat_text.rindex(")") + 2 :].split()
+    program = os.path.basename(exe.removesuffix(" (deleted)"))
+    return ProcInfo(program=program, start=int(rest[19]), state=rest[0], cmdline=cmdline)
+
+
+def is_ours(daemon: Daemon, marker: str) -> bool:
+    """Whether ``daemon.pid`` still is the process the testbed started (not a reused PID)."""
+    info = proc_info(daemon.pid)
+    if info is None or info.state in ("Z", "X"):
+        return False
+    if info.program != daemon.program or marker not in info.cmdline:
+        return False
+    return daemon.start is None or info.start == daemon.start
+
+
+def start_daemon(argv: list[str], tool: str, pid_file: Path, marker: str, timeout: float = 15) -> Daemon:
+    """Start a self-daemonizing program and return it as read from its PID file."""
+    program = program_of(tool)
+    pid_file.unlink(missing_ok=True)
+    proc.run(argv, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            pid = 0
+        info = proc_info(pid) if pid else None
+        if info is not None and info.program == program and marker in info.cmdline:
+            return Daemon(program, pid, info.start)
+        time.sleep(0.1)
+    raise CtrainError(f"{program} did not start (no live process in {pid_file} after {timeout:.0f}s)")
+
+
+def stop(daemon: Daemon, marker: str, timeout: float = 15) -> bool:
+    """SIGTERM, then SIGKILL after ``timeout``; only if the PID is still ours. True if it was running."""
+    if not is_ours(daemon, marker):
+        return False
+    _signal(daemon.pid, signal.SIGTERM)
+    if not _wait_gone(daemon, marker, timeout):
+        _signal(daemon.pid, signal.SIGKILL)
+        _wait_gone(daemon, marker, 5)
+    return True
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_gone(daemon: Daemon, marker: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not is_ours(daemon, marker):
+            return True
+        time.sleep(0.1)
+    return not is_ours(daemon, marker)
+
+
+def foreign_daemons(tools: tuple[str, ...], marker: str) -> list[str]:
+    """Running ``tools`` that were not started for this testbed (``marker`` not on their command line)."""
+    programs = {*tools, *(program_of(t) for t in tools if proc.which(t))}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        info = proc_info(int(entry.name))
+        if info and info.state not in ("Z", "X") and info.program in programs and marker not in info.cmdline:
+            found.append(f"pid {entry.name}: {info.cmdline}")
+    return found
+
+
+# --- network -------------------------------------------------------------------------------------
+
+
+def netns_exists(name: str) -> bool:
+    return (Path("/run/netns") / name).exists()
+
+
+def our_netns() -> list[str]:
+    """Network namespaces named like the testbed's."""
+    directory = Path("/run/netns")
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(NETNS_PREFIX)) if directory.is_dir() else []
+
+
+def _links() -> list[str]:
+    out = proc.run(["ip", "-o", "link", "show"]).stdout
+    return [line.split(":", 2)[1].strip().split("@")[0] for line in out.splitlines() if line.count(":") >= 2]
+
+
+def our_links() -> list[str]:
+    """The bridge and host-side veths, if present."""
+    return [name for name in _links() if name == BRIDGE or name.startswith(VETH_PREFIX)]
+
+
+def network_up(nodes: list[Node]) -> None:
+    """A bridge at the controller address and, per node, a namespace wired to it by a veth pair."""
+    prefix = NETWORK.prefixlen
+    proc.run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+    proc.run(["ip", "addr", "add", f"{CONTROLLER_IP}/{prefix}", "dev", BRIDGE])
+    proc.run(["ip", "link", "set", BRIDGE, "up"])
+    for node in nodes:
+        proc.run(["ip", "netns", "add", node.netns])
+        proc.run(["ip", "link", "add", node.veth, "type", "veth", "peer", "name", "eth0", "netns", node.netns])
+        proc.run(["ip", "link", "set", node.veth, "master", BRIDGE, "up"])
+        proc.run(["ip", "-n", node.netns, "addr", "add", f"{node.ip}/{prefix}", "dev", "eth0"])
+        proc.run(["ip", "-n", node.netns, "link", "set", "eth0", "up"])
+        proc.run(["ip", "-n", node.netns, "link", "set", "lo", "up"])
+
+
+def netns_pids(name: str) -> list[int]:
+    """Processes living in a network namespace (a node's slurmd, slurmstepd and job processes)."""
+    out = proc.run(["ip", "netns", "pids", name], check=False).stdout
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def kill_netns_processes(name: str, timeout: float = 5) -> int:
+    """SIGTERM, then SIGKILL, every process left in the namespace; returns how many there were."""
+    pids = netns_pids(name)
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while netns_pids(name) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in netns_pids(name):
+        _signal(pid, signal.SIGKILL)
+    return len(pids)
+
+
+def network_down() -> list[str]:
+    """Remove the testbed's namespaces, veths and bridge (by their names); returns what was removed."""
+    removed = []
+    for name in our_netns():
+        proc.run(["ip", "netns", "delete", name])
+        removed.append(f"netns {name}")
+    for name in our_links():
+        proc.run(["ip", "link", "delete", name], check=False)
+        removed.append(f"link {name}")
+    return removed
+
+
+# --- files and users -------------------------------------------------------------------------------
+
+
+def write_in_place(path: Path, text: str) -> None:
+    """Rewrite a file keeping its inode (/etc/hosts is often a bind mount that rename would break)."""
+    with path.open("r+") as handle:
+        handle.seek(0)
+        handle.write(text)
+        handle.truncate()
+
+
+def ensure_user(name: str) -> pwd.struct_passwd:
+    """The job user, created (with a home directory) if missing."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        proc.run(["useradd", "--create-home", "--shell", "/bin/bash", "--comment", "ctrain testbed job user", name])
+        return pwd.getpwnam(name)
+
+
+def unreachable_dirs(path: Path) -> list[Path]:
+    """Directories on the way to ``path`` that other users cannot enter (no o+x)."""
+    blocked = []
+    for directory in [*reversed(path.parents), path]:
+        try:
+            mode = directory.stat().st_mode
+        except FileNotFoundError:
+            continue
+        if not mode & stat.S_IXOTH:
+            blocked.append(directory)
+    return blocked
+
+
+def world_readable(path: Path) -> bool:
+    """Whether any user can read ``path`` (readable file, every directory on the way enterable)."""
+    try:
+        return bool(path.stat().st_mode & stat.S_IROTH) and not unreachable_dirs(path.parent)
+    except FileNotFoundError:
+        return False
+
+
+def fuse_needs_opening() -> bool:
+    """Whether /dev/fuse exists but unprivileged users cannot open it (Apptainer needs it to mount SIFs)."""
+    try:
+        mode = FUSE_DEVICE.stat().st_mode
+    except FileNotFoundError:
+        return False
+    return mode & 0o666 != 0o666
+
+
+def open_fuse() -> None:
+    FUSE_DEVICE.chmod(0o666)

@@ -1,0 +1,262 @@
+"""What a testbed looks like, as data: node names and addresses, limits, file layout, slurm.conf
+and the /etc/hosts lines. Pure functions, so everything here is tested without root.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ctrain.errors import ConfigError, ParseError
+
+DEFAULT_STATE_DIR = Path("/var/lib/ctrain/testbed")
+STATE_DIR_ENV = "CTRAIN_TESTBED_DIR"
+JOB_USER = "ctrain"
+PARTITION = "debug"
+CLUSTER_NAME = "testbed"
+
+# One testbed per machine: these names are the testbed's own, so `down` may remove them after a crash.
+NETWORK = ipaddress.IPv4Network("10.77.0.0/24")
+CONTROLLER_IP = NETWORK[1]
+FIRST_NODE_HOST = 11
+BRIDGE = "ctrain0"
+NETNS_PREFIX = "ctrain-"
+VETH_PREFIX = "ctrain-v"
+NODE_PREFIX = "node"
+HOSTS_MARK = "# ctrain testbed"
+
+# Each node advertises an equal share of the machine's memory and must get at least this much.
+MIN_NODE_MEMORY_MB = 1024
+MAX_NODES_BY_ADDRESS = NETWORK.num_addresses - 1 - FIRST_NODE_HOST  # .11 up to .254
+
+
+@dataclass(frozen=True)
+class Node:
+    """One Slurm node: its name, address and the network namespace and host-side veth it lives on."""
+
+    name: str
+    ip: str
+
+    @property
+    def netns(self) -> str:
+        return NETNS_PREFIX + self.name
+
+    @property
+    def veth(self) -> str:
+        return VETH_PREFIX + self.name.removeprefix(NODE_PREFIX)
+
+
+def node_plan(count: int) -> list[Node]:
+    """Nodes node1..nodeN at 10.77.0.11, .12, ..."""
+    return [Node(f"{NODE_PREFIX}{i}", str(NETWORK[FIRST_NODE_HOST + i - 1])) for i in range(1, count + 1)]
+
+
+def max_nodes(memory_mb: int) -> int:
+    """How many nodes this machine can hold: by memory share and by the /24's addresses."""
+    return max(0, min(MAX_NODES_BY_ADDRESS, memory_mb // MIN_NODE_MEMORY_MB))
+
+
+def check_nodes(count: int, memory_mb: int) -> None:
+    """Reject a node count the machine cannot hold, saying why and what the limit is."""
+    if count < 1:
+        raise ConfigError(f"--nodes must be at least 1 (got {count}); the default is 2")
+    limit = max_nodes(memory_mb)
+    if count > limit:
+        raise ConfigError(
+            f"--nodes {count} is more than this machine can hold: at most {limit} nodes here "
+            f"(each node gets an equal share of the machine's {memory_mb} MB of memory and needs at least "
+            f"{MIN_NODE_MEMORY_MB} MB; the testbed network {NETWORK} has room for {MAX_NODES_BY_ADDRESS} nodes)"
+        )
+
+
+def machine_memory_mb() -> int:
+    """Total memory from /proc/meminfo, in MB."""
+    text = Path("/proc/meminfo").read_text()
+    match = re.search(r"^MemTotal:\s+(\d+) kB", text, re.M)
+    if not match:
+        raise ParseError("/proc/meminfo", text[:500])
+    return int(match.group(1)) // 1024
+
+
+def machine_cpus() -> int:
+    """CPUs this process may run on (what each node advertises to Slurm)."""
+    return len(os.sched_getaffinity(0))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a testbed keeps its files: config, munge key, sockets and PID files, logs, spool, state."""
+
+    root: Path
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "testbed.json"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.root / "slurm.conf"
+
+    @property
+    def munge_dir(self) -> Path:
+        return self.root / "munge"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.munge_dir / "munge.key"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.run_dir / "munge.socket"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.root / "spool"
+
+    @property
+    def controller_state_dir(self) -> Path:
+        return self.root / "slurmctld"
+
+    @property
+    def shared_dir(self) -> Path:
+        return self.root / "shared"
+
+    def pid_file(self, daemon: str) -> Path:
+        return self.run_dir / f"{daemon}.pid"
+
+    def log_file(self, daemon: str) -> Path:
+        return self.log_dir / f"{daemon}.log"
+
+
+def render_slurm_conf(layout: Layout, controller_host: str, nodes: list[Node], cpus: int, memory_mb: int) -> str:
+    """The testbed's slurm.conf (Slurm 22.05 and later)."""
+    node_lines = "\n".join(
+        f"NodeName={n.name} NodeAddr={n.ip} CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN" for n in nodes
+    )
+    return f"""\
+# Written by `ctrain testbed up`; rewritten on every start. See docs/testbed.md.
+ClusterName={CLUSTER_NAME}
+SlurmctldHost={controller_host}({CONTROLLER_IP})
+SlurmUser=root
+SlurmdUser=root
+
+# The testbed's own munged, key and socket: an existing /etc/munge setup is left alone.
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={layout.munge_socket}
+
+StateSaveLocation={layout.controller_state_dir}
+SlurmdSpoolDir={layout.spool_dir}/%n
+SlurmctldPidFile={layout.pid_file("slurmctld")}
+SlurmdPidFile={layout.pid_file("slurmd-%n")}
+SlurmctldLogFile={layout.log_file("slurmctld")}
+SlurmdLogFile={layout.log_file("slurmd-%n")}
+
+# All nodes share one kernel: track job processes by parent PID, no cgroups, no CPU binding.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+# Every node advertises all of the machine's CPUs; never drain a node for having "too few".
+SlurmdParameters=config_overrides
+ReturnToService=2
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+
+# Preemption-safe jobs: `scontrol requeue`, `sbatch --requeue`, `--signal` all work.
+JobRequeue=1
+# Refuse at submit time what could never run (e.g. -N3 on 2 nodes) instead of queueing it forever.
+EnforcePartLimits=ALL
+# No accounting database (sacct needs slurmdbd): finished jobs stay in `scontrol show job` for an
+# hour, and every finished job gets a line in the completion log.
+MinJobAge=3600
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc={layout.log_file("jobcomp")}
+
+{node_lines}
+PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def _is_ours(line: str) -> bool:
+    return line.rstrip().endswith(HOSTS_MARK)
+
+
+def hosts_without_ours(text: str) -> str:
+    """/etc/hosts with the testbed's lines removed; every other line is kept byte for byte."""
+    return "".join(line for line in text.splitlines(keepends=True) if not _is_ours(line))
+
+
+def hosts_with_ours(text: str, nodes: list[Node]) -> str:
+    """/etc/hosts with exactly one testbed line per node (any older testbed lines replaced)."""
+    kept = hosts_without_ours(text)
+    if kept and not kept.endswith("\n"):
+        kept += "\n"
+    return kept + "".join(f"{n.ip}\t{n.name}\t{HOSTS_MARK}\n" for n in nodes)
+
+
+def hosts_conflicts(text: str, nodes: list[Node]) -> list[str]:
+    """Lines not written by the testbed that already name one of its nodes or addresses."""
+    names = {n.name for n in nodes}
+    addresses = {n.ip for n in nodes}
+    found = []
+    for line in text.splitlines():
+        if _is_ours(line):
+            continue
+        fields = line.split("#", 1)[0].split()
+        if fields and (fields[0] in addresses or names.intersection(fields[1:])):
+            found.append(line)
+    return found
+
+
+_SINFO_LINE = re.compile(r"^(\S+)\s+(\S+)$")
+
+
+def parse_node_states(raw: str) -> dict[str, str]:
+    """``sinfo -h -N -o '%N %T'`` as {node: state}; anything else is a ParseError."""
+    states: dict[str, str] = {}
+    for line in raw.splitlines():
+        if not line.strip():
+            continue
+        match = _SINFO_LINE.match(line.strip())
+        if not match:
+            raise ParseError("sinfo node states", raw)
+        states[match.group(1)] = match.group(2)
+    return states
+
+
+# A node that answers and can take jobs (sinfo marks unresponsive nodes with '*').
+READY_NODE_STATES = {"idle", "mixed", "allocated", "completing"}
+
+# Job states after which a job will not run again (without a requeue).
+FINAL_JOB_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
+_JOB_STATE = re.compile(r"(?:^|\s)JobState=([A-Z_]+)(?=\s|$)")
+
+
+def parse_job_state(raw: str) -> str:
+    """The JobState in ``scontrol show job -o ID`` output; anything else is a ParseError."""
+    states = _JOB_STATE.findall(raw)
+    if len(set(states)) != 1:
+        raise ParseError("scontrol show job output (no single JobState=)", raw)
+    return states[0]
