@@ -1,1 +1,52 @@
-"""Fixtures for testbed tests."""
+"""Fixtures for tests on the Slurm testbed.
+
+``testbed`` is the machine-wide testbed (at least 2 nodes), shared by every test of the session:
+reused when one is already up, started otherwise, and taken down at the end only if this session
+started it. The lifecycle tests take the testbed down and up themselves, so they run first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ctrain.testbed import Testbed, build_demo_image
+from tests.conftest import need_root
+
+REPO = Path(__file__).resolve().parents[2]
+LIFECYCLE_TESTS = "tests/integration/test_testbed_lifecycle.py"
+MIN_NODES = 2
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the lifecycle tests (which stop and restart the testbed) before anything uses the testbed."""
+    items.sort(key=lambda item: not item.nodeid.startswith(LIFECYCLE_TESTS))
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[Testbed]:
+    """A running testbed with at least 2 nodes, as a :class:`ctrain.testbed.Testbed`.
+
+    Useful members: ``user``, ``shared_dir``, ``nodes``, ``run_as_user(args, env=, cwd=, input=)``,
+    ``submit(script, *sbatch_args, env=) -> job id``, ``wait(job_id, timeout) -> final state``,
+    ``job_state(job_id)``, ``slurm(args)`` (a Slurm command as root).
+    """
+    need_root()
+    tb = Testbed()
+    started = False
+    if not (tb.is_up() and len(tb.nodes) >= MIN_NODES):
+        if tb.status().up:
+            tb.down()
+        tb.up(MIN_NODES)
+        started = True
+    yield tb
+    if started:
+        tb.down()
+
+
+@pytest.fixture(scope="session")
+def demo_image(testbed: Testbed) -> Path:
+    """examples/hello-node.def built into a SIF in the shared dir (busybox only, about a megabyte)."""
+    return build_demo_image(testbed, REPO / "examples" / "hello-node.def")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shlex
 import shutil
 import socket
@@ -96,6 +97,8 @@ class Testbed:
     ``state_dir`` defaults to ``$CTRAIN_TESTBED_DIR``, else /var/lib/ctrain/testbed.
     """
 
+    __test__ = False  # not a test class, though its name starts with "Test"
+
     def __init__(self, state_dir: Path | str | None = None) -> None:
         root = Path(state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR).expanduser().absolute()
         self.layout = Layout(root)
@@ -174,8 +177,10 @@ class Testbed:
         """Like :meth:`run_as_user`, passing output lines on as they come; returns the exit code."""
         return proc.stream(self._as_user(args, env), cwd=self.shared_dir, check=False, on_line=on_line)
 
-    def submit(self, script: Path | str, *sbatch_args: str, env: Mapping[str, str] | None = None) -> str:
-        """``sbatch --parsable`` as the job user from the shared directory; returns the job id.
+    def submit(
+        self, script: Path | str, *sbatch_args: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None
+    ) -> str:
+        """``sbatch --parsable SBATCH_ARGS SCRIPT ARGS`` as the job user from the shared directory; the job id.
 
         A script the job user cannot read (e.g. in a checkout under /root) is copied into the
         shared directory first.
@@ -191,7 +196,7 @@ class Testbed:
             os.chown(copy.parent, uid, gid)
             os.chown(copy, uid, gid)
             script = copy
-        out = self.run_as_user(["sbatch", "--parsable", *sbatch_args, script], env=env).stdout.strip()
+        out = self.run_as_user(["sbatch", "--parsable", *sbatch_args, script, *args], env=env).stdout.strip()
         job_id = out.split(";")[0]
         if not job_id.isdigit():
             raise CtrainError(f"sbatch --parsable printed {out!r}, not a job id")
@@ -225,8 +230,12 @@ class Testbed:
                 except ValueError:
                     continue
                 tool = name.split("-", 1)[0]
-                if tool in ("munged", "slurmctld", "slurmd") and proc.which(tool):
-                    found.setdefault(name, host.Daemon(host.program_of(tool), pid))
+                if tool not in ("munged", "slurmctld", "slurmd") or not proc.which(tool):
+                    continue
+                if name not in found:
+                    found[name] = host.Daemon(host.program_of(tool), pid)
+                elif found[name].pid != pid:
+                    found[f"{name} (pid file)"] = host.Daemon(host.program_of(tool), pid)
         return found
 
     def status(self) -> Status:
@@ -286,10 +295,10 @@ class Testbed:
                     f"`ctrain testbed down`, then `ctrain testbed up --nodes {nodes}`"
                 )
             log(f"found a testbed that is not fully up ({'; '.join(current.problems)}); cleaning it up first")
-            self._teardown(log)
+            self._teardown()
         elif current.problems:
             log(f"cleaning up first: {current.problems[0]}")
-            self._teardown(log)
+            self._teardown()
         plan = node_plan(nodes)
         self._refuse_foreign(plan)
         system.ensure("testbed", "apptainer")
@@ -298,7 +307,7 @@ class Testbed:
         except BaseException:
             log("start failed; stopping what was started (logs are kept in " f"{self.layout.log_dir})")
             try:
-                self._teardown(lambda line: None)
+                self._teardown()
             except CtrainError as exc:
                 log(f"cleanup after the failed start also failed: {exc}")
             raise
@@ -435,16 +444,16 @@ class Testbed:
         """Stop everything the testbed started and remove what it created; returns what it did."""
         if not system.is_root():
             raise CtrainError("`ctrain testbed down` must run as root: it stops daemons and removes network namespaces")
-        done = self._teardown(log)
+        done = self._teardown()
         log("testbed is down" + (f": {'; '.join(done)}" if done else " (nothing was running)"))
         return done
 
-    def _teardown(self, log: Log) -> list[str]:
+    def _teardown(self) -> list[str]:
         state = self._state()
         daemons = self._daemons(state)
         done: list[str] = []
-        ctld = daemons.get("slurmctld")
-        if ctld and host.is_ours(ctld, self.marker):
+        by_tool = {t: [n for n in daemons if re.match(r"[a-z]+", n).group() == t] for t in ("munged", "slurmctld", "slurmd")}
+        if any(host.is_ours(daemons[n], self.marker) for n in by_tool["slurmctld"]):
             jobs = self.slurm(["squeue", "-h", "-o", "%A"], check=False).stdout.split()
             if jobs:
                 self.slurm(["scancel", *jobs], check=False)
@@ -455,7 +464,6 @@ class Testbed:
                 if host.stop(daemons[name], self.marker):
                     done.append(f"stopped {name} (pid {daemons[name].pid})")
 
-        by_tool = {t: [n for n in daemons if n.split("-", 1)[0] == t] for t in ("munged", "slurmctld", "slurmd")}
         stop(by_tool["slurmd"])
         for netns in host.our_netns():
             count = host.kill_netns_processes(netns)

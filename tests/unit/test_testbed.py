@@ -1,0 +1,184 @@
+"""The testbed's plan without root: slurm.conf, node addresses and limits, /etc/hosts editing,
+parsing Slurm's answers, process identity, and refusals that must happen before anything changes.
+
+Golden file: tests/golden/testbed/slurm.conf; CTRAIN_UPDATE_GOLDEN=1 rewrites it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ctrain import system
+from ctrain.cli import main
+from ctrain.errors import ConfigError, CtrainError, ParseError
+from ctrain import testbed
+from ctrain.testbed import host, plan
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "testbed"
+
+
+def test_slurm_conf_golden() -> None:
+    layout = plan.Layout(Path("/var/lib/ctrain/testbed"))
+    text = plan.render_slurm_conf(layout, "head", plan.node_plan(3), cpus=2, memory_mb=8034)
+    path = GOLDEN / "slurm.conf"
+    if os.environ.get("CTRAIN_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), "slurm.conf differs from its golden file (CTRAIN_UPDATE_GOLDEN=1 rewrites it)"
+
+
+def test_slurm_conf_names_every_node_and_only_testbed_paths() -> None:
+    layout = plan.Layout(Path("/srv/tb"))
+    text = plan.render_slurm_conf(layout, "login", plan.node_plan(5), cpus=4, memory_mb=2048)
+    node_lines = [line for line in text.splitlines() if line.startswith("NodeName=")]
+    assert [line.split()[0] for line in node_lines] == [f"NodeName=node{i}" for i in range(1, 6)]
+    assert all("CPUs=4 RealMemory=2048" in line for line in node_lines)
+    assert "SlurmctldHost=login(10.77.0.1)" in text
+    paths = [v for line in text.splitlines() for v in line.split("=", 1)[1:] if v.startswith("/")]
+    assert paths and all(p.startswith("/srv/tb/") or p.startswith("socket=") for p in paths), paths
+    assert "AuthInfo=socket=/srv/tb/run/munge.socket" in text
+
+
+def test_node_plan_addresses_and_names() -> None:
+    nodes = plan.node_plan(3)
+    assert [(n.name, n.ip, n.netns, n.veth) for n in nodes] == [
+        ("node1", "10.77.0.11", "ctrain-node1", "ctrain-v1"),
+        ("node2", "10.77.0.12", "ctrain-node2", "ctrain-v2"),
+        ("node3", "10.77.0.13", "ctrain-node3", "ctrain-v3"),
+    ]
+    last = plan.node_plan(plan.MAX_NODES_BY_ADDRESS)[-1]
+    assert last.ip == "10.77.0.254" and len(last.veth) <= 15  # Linux interface names: at most 15 characters
+
+
+@pytest.mark.parametrize(
+    ("memory_mb", "limit"),
+    [(24105, 23), (2047, 1), (1023, 0), (10**7, plan.MAX_NODES_BY_ADDRESS)],
+)
+def test_max_nodes_by_memory_and_addresses(memory_mb: int, limit: int) -> None:
+    assert plan.max_nodes(memory_mb) == limit
+
+
+def test_node_count_errors_say_why_and_what_to_do() -> None:
+    plan.check_nodes(1, 2048)
+    plan.check_nodes(23, 24105)
+    with pytest.raises(ConfigError, match=r"--nodes must be at least 1 \(got 0\)"):
+        plan.check_nodes(0, 24105)
+    with pytest.raises(ConfigError) as err:
+        plan.check_nodes(24, 24105)
+    message = str(err.value)
+    assert "at most 23 nodes here" in message
+    assert "24105 MB of memory" in message and "at least 1024 MB" in message
+    assert "room for 244 nodes" in message
+
+
+HOSTS = "127.0.0.1\tlocalhost\n# a comment\n::1 ip6-localhost\n10.0.0.5 db db.local"
+
+
+def test_hosts_edit_keeps_foreign_lines_byte_for_byte() -> None:
+    nodes = plan.node_plan(2)
+    added = plan.hosts_with_ours(HOSTS, nodes)
+    assert added.startswith(HOSTS + "\n")
+    assert added.count(plan.HOSTS_MARK) == 2
+    assert "10.77.0.12\tnode2\t# ctrain testbed\n" in added
+    assert plan.hosts_with_ours(added, nodes) == added, "adding twice must not duplicate lines"
+    assert plan.hosts_with_ours(added, nodes[:1]).count(plan.HOSTS_MARK) == 1
+    assert plan.hosts_without_ours(added) == HOSTS + "\n"
+    assert plan.hosts_without_ours(HOSTS) == HOSTS
+
+
+def test_hosts_conflicts_find_foreign_lines_naming_nodes_or_addresses() -> None:
+    nodes = plan.node_plan(2)
+    text = plan.hosts_with_ours(HOSTS, nodes) + "10.77.0.12 other\n192.168.1.9 gpu node1 # mine\n10.1.1.1 node10\n"
+    assert plan.hosts_conflicts(text, nodes) == ["10.77.0.12 other", "192.168.1.9 gpu node1 # mine"]
+    assert plan.hosts_conflicts(plan.hosts_with_ours(HOSTS, nodes), nodes) == []
+
+
+def test_parse_node_states() -> None:
+    assert plan.parse_node_states("node1 idle\nnode2 down*\n\n") == {"node1": "idle", "node2": "down*"}
+    with pytest.raises(ParseError) as err:
+        plan.parse_node_states("sinfo: error: Unable to contact slurm controller (connect failure)\n")
+    assert "Unable to contact" in str(err.value)
+
+
+def test_parse_job_state() -> None:
+    raw = "JobId=7 JobName=x UserId=ctrain(1001) JobState=COMPLETED Reason=None ExitCode=0:0 Command=/a b/c.sh"
+    assert plan.parse_job_state(raw) == "COMPLETED"
+    with pytest.raises(ParseError):
+        plan.parse_job_state("slurm_load_jobs error: Invalid job id specified")
+    with pytest.raises(ParseError):
+        plan.parse_job_state("JobState=RUNNING\nJobState=PENDING")
+
+
+def test_process_identity_checks_program_start_time_and_marker() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "/marker/"])
+    try:
+        deadline = time.monotonic() + 10
+        while "/marker/" not in getattr(host.proc_info(child.pid), "cmdline", "") and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the child has exec'd
+        info = host.proc_info(child.pid)
+        assert info is not None and info.program == os.path.basename(os.path.realpath(sys.executable))
+        ours = host.Daemon(info.program, child.pid, info.start)
+        assert host.is_ours(ours, "/marker/")
+        assert not host.is_ours(ours, "/other/"), "a process without the testbed's path is not ours"
+        assert not host.is_ours(host.Daemon("slurmd", child.pid, info.start), "/marker/"), "other program"
+        assert not host.is_ours(host.Daemon(info.program, child.pid, info.start + 1), "/marker/"), "reused PID"
+    finally:
+        child.kill()
+        child.wait()
+    assert host.proc_info(child.pid) is None
+
+
+def test_unreachable_dirs(tmp_path: Path) -> None:
+    closed = tmp_path / "closed"
+    inner = closed / "inner"
+    inner.mkdir(parents=True)
+    tmp_path.chmod(0o755)
+    closed.chmod(0o700)
+    assert closed in host.unreachable_dirs(inner)
+    closed.chmod(0o755)
+    assert closed not in host.unreachable_dirs(inner)
+    assert host.unreachable_dirs(Path("/var/lib")) == []
+
+
+def test_up_refuses_bad_node_counts_before_touching_anything(tmp_path: Path) -> None:
+    state = tmp_path / "tb"
+    for nodes, message in (("0", "at least 1"), ("100000", "more than this machine can hold")):
+        result = CliRunner().invoke(main, ["testbed", "up", "--nodes", nodes, "--state-dir", str(state)])
+        assert result.exit_code == 2, result.output
+        assert f"error: --nodes {nodes if nodes != '0' else 'must be'}" in result.output
+        assert message in result.output
+    assert not state.exists()
+
+
+def test_up_and_down_refuse_without_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root is checked before anything else changes (the real non-root run is an integration test)."""
+    monkeypatch.setattr(system, "is_root", lambda: False)
+    state = tmp_path / "tb"
+    with pytest.raises(CtrainError, match="must run as root"):
+        testbed.Testbed(state).up(2)
+    with pytest.raises(CtrainError, match="must run as root"):
+        testbed.Testbed(state).down()
+    assert not state.exists()
+
+
+def test_status_of_a_testbed_that_never_ran(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["testbed", "status", "--state-dir", str(tmp_path / "none")])
+    assert result.exit_code == 1
+    assert result.output.startswith("testbed is down")
+    result = CliRunner().invoke(main, ["testbed", "status", "--shared-dir", "--state-dir", str(tmp_path / "x")])
+    assert result.output.strip() == str(tmp_path / "x" / "shared")
+
+
+def test_state_dir_from_environment(tmp_path: Path) -> None:
+    env = {**os.environ, "CTRAIN_TESTBED_DIR": str(tmp_path / "from-env")}
+    out = subprocess.run(
+        [sys.executable, "-m", "ctrain", "testbed", "status", "--shared-dir"], env=env, capture_output=True, text=True
+    )
+    assert out.stdout.strip() == str(tmp_path / "from-env" / "shared"), out.stderr
