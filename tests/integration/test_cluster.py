@@ -84,7 +84,7 @@ def init(tmp_path: Path, **settings: Any) -> tuple[Path, Path]:
     ids=["gpu-efa", "cpu-only", "capacity-reservation"],
 )
 def test_shipped_config_passes_parallelclusters_schema(tmp_path: Path, settings: dict[str, Any]) -> None:
-    config, written = init(tmp_path, **settings)
+    config, _ = init(tmp_path, **settings)
     result = ctrain(config, "validate")
     assert result.exit_code == 0, result.output
     assert result.stdout.strip().endswith("pcluster.yaml: valid (ParallelCluster schema, ctrain rules)")
@@ -104,14 +104,18 @@ def _queue(data: dict[str, Any], i: int = 0) -> dict[str, Any]:
     ("change", "expected"),
     [
         (lambda d: d["HeadNode"].update(InstanceTyp="m6i.2xlarge"), "HeadNode.InstanceTyp: Unknown field."),
-        (lambda d: _queue(d)["ComputeResources"][0].update(MaxCount="two"),
-         "Scheduling.SlurmQueues[0].ComputeResources[0].MaxCount: Not a valid integer."),
+        (
+            lambda d: _queue(d)["ComputeResources"][0].update(MaxCount="two"),
+            "Scheduling.SlurmQueues[0].ComputeResources[0].MaxCount: Not a valid integer.",
+        ),
         (lambda d: d["Image"].update(Os="debian12"), "Image.Os: Must be one of: alinux2023"),
-        (lambda d: _queue(d)["Networking"].pop("SubnetIds"),
-         "Scheduling.SlurmQueues[0].Networking.SubnetIds: Missing data for required field."),
+        (
+            lambda d: _queue(d)["Networking"].pop("SubnetIds"),
+            "Scheduling.SlurmQueues[0].Networking.SubnetIds: Missing data for required field.",
+        ),
     ],
     ids=["unknown-key", "wrong-type", "bad-enum", "missing-subnets"],
-)  # fmt: skip
+)
 def test_schema_messages_reach_the_user(tmp_path: Path, change: Any, expected: str) -> None:
     config, written = init(tmp_path)
     _edit(written, change)
@@ -154,14 +158,20 @@ def test_schema_check_keeps_its_dummy_credentials_to_itself(tmp_path: Path, monk
 def test_dry_run_runs_parallelclusters_validators(tmp_path: Path, aws_env: MotoAws) -> None:
     import boto3
 
-    config, written = init(
-        tmp_path, head_node_subnet=aws_env.head_subnet, compute_subnet=aws_env.compute_subnet,
-        key_pair=aws_env.key_pair, custom_ami=aws_env.ami, scripts_s3_uri=f"s3://{aws_env.bucket}/ctrain",
-    )  # fmt: skip
+    config, _ = init(
+        tmp_path,
+        head_node_subnet=aws_env.head_subnet,
+        compute_subnet=aws_env.compute_subnet,
+        key_pair=aws_env.key_pair,
+        custom_ami=aws_env.ami,
+        scripts_s3_uri=f"s3://{aws_env.bucket}/ctrain",
+    )
     # Unsuppressed, the emulator's gaps are the only errors.
     blocked = ctrain(config, "validate", "--aws")
     assert blocked.exit_code == 2, blocked.output
-    failed = {line.rsplit("[pcluster ", 1)[1].rstrip("]") for line in blocked.stderr.splitlines() if "  error: " in line}
+    failed = {
+        line.rsplit("[pcluster ", 1)[1].rstrip("]") for line in blocked.stderr.splitlines() if "  error: " in line
+    }
     assert failed == EMULATOR_LIMITS
     suppress = [arg for name in sorted(EMULATOR_LIMITS) for arg in ("--suppress-validator", name)]
     result = ctrain(config, "validate", "--aws", *suppress)
@@ -183,23 +193,53 @@ def test_missing_cluster_is_a_message_not_a_traceback(tmp_path: Path, aws_env: M
 # --- up / status / ssh / down with the pcluster double ------------------------------------------
 
 
-def test_up_creates_waits_and_prints_the_head_node(tmp_path: Path, aws_env: MotoAws, pcluster_double: PclusterDouble) -> None:
+def test_up_creates_waits_and_prints_the_head_node(
+    tmp_path: Path, aws_env: MotoAws, pcluster_double: PclusterDouble
+) -> None:
     config, written = init(tmp_path, scripts_s3_uri=f"s3://{aws_env.bucket}/ctrain")
     double = pcluster_double
     double.reply("describe-cluster", 1, not_found("ctrain"), "NotFoundExceptionResponseContent")
-    for status, head in [("CREATE_IN_PROGRESS", None), ("CREATE_IN_PROGRESS", "pending"), ("CREATE_IN_PROGRESS", "running")]:
-        double.reply("describe-cluster", 0, described("ctrain", status, "CREATE_IN_PROGRESS", head=head), "DescribeClusterResponseContent")
-    double.reply("describe-cluster", 0, described("ctrain", "CREATE_COMPLETE", "CREATE_COMPLETE", "RUNNING", "running"),
-                 "DescribeClusterResponseContent")
+    for status, head in [
+        ("CREATE_IN_PROGRESS", None),
+        ("CREATE_IN_PROGRESS", "pending"),
+        ("CREATE_IN_PROGRESS", "running"),
+    ]:
+        double.reply(
+            "describe-cluster",
+            0,
+            described("ctrain", status, "CREATE_IN_PROGRESS", head=head),
+            "DescribeClusterResponseContent",
+        )
+    double.reply(
+        "describe-cluster",
+        0,
+        described("ctrain", "CREATE_COMPLETE", "CREATE_COMPLETE", "RUNNING", "running"),
+        "DescribeClusterResponseContent",
+    )
     warning = {"level": "WARNING", "type": "DetailedMonitoringValidator", "message": "Detailed Monitoring is enabled."}
-    double.reply("create-cluster", 0, {"cluster": cluster_summary("ctrain", "CREATE_IN_PROGRESS", "CREATE_IN_PROGRESS"),
-                                       "validationMessages": [warning]}, "CreateClusterResponseContent")  # fmt: skip
+    double.reply(
+        "create-cluster",
+        0,
+        {
+            "cluster": cluster_summary("ctrain", "CREATE_IN_PROGRESS", "CREATE_IN_PROGRESS"),
+            "validationMessages": [warning],
+        },
+        "CreateClusterResponseContent",
+    )
     result = ctrain(config, "up", "--poll", "0")
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "cluster 'ctrain' is ready: head node 54.0.0.12"
-    assert double.calls("create-cluster") == [[
-        "create-cluster", "--cluster-name", "ctrain", "--cluster-configuration", str(written), "--region", REGION,
-    ]]  # fmt: skip
+    assert double.calls("create-cluster") == [
+        [
+            "create-cluster",
+            "--cluster-name",
+            "ctrain",
+            "--cluster-configuration",
+            str(written),
+            "--region",
+            REGION,
+        ]
+    ]
     assert "warning: Detailed Monitoring is enabled. [pcluster DetailedMonitoringValidator]" in result.stderr
     progress = [line for line in result.stderr.splitlines() if line.startswith("[")]
     assert [line.split("] ", 1)[1] for line in progress] == [
@@ -213,22 +253,32 @@ def test_up_creates_waits_and_prints_the_head_node(tmp_path: Path, aws_env: Moto
     assert again.exit_code == 0 and len(double.calls("create-cluster")) == 1
 
 
-def test_up_failure_prints_the_failed_stack_events(tmp_path: Path, aws_env: MotoAws, pcluster_double: PclusterDouble) -> None:
+def test_up_failure_prints_the_failed_stack_events(
+    tmp_path: Path, aws_env: MotoAws, pcluster_double: PclusterDouble
+) -> None:
     config, _ = init(tmp_path, scripts_s3_uri=f"s3://{aws_env.bucket}/ctrain")
     double = pcluster_double
     double.reply("describe-cluster", 1, not_found("ctrain"), "NotFoundExceptionResponseContent")
     failed = described("ctrain", "CREATE_FAILED", "ROLLBACK_IN_PROGRESS")
     failed["failures"] = [{"failureCode": "HeadNodeBootstrapFailure", "failureReason": "Cluster creation timed out."}]
     double.reply("describe-cluster", 0, failed, "DescribeClusterResponseContent")
-    double.reply("create-cluster", 0, {"cluster": cluster_summary("ctrain", "CREATE_IN_PROGRESS", "CREATE_IN_PROGRESS")},
-                 "CreateClusterResponseContent")
+    double.reply(
+        "create-cluster",
+        0,
+        {"cluster": cluster_summary("ctrain", "CREATE_IN_PROGRESS", "CREATE_IN_PROGRESS")},
+        "CreateClusterResponseContent",
+    )
     events = [  # newest first, as CloudFormation lists them
         stack_event("ComputeFleet", "AWS::CloudFormation::Stack", "CREATE_FAILED", "Resource creation cancelled"),
-        stack_event("HeadNodeWaitCondition", "AWS::CloudFormation::WaitCondition", "CREATE_FAILED",
-                    "Failed to receive 1 resource signal(s) within the specified duration"),
+        stack_event(
+            "HeadNodeWaitCondition",
+            "AWS::CloudFormation::WaitCondition",
+            "CREATE_FAILED",
+            "Failed to receive 1 resource signal(s) within the specified duration",
+        ),
         stack_event("HeadNode", "AWS::EC2::Instance", "CREATE_COMPLETE"),
         stack_event("FSx", "AWS::FSx::FileSystem", "CREATE_FAILED", "Storage capacity is not available in this AZ"),
-    ]  # fmt: skip
+    ]
     double.reply("get-cluster-stack-events", 0, {"events": events}, "GetClusterStackEventsResponseContent")
     result = ctrain(config, "up", "--poll", "0")
     assert result.exit_code == 1
@@ -238,31 +288,56 @@ def test_up_failure_prints_the_failed_stack_events(tmp_path: Path, aws_env: Moto
     wait = result.stderr.index("HeadNodeWaitCondition (AWS::CloudFormation::WaitCondition) CREATE_FAILED: Failed to")
     assert fsx < wait  # oldest first: the first failure is what broke the rest
     assert "Resource creation cancelled" not in result.stderr
-    assert double.calls("get-cluster-stack-events") == [["get-cluster-stack-events", "--cluster-name", "ctrain", "--region", REGION]]
+    assert double.calls("get-cluster-stack-events") == [
+        ["get-cluster-stack-events", "--cluster-name", "ctrain", "--region", REGION]
+    ]
 
 
-def test_up_passes_parallelclusters_config_errors_through(tmp_path: Path, aws_env: MotoAws, pcluster_double: PclusterDouble) -> None:
+def test_up_passes_parallelclusters_config_errors_through(
+    tmp_path: Path, aws_env: MotoAws, pcluster_double: PclusterDouble
+) -> None:
     config, _ = init(tmp_path, scripts_s3_uri=f"s3://{aws_env.bucket}/ctrain")
     pcluster_double.reply("describe-cluster", 1, not_found("ctrain"), "NotFoundExceptionResponseContent")
-    error = {"level": "ERROR", "type": "InstanceTypeValidator", "message": "The instance type 'p5.48xlarge' is not supported."}
-    pcluster_double.reply("create-cluster", 1, {"message": "Invalid cluster configuration.", "configurationValidationErrors": [error]},
-                          "CreateClusterBadRequestExceptionResponseContent")  # fmt: skip
+    error = {
+        "level": "ERROR",
+        "type": "InstanceTypeValidator",
+        "message": "The instance type 'p5.48xlarge' is not supported.",
+    }
+    pcluster_double.reply(
+        "create-cluster",
+        1,
+        {"message": "Invalid cluster configuration.", "configurationValidationErrors": [error]},
+        "CreateClusterBadRequestExceptionResponseContent",
+    )
     result = ctrain(config, "up", "--poll", "0")
     assert result.exit_code == 2
     assert "error: The instance type 'p5.48xlarge' is not supported. [pcluster InstanceTypeValidator]" in result.stderr
 
 
-def test_status_shows_state_head_node_and_fleet(tmp_path: Path, aws_env: MotoAws, pcluster_double: PclusterDouble) -> None:
+def test_status_shows_state_head_node_and_fleet(
+    tmp_path: Path, aws_env: MotoAws, pcluster_double: PclusterDouble
+) -> None:
     config = project(tmp_path)
-    pcluster_double.reply("describe-cluster", 0, described("ctrain", "CREATE_COMPLETE", "CREATE_COMPLETE", "RUNNING", "running"),
-                          "DescribeClusterResponseContent")  # fmt: skip
+    pcluster_double.reply(
+        "describe-cluster",
+        0,
+        described("ctrain", "CREATE_COMPLETE", "CREATE_COMPLETE", "RUNNING", "running"),
+        "DescribeClusterResponseContent",
+    )
     instances = [compute_node(f"i-0{n}", "gpu", "p5.48xlarge", "running") for n in "ab"]
     instances.append(compute_node("i-0c", "gpu", "p5.48xlarge", "pending"))
-    pcluster_double.reply("describe-cluster-instances", 0, {"instances": instances}, "DescribeClusterInstancesResponseContent")
+    pcluster_double.reply(
+        "describe-cluster-instances", 0, {"instances": instances}, "DescribeClusterInstancesResponseContent"
+    )
     result = ctrain(config, "status")
     assert result.exit_code == 0, result.output
     keys = ("cluster", "state", "head node", "compute fleet", "compute nodes")
-    lines = {key: line[len(key) :].strip() for line in result.stdout.splitlines() for key in keys if line.startswith(key + " ")}
+    lines = {
+        key: line[len(key) :].strip()
+        for line in result.stdout.splitlines()
+        for key in keys
+        if line.startswith(key + " ")
+    }
     assert lines["state"] == "CREATE_COMPLETE (CloudFormation CREATE_COMPLETE)"
     assert lines["head node"] == "54.0.0.12 (private 10.0.0.12), running, m6i.2xlarge"
     assert lines["compute fleet"] == "RUNNING"
@@ -283,11 +358,19 @@ def test_down_asks_then_waits_until_gone(tmp_path: Path, aws_env: MotoAws, pclus
     assert "not confirmed; nothing deleted" in refused.stderr
     assert double.calls("delete-cluster") == []
 
-    double.reply("describe-cluster", 0, described("ctrain", "DELETE_IN_PROGRESS", "DELETE_IN_PROGRESS", "STOPPED", "shutting-down"),
-                 "DescribeClusterResponseContent")  # fmt: skip
+    double.reply(
+        "describe-cluster",
+        0,
+        described("ctrain", "DELETE_IN_PROGRESS", "DELETE_IN_PROGRESS", "STOPPED", "shutting-down"),
+        "DescribeClusterResponseContent",
+    )
     double.reply("describe-cluster", 1, not_found("ctrain"), "NotFoundExceptionResponseContent")
-    double.reply("delete-cluster", 0, {"cluster": cluster_summary("ctrain", "DELETE_IN_PROGRESS", "DELETE_IN_PROGRESS")},
-                 "DeleteClusterResponseContent")
+    double.reply(
+        "delete-cluster",
+        0,
+        {"cluster": cluster_summary("ctrain", "DELETE_IN_PROGRESS", "DELETE_IN_PROGRESS")},
+        "DeleteClusterResponseContent",
+    )
     result = ctrain(config, "down", "--poll", "0", input="y\n")
     assert result.exit_code == 0, result.output
     assert double.calls("delete-cluster") == [["delete-cluster", "--cluster-name", "ctrain", "--region", REGION]]
@@ -295,15 +378,29 @@ def test_down_asks_then_waits_until_gone(tmp_path: Path, aws_env: MotoAws, pclus
     assert result.stdout.strip().endswith("cluster 'ctrain' deleted")
 
 
-def test_down_failure_prints_the_failed_stack_events(tmp_path: Path, aws_env: MotoAws, pcluster_double: PclusterDouble) -> None:
+def test_down_failure_prints_the_failed_stack_events(
+    tmp_path: Path, aws_env: MotoAws, pcluster_double: PclusterDouble
+) -> None:
     config = project(tmp_path)
     double = pcluster_double
-    double.reply("describe-cluster", 0, described("ctrain", "CREATE_COMPLETE", "CREATE_COMPLETE", "RUNNING", "running"),
-                 "DescribeClusterResponseContent")  # fmt: skip
-    double.reply("describe-cluster", 0, described("ctrain", "DELETE_FAILED", "DELETE_FAILED", "STOPPED"),
-                 "DescribeClusterResponseContent")  # fmt: skip
-    double.reply("delete-cluster", 0, {"cluster": cluster_summary("ctrain", "DELETE_IN_PROGRESS", "DELETE_IN_PROGRESS")},
-                 "DeleteClusterResponseContent")
+    double.reply(
+        "describe-cluster",
+        0,
+        described("ctrain", "CREATE_COMPLETE", "CREATE_COMPLETE", "RUNNING", "running"),
+        "DescribeClusterResponseContent",
+    )
+    double.reply(
+        "describe-cluster",
+        0,
+        described("ctrain", "DELETE_FAILED", "DELETE_FAILED", "STOPPED"),
+        "DescribeClusterResponseContent",
+    )
+    double.reply(
+        "delete-cluster",
+        0,
+        {"cluster": cluster_summary("ctrain", "DELETE_IN_PROGRESS", "DELETE_IN_PROGRESS")},
+        "DeleteClusterResponseContent",
+    )
     event = stack_event("FSx", "AWS::FSx::FileSystem", "DELETE_FAILED", "File system has active data repository tasks")
     double.reply("get-cluster-stack-events", 0, {"events": [event]}, "GetClusterStackEventsResponseContent")
     result = ctrain(config, "down", "--yes", "--poll", "0")
@@ -335,7 +432,9 @@ def test_missing_credentials_stop_before_pcluster_is_called(
     assert pcluster_double.calls() == []
 
 
-def test_down_of_a_missing_cluster_deletes_nothing(tmp_path: Path, aws_env: MotoAws, pcluster_double: PclusterDouble) -> None:
+def test_down_of_a_missing_cluster_deletes_nothing(
+    tmp_path: Path, aws_env: MotoAws, pcluster_double: PclusterDouble
+) -> None:
     pcluster_double.reply("describe-cluster", 1, not_found("ctrain"), "NotFoundExceptionResponseContent")
     result = ctrain(project(tmp_path), "down", "--yes")
     assert result.exit_code == 1
@@ -352,8 +451,11 @@ def test_ssh_execs_pcluster_ssh(tmp_path: Path, aws_env: MotoAws, pcluster_doubl
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     done = subprocess.run(
         [sys.executable, "-m", "ctrain", "--config", str(config), "cluster", "ssh", "--", "-L", "8888:localhost:8888"],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert pcluster_double.calls() == [["ssh", "--cluster-name", "ctrain", "-i", str(key), "-L", "8888:localhost:8888"]]
     assert pcluster_double.region_env() == [REGION]

@@ -26,10 +26,20 @@ from tests.conftest import need
 REGION = "us-east-1"
 DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 AWS_VARIABLES = (
-    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE",
-    "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ROLE_ARN",
-    "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-)  # fmt: skip
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+)
 
 
 @dataclass(frozen=True)
@@ -50,8 +60,10 @@ class MotoAws:
 
 @pytest.fixture(scope="session")
 def moto_aws() -> Iterator[MotoAws]:
-    need(importlib.util.find_spec("boto3") is not None and importlib.util.find_spec("moto") is not None,
-         "boto3 and moto (pip install 'ctrain[aws,test]')")
+    need(
+        importlib.util.find_spec("boto3") is not None and importlib.util.find_spec("moto") is not None,
+        "boto3 and moto (pip install 'ctrain[aws,test]')",
+    )
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -197,7 +209,9 @@ def cluster_summary(name: str, status: str, stack_status: str) -> dict[str, Any]
     }
 
 
-def described(name: str, status: str, stack_status: str, fleet: str = "UNKNOWN", head: str | None = None) -> dict[str, Any]:
+def described(
+    name: str, status: str, stack_status: str, fleet: str = "UNKNOWN", head: str | None = None
+) -> dict[str, Any]:
     body = {
         "clusterName": name,
         "region": REGION,

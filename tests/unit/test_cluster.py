@@ -63,9 +63,14 @@ def test_cpu_only_cluster_has_no_gpu_queue(tmp_path: Path) -> None:
 
 def test_capacity_reservation_switches_the_placement_group_off(tmp_path: Path) -> None:
     setup = setup_for(
-        tmp_path, capacity_reservation="cr-0123456789abcdef0", capacity_type="CAPACITY_BLOCK",
-        gpu_min_nodes=4, gpu_max_nodes=4, fsx_deployment="PERSISTENT_2", fsx_size_gib=4800,
-    )  # fmt: skip
+        tmp_path,
+        capacity_reservation="cr-0123456789abcdef0",
+        capacity_type="CAPACITY_BLOCK",
+        gpu_min_nodes=4,
+        gpu_max_nodes=4,
+        fsx_deployment="PERSISTENT_2",
+        fsx_size_gib=4800,
+    )
     text = template.render(setup)
     assert_golden("capacity_reservation.yaml", text)
     config = yaml.safe_load(text)
@@ -134,16 +139,24 @@ def _config(**gpu_resource: Any) -> dict[str, Any]:
     resource = {"Name": "gpu", "InstanceType": "p5.48xlarge", "MinCount": 0, "MaxCount": 2, **gpu_resource}
     return {
         "HeadNode": {"CustomActions": {"OnNodeConfigured": {"Script": "s3://my-bucket/ctrain/enroot-pyxis.sh"}}},
-        "Scheduling": {"SlurmQueues": [{
-            "Name": "gpu",
-            "Networking": {"SubnetIds": ["subnet-1"], "PlacementGroup": {"Enabled": True}},
-            "ComputeResources": [resource],
-            "CustomActions": {"OnNodeStart": {"Sequence": [
-                {"Script": "https://example.com/other.sh"},
-                {"Script": "s3://my-bucket/ctrain/missing.sh"},
-            ]}},
-        }]},
-    }  # fmt: skip
+        "Scheduling": {
+            "SlurmQueues": [
+                {
+                    "Name": "gpu",
+                    "Networking": {"SubnetIds": ["subnet-1"], "PlacementGroup": {"Enabled": True}},
+                    "ComputeResources": [resource],
+                    "CustomActions": {
+                        "OnNodeStart": {
+                            "Sequence": [
+                                {"Script": "https://example.com/other.sh"},
+                                {"Script": "s3://my-bucket/ctrain/missing.sh"},
+                            ]
+                        }
+                    },
+                }
+            ]
+        },
+    }
 
 
 def test_efa_rule_names_the_instance_type() -> None:
@@ -182,8 +195,11 @@ def test_scripts_rule_checks_only_what_up_uploads(tmp_path: Path) -> None:
 
 
 def test_schema_messages_flatten_to_paths() -> None:
-    messages = {"HeadNode": {"InstanceTyp": ["Unknown field."]}, "Scheduling": {"SlurmQueues": {"0": {
-        "Networking": {"SubnetIds": ["Missing data for required field."]}}}}, "_schema": ["Whole config."]}  # fmt: skip
+    messages = {
+        "HeadNode": {"InstanceTyp": ["Unknown field."]},
+        "Scheduling": {"SlurmQueues": {"0": {"Networking": {"SubnetIds": ["Missing data for required field."]}}}},
+        "_schema": ["Whole config."],
+    }
     assert list(checks.flatten(messages)) == [
         ("HeadNode.InstanceTyp", "Unknown field."),
         ("Scheduling.SlurmQueues[0].Networking.SubnetIds", "Missing data for required field."),
@@ -212,7 +228,30 @@ def test_init_writes_and_keeps_a_changed_file(tmp_path: Path) -> None:
     assert changed.exit_code == 2
     assert "pass --force" in changed.stderr
     assert "MaxCount: 2" in written.read_text()
-    forced = run(main, ["--config", str(project), "cluster", "init", "--nodes", "8", "--set", "gpu_min_nodes=1", "--force"])
+    forced = run(
+        main, ["--config", str(project), "cluster", "init", "--nodes", "8", "--set", "gpu_min_nodes=1", "--force"]
+    )
     assert forced.exit_code == 0, forced.output
     gpu = queues(yaml.safe_load(written.read_text()))["gpu"]["ComputeResources"][0]
     assert (gpu["MinCount"], gpu["MaxCount"]) == (1, 8)
+
+
+def test_helpers_run_on_the_python_of_a_separate_pcluster_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pcluster in its own virtual environment: ctrain finds its Python from the CLI's shebang."""
+    python = tmp_path / "venv-aws" / "bin" / "python3"
+    python.parent.mkdir(parents=True)
+    python.touch(mode=0o755)
+    cli = python.parent / "pcluster"
+    cli.write_text(f"#!{python}\nimport sys\n")
+    cli.chmod(0o755)
+    monkeypatch.setenv("PATH", str(cli.parent))
+    real_find_spec = base.importlib.util.find_spec
+    monkeypatch.setattr(
+        base.importlib.util, "find_spec", lambda name: None if name == "pcluster" else real_find_spec(name)
+    )
+    assert base.pcluster_bin() == str(cli)
+    assert base.helper(checks.SCHEMA_CHECK, "x.yaml")[:3] == [str(python), "-I", str(checks.SCHEMA_CHECK)]
+    cli.write_text("#!/usr/bin/env python3\n")  # found on PATH, as the kernel would
+    assert base.pcluster_python() == str(python)
