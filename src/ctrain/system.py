@@ -21,6 +21,8 @@ PACKAGES: dict[str, tuple[str, ...]] = {
     "image": ("buildah", "podman", "skopeo", "umoci", "squashfs-tools", "debootstrap", "rsync", "openssh-client"),
     "registry": ("docker-registry",),
     "push": ("rsync", "openssh-client", "openssh-server"),
+    # ParallelCluster's CLI generates CloudFormation with the AWS CDK, which runs on Node.js (also for dry runs).
+    "cluster": ("nodejs",),
 }
 
 SID_SOURCE = Path("/etc/apt/sources.list.d/ctrain-sid.sources")

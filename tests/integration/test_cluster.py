@@ -5,6 +5,7 @@ real AWS account (creating and deleting clusters)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -157,6 +158,8 @@ def test_schema_check_keeps_its_dummy_credentials_to_itself(tmp_path: Path, monk
 
 def test_dry_run_runs_parallelclusters_validators(tmp_path: Path, aws_env: MotoAws) -> None:
     import boto3
+
+    need(shutil.which("node") is not None, "Node.js for pcluster's CDK (scripts/setup.sh installs the cluster group)")
 
     config, _ = init(
         tmp_path,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from ctrain.cluster import base, checks, template
 from ctrain.cluster.efa import EFA_INSTANCE_TYPES
 from ctrain.config import CLUSTER_NAME_MAX, ProjectConfig
 from ctrain.errors import ConfigError, ToolNotFound
+from tests.conftest import need
 from tests.plugins.cluster import assert_golden
 
 EXAMPLE = {
@@ -126,8 +128,10 @@ def test_bad_cluster_settings_are_clear_errors(tmp_path: Path, settings: dict[st
 
 
 def test_name_limit_is_parallelclusters() -> None:
-    constants = pytest.importorskip("pcluster.constants")
-    assert CLUSTER_NAME_MAX == constants.PCLUSTER_NAME_MAX_LENGTH
+    need(importlib.util.find_spec("pcluster") is not None, "aws-parallelcluster (pip install 'ctrain[aws]')")
+    from pcluster.constants import PCLUSTER_NAME_MAX_LENGTH
+
+    assert CLUSTER_NAME_MAX == PCLUSTER_NAME_MAX_LENGTH
 
 
 def test_efa_list_knows_the_training_instances() -> None:
