@@ -109,6 +109,21 @@ def isolate_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
 
 
+# --- golden files ------------------------------------------------------------------------------
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "cluster"
+
+
+def assert_golden(name: str, text: str) -> None:
+    """``text`` equals tests/golden/cluster/NAME; CTRAIN_UPDATE_GOLDEN=1 rewrites the file instead."""
+    path = GOLDEN / name
+    if os.environ.get("CTRAIN_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.is_file(), f"{path} missing: run with CTRAIN_UPDATE_GOLDEN=1 once and review it"
+    assert text == path.read_text(), f"{name} differs from the golden file (CTRAIN_UPDATE_GOLDEN=1 to accept)"
+
+
 # --- the pcluster CLI double --------------------------------------------------------------------
 
 _DOUBLE = '''#!{python}
@@ -127,19 +142,6 @@ if reply["body"] is not None:
     print(json.dumps(reply["body"], indent=2))
 sys.exit(reply["code"])
 '''
-
-
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "cluster"
-
-
-def assert_golden(name: str, text: str) -> None:
-    """``text`` equals tests/golden/cluster/NAME; CTRAIN_UPDATE_GOLDEN=1 rewrites the file instead."""
-    path = GOLDEN / name
-    if os.environ.get("CTRAIN_UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.is_file(), f"{path} missing: run with CTRAIN_UPDATE_GOLDEN=1 once and review it"
-    assert text == path.read_text(), f"{name} differs from the golden file (CTRAIN_UPDATE_GOLDEN=1 to accept)"
 
 
 def openapi_schema(name: str) -> dict[str, Any]:
