@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 import pytest
 import yaml
@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from ctrain.cli import main
 from ctrain.cluster import base, checks, template
 from ctrain.cluster.efa import EFA_INSTANCE_TYPES
-from ctrain.config import CLUSTER_NAME_MAX, ProjectConfig
+from ctrain.config import CLUSTER_NAME_MAX, ClusterConfig, ProjectConfig
 from ctrain.errors import ConfigError, ToolNotFound
 from tests.conftest import need
 from tests.plugins.cluster import assert_golden
@@ -127,11 +127,12 @@ def test_bad_cluster_settings_are_clear_errors(tmp_path: Path, settings: dict[st
         setup_for(tmp_path, **settings)
 
 
-def test_name_limit_is_parallelclusters() -> None:
+def test_name_limit_and_oses_are_parallelclusters() -> None:
     need(importlib.util.find_spec("pcluster") is not None, "aws-parallelcluster (pip install 'ctrain[aws]')")
-    from pcluster.constants import PCLUSTER_NAME_MAX_LENGTH
+    from pcluster.constants import PCLUSTER_NAME_MAX_LENGTH, SUPPORTED_OSES
 
     assert CLUSTER_NAME_MAX == PCLUSTER_NAME_MAX_LENGTH
+    assert set(get_args(get_type_hints(ClusterConfig)["os"])) == set(SUPPORTED_OSES)
 
 
 def test_efa_list_knows_the_training_instances() -> None:
