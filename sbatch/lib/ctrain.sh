@@ -23,8 +23,8 @@ ctrain_settings() {
     shift
     : "${CTRAIN_PROJECT_DIR:=${SLURM_SUBMIT_DIR:-$PWD}}" # mounted at /workspace, the working directory
     case $CTRAIN_RUNTIME in
-        apptainer) : "${CTRAIN_IMAGE:=${IMAGE:-images/ctrain.sif}}" ;;
-        pyxis) : "${CTRAIN_IMAGE:=${IMAGE:-images/ctrain.sqsh}}" ;; # or a registry reference
+        apptainer) : "${CTRAIN_IMAGE:=${IMAGE:-images/ctrain-latest.sif}}" ;;
+        pyxis) : "${CTRAIN_IMAGE:=${IMAGE:-images/ctrain-latest.sqsh}}" ;; # or a registry reference
         *) ctrain_die "unknown runtime '$CTRAIN_RUNTIME'; valid: apptainer, pyxis" ;;
     esac
     : "${CTRAIN_RECIPE:=recipes/demo-addition.yaml}"
