@@ -50,6 +50,7 @@ _SBATCH_LINE = re.compile(r"^#SBATCH\s+(-{1,2})([A-Za-z][\w-]*)(?:[=\s]\s*(\S+))
 # Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; or UNLIMITED/INFINITE.
 _TIME = re.compile(r"(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SECRET = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|CREDENTIAL", re.I)
 _MOUNT = re.compile(r"[^:,]+:/[^:,]*(?::(?:ro|rw))?")
 
 # Container image references.
@@ -105,6 +106,12 @@ def check_slurm_config(c: SlurmConfig) -> None:
     for name in c.env:
         if not _ENV_NAME.fullmatch(name):
             raise ConfigError(f"slurm.env: {name!r} is not an environment variable name")
+        if _SECRET.search(name):
+            raise ConfigError(
+                f"slurm.env: {name} looks like a secret; ctrain writes these values into the job script and its "
+                "copy in logs/. Export it in your shell instead (sbatch passes your environment to the job), or "
+                "log in once (`huggingface-cli login` stores the token in the mounted HF cache)"
+            )
     for arg in c.sbatch_args:
         if not arg.startswith("-"):
             raise ConfigError(f"slurm.sbatch_args entry {arg!r} must be an sbatch option like --qos=high")

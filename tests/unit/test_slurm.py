@@ -116,6 +116,8 @@ def test_time_limit_errors_say_the_formats() -> None:
         ({"nodes": 0}, "slurm.nodes must be at least 1"),
         ({"mounts": ["/a"]}, "must look like /host/dir:/container/dir"),
         ({"env": {"1BAD": "x"}}, "not an environment variable name"),
+        ({"env": {"HF_TOKEN": "hf_x"}}, "HF_TOKEN looks like a secret; .*Export it in your shell instead"),
+        ({"env": {"WANDB_API_KEY": "x"}}, "looks like a secret"),
         ({"sbatch_args": ["qos=high"]}, "must be an sbatch option"),
     ],
 )
