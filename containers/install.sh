@@ -50,7 +50,7 @@ PY
     if offline; then
         echo "install.sh: air-gapped install from /wheelhouse ($(ls /wheelhouse | wc -l) files)"
         set -- --no-index --find-links /wheelhouse
-    elif [ "$flavour" = cpu ]; then
+    elif [ "$flavour" = cpu ] && [ "${TORCH_INDEX_URL:-}" != none ]; then
         set -- --extra-index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
     else
         set --

@@ -22,14 +22,28 @@ CONFIG_NAME = "ctrain.yaml"
 
 @dataclass
 class ImageConfig:
-    """What ``ctrain build`` builds."""
+    """What ``ctrain build`` builds (docs/image.md)."""
 
     name: str = "ctrain"
     tag: str = "latest"
+    context: Path = Path(".")  # the ctrain checkout (containers/, src/), relative to this file
     flavour: Literal["gpu", "cpu"] = "gpu"
-    base: str | None = None
+    base: str | None = None  # None: the Dockerfile's NGC PyTorch image (gpu); cpu needs one (or --local-base)
     builder: Literal["auto", "docker", "podman", "buildah", "apptainer"] = "auto"
-    wheelhouse: Path | None = None
+    wheelhouse: Path | None = None  # air-gapped: pip installs only from here (ctrain wheelhouse DIR fills it)
+    # cpu flavour with network: the index torch's CPU build comes from; None: download.pytorch.org's
+    # CPU index; "none": only what pip is configured with.
+    torch_index: str | None = None
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.tag}"
+
+    def validate(self) -> None:
+        if not self.name or any(c in self.name for c in " :@"):
+            raise ConfigError(f"image.name {self.name!r} must be a plain image name (no spaces, ':' or '@')")
+        if not self.tag or any(c in self.tag for c in " :/@"):
+            raise ConfigError(f"image.tag {self.tag!r} must be a plain tag (no spaces, ':', '/' or '@')")
 
 
 @dataclass
@@ -37,17 +51,20 @@ class ConvertConfig:
     """What ``ctrain convert`` writes."""
 
     to: Literal["sif", "sqsh"] = "sif"
-    compression: Literal["none", "lzo", "gzip", "zstd", "xz", "lz4"] = "zstd"
+    # auto: gzip for SIF (Apptainer's default, readable everywhere), zstd for enroot squashfs.
+    compression: Literal["auto", "none", "lzo", "gzip", "zstd", "xz", "lz4"] = "auto"
     output_dir: Path = Path("images")
 
 
 @dataclass
 class PushConfig:
-    """Where ``ctrain push`` puts images."""
+    """Where ``ctrain push`` puts images; each one set is pushed to."""
 
-    registry: str | None = None
-    oras: str | None = None
-    remote: str | None = None
+    registry: str | None = None  # OCI registry and namespace, e.g. ghcr.io/me: pushes NAME:TAG there
+    oras: str | None = None  # oras://host/ns/name:tag: the SIF, through apptainer push
+    remote: str | None = None  # [user@]host:/shared/images/ or a local path: .sif/.sqsh over rsync+ssh
+    ssh_options: list[str] = field(default_factory=list)  # extra ssh arguments, e.g. ["-i", "~/.ssh/hpc"]
+    tls_verify: bool | None = None  # None: verify, except for loopback registries (as Docker does)
 
 
 # ParallelCluster's own limit (pcluster.constants.PCLUSTER_NAME_MAX_LENGTH; a unit test keeps them equal).

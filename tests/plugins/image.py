@@ -1,1 +1,218 @@
-"""Fixtures for image tests."""
+"""Fixtures for image tests, shared with the sbatch/testbed tests.
+
+Session-scoped, built once per session through the real CLI (``ctrain build --local-base``,
+``ctrain convert``), and cached across sessions by content: the key hashes containers/, pyproject
+and the src/ctrain tree, so a rerun with nothing changed reuses the image and files, and a code
+change rebuilds only the source layer. Everything lives under /var/tmp/ctrain-test (world-readable,
+so the unprivileged Apptainer user can read it; override with CTRAIN_TEST_IMAGES).
+
+- ``image_user``: name of the unprivileged user Apptainer runs as (the testbed's job user).
+- ``test_wheelhouse``: Path of a wheelhouse with every wheel of the CPU image (air-gapped builds).
+- ``cpu_image``: :class:`BuiltImage` (``ref``, ``id``, ``digest``, ``project``: the directory
+  with the ``ctrain.yaml`` it was built with, ``key``), in containers-storage.
+- ``cpu_sif``: Path of the CPU image as a SIF (zstd).
+- ``cpu_sqsh``: Path of the CPU image as an enroot squashfs (zstd), with enroot's conventions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import need, need_root
+
+REPO = Path(__file__).resolve().parents[2]
+ROOT = Path(os.environ.get("CTRAIN_TEST_IMAGES", "/var/tmp/ctrain-test"))
+GOLDEN = REPO / "tests" / "golden" / "image"
+CTRAIN = [sys.executable, "-m", "ctrain"]
+IMAGE_NAME = "ctrain-test"
+# What the image is made of: a change to any of these makes a new image (and new SIF/sqsh).
+_KEY_FILES = ("containers", "pyproject.toml", ".dockerignore", "src/ctrain")
+
+
+def assert_golden(name: str, text: str) -> None:
+    """``text`` equals tests/golden/image/NAME; CTRAIN_UPDATE_GOLDEN=1 rewrites the file instead."""
+    path = GOLDEN / name
+    if os.environ.get("CTRAIN_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.is_file(), f"{path} missing: run with CTRAIN_UPDATE_GOLDEN=1 once and review it"
+    assert text == path.read_text(), f"{name} differs from the golden file (CTRAIN_UPDATE_GOLDEN=1 to accept)"
+
+
+def content_key(repo: Path = REPO) -> str:
+    """Hash of everything the image is built from (file names and bytes), 12 hex digits."""
+    digest = hashlib.sha256()
+    for top in _KEY_FILES:
+        path = repo / top
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        for file in files:
+            rel = file.relative_to(repo)
+            inner = rel.relative_to(top).parts
+            if "__pycache__" in inner or file.suffix == ".pyc" or any(part.startswith(".") for part in inner):
+                continue
+            digest.update(str(rel).encode() + b"\0" + file.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    """The CPU test image: ``ref`` and ``id`` in containers-storage, ``project`` holds its ctrain.yaml."""
+
+    ref: str
+    id: str
+    digest: str
+    project: Path
+    key: str
+
+    @property
+    def config(self) -> Path:
+        return self.project / "ctrain.yaml"
+
+
+def ctrain(args: Sequence[str | os.PathLike[str]], *, config: Path | None = None, log: Path | None = None,
+           check: bool = True, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI (``python -m ctrain``); stderr (progress) goes to ``log`` when given."""
+    cmd = [*CTRAIN, *(["--config", str(config)] if config else []), *map(str, args)]
+    if log is None:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    else:
+        with open(log, "a") as err:
+            result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, timeout=timeout, cwd=REPO)
+    if check and result.returncode != 0:
+        tail = log.read_text()[-4000:] if log else result.stderr
+        raise AssertionError(f"{' '.join(cmd)} exited {result.returncode}\n{tail}")
+    return result
+
+
+def parse_fields(stdout: str) -> dict[str, str]:
+    """``key: value`` lines (what build/convert print on stdout) as a dict."""
+    return dict(line.split(": ", 1) for line in stdout.splitlines() if ": " in line)
+
+
+def as_user(user: str, args: Sequence[str | os.PathLike[str]], *, check: bool = True,
+            timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run a command as the unprivileged ``user`` (from a directory it can enter)."""
+    result = subprocess.run(["runuser", "-u", user, "--", *map(str, args)], capture_output=True, text=True,
+                            timeout=timeout, cwd="/")
+    if check and result.returncode != 0:
+        raise AssertionError(f"as {user}: {' '.join(map(str, args))} exited {result.returncode}\n"
+                             f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+@contextlib.contextmanager
+def _locked(name: str) -> Iterator[None]:
+    """One builder of a cached thing at a time, across concurrent test sessions."""
+    ROOT.mkdir(parents=True, exist_ok=True)
+    with open(ROOT / f".{name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _open_up(path: Path) -> None:
+    """World-readable (and enterable) from / down to ``path``, for the unprivileged user."""
+    for directory in [ROOT, *[p for p in path.parents if ROOT in p.parents], path]:
+        if directory.is_dir():
+            directory.chmod(directory.stat().st_mode | 0o755)
+
+
+@pytest.fixture(scope="session")
+def image_user() -> str:
+    """The unprivileged user Apptainer runs as (created if missing, /dev/fuse opened to users)."""
+    need_root()
+    from ctrain.testbed import host
+    from ctrain.testbed.plan import JOB_USER
+
+    host.ensure_user(JOB_USER)
+    if host.fuse_needs_opening():
+        host.open_fuse()
+    return JOB_USER
+
+
+@pytest.fixture(scope="session")
+def test_wheelhouse() -> Path:
+    """Every wheel of the CPU image, made once per pin set with ``ctrain wheelhouse`` (pip download
+    through this machine's pip configuration, which serves the CPU torch wheel)."""
+    need_root()
+    pins = hashlib.sha256(b"".join((REPO / "containers" / n).read_bytes() for n in ("constraints.txt", "requirements.txt")))
+    directory = ROOT / f"wheelhouse-{pins.hexdigest()[:12]}"
+    with _locked("wheelhouse"):
+        done = directory / ".complete"
+        if not done.exists():
+            for old in ROOT.glob("wheelhouse-*"):
+                shutil.rmtree(old)
+            project = ROOT / "wheelhouse-project"
+            project.mkdir(parents=True, exist_ok=True)
+            (project / "ctrain.yaml").write_text(f"image:\n  context: {REPO}\n  torch_index: none\n")
+            ctrain(["wheelhouse", directory], config=project / "ctrain.yaml", log=ROOT / "wheelhouse.log")
+            done.write_text("")
+        _open_up(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def cpu_image(test_wheelhouse: Path) -> BuiltImage:
+    """The real Dockerfile's CPU flavour on a debootstrap base, built air-gapped from the wheelhouse
+    with ``ctrain build --local-base`` and no other flag (the rest comes from ctrain.yaml)."""
+    need_root()
+    need(shutil.which("buildah") is not None or shutil.which("podman") is not None, "buildah or podman")
+    need(shutil.which("debootstrap") is not None, "debootstrap")
+    from ctrain.image import store
+
+    key = content_key()
+    project = ROOT / key
+    ref = f"localhost/{IMAGE_NAME}:{key}"
+    with _locked("build"):
+        for old in ROOT.iterdir():
+            if old.is_dir() and len(old.name) == 12 and old.name != key and all(c in "0123456789abcdef" for c in old.name):
+                shutil.rmtree(old)
+        project.mkdir(parents=True, exist_ok=True)
+        _open_up(project)
+        (project / "ctrain.yaml").write_text(
+            f"image:\n  name: {IMAGE_NAME}\n  tag: {key}\n  context: {REPO}\n  flavour: cpu\n  builder: buildah\n"
+            f"  wheelhouse: {test_wheelhouse}\n  torch_index: none\nconvert:\n  output_dir: images\n"
+        )
+        existing = store.inspect(ref, "containers")
+        if existing is None:
+            out = ctrain(["build", "--local-base"], config=project / "ctrain.yaml", log=project / "build.log")
+            fields = parse_fields(out.stdout)
+            assert fields["image"] == f"{IMAGE_NAME}:{key}", out.stdout
+            existing = store.inspect(ref, "containers")
+            assert existing is not None and existing.id == fields["id"], out.stdout
+        assert existing.digest, f"no manifest digest for {ref}"
+        return BuiltImage(ref, existing.id, existing.digest, project, key)
+
+
+def _converted(image: BuiltImage, to: str) -> Path:
+    with _locked(f"convert-{to}"):
+        out = ctrain(["convert", "--to", to, "--compression", "zstd"], config=image.config,
+                     log=image.project / f"convert-{to}.log")
+    path = Path(parse_fields(out.stdout)["path"])
+    assert path.is_file() and path.stat().st_mode & 0o004, path
+    _open_up(path.parent)
+    return path
+
+
+@pytest.fixture(scope="session")
+def cpu_sif(cpu_image: BuiltImage, image_user: str) -> Path:
+    """The CPU image as a SIF (``ctrain convert --to sif``), readable by ``image_user``."""
+    need(shutil.which("apptainer") is not None, "apptainer")
+    return _converted(cpu_image, "sif")
+
+
+@pytest.fixture(scope="session")
+def cpu_sqsh(cpu_image: BuiltImage) -> Path:
+    """The CPU image as an enroot squashfs (``ctrain convert --to sqsh``)."""
+    need(shutil.which("mksquashfs") is not None and shutil.which("umoci") is not None, "mksquashfs and umoci")
+    return _converted(cpu_image, "sqsh")

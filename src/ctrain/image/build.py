@@ -1,0 +1,220 @@
+"""``ctrain build``: build the training image from containers/Dockerfile (docker, podman, buildah)
+or containers/ctrain-standalone.def (apptainer), streaming the builder's output with progress.
+
+Auto-detection order: docker (only when its daemon answers), podman, buildah, apptainer: the
+first three keep an OCI image that converts to both SIF and enroot squashfs and pushes to a
+registry; apptainer makes a SIF directly, for machines that have nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ctrain import proc, ui
+from ctrain.errors import ConfigError, CtrainError
+from ctrain.image import store
+
+BUILDERS = ("docker", "podman", "buildah", "apptainer")
+DOCKERFILE = Path("containers/Dockerfile")
+STANDALONE_DEF = Path("containers/ctrain-standalone.def")
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """What to build; paths are absolute."""
+
+    context: Path  # the ctrain checkout: containers/ and src/ live here
+    ref: str  # name:tag the image gets
+    flavour: str = "gpu"
+    base: str | None = None  # None: the Dockerfile's default (NGC PyTorch)
+    wheelhouse: Path | None = None
+    builder: str = "auto"
+    sif_dir: Path | None = None  # where the apptainer builder writes its SIF
+    no_cache: bool = False
+    torch_index: str | None = None  # cpu flavour: TORCH_INDEX_URL ("none": pip's configuration only)
+
+
+def available() -> list[str]:
+    """Builders usable on this machine, in auto-detection order."""
+    found = []
+    for name in BUILDERS:
+        usable = store.docker_daemon_up() if name == "docker" else proc.which(name) is not None
+        if usable:
+            found.append(name)
+    return found
+
+
+def choose(builder: str) -> str:
+    """The builder to use: ``builder`` itself (checked), or the first available for ``auto``."""
+    if builder == "auto":
+        found = available()
+        if not found:
+            raise CtrainError(
+                "no image builder found: install podman or buildah (apt-get install podman), Docker, or Apptainer"
+            )
+        return found[0]
+    if builder not in BUILDERS:
+        raise ConfigError(f"unknown builder '{builder}'; valid: auto, {', '.join(BUILDERS)}")
+    if builder == "docker" and proc.which("docker") and not store.docker_daemon_up():
+        raise CtrainError("docker is installed but its daemon does not answer (docker version); start it or use --builder podman")
+    proc.require(builder)
+    return builder
+
+
+def check_context(context: Path, builder: str) -> None:
+    recipe = STANDALONE_DEF if builder == "apptainer" else DOCKERFILE
+    if not (context / recipe).is_file() or not (context / "src" / "ctrain").is_dir():
+        raise CtrainError(
+            f"{context} is not a ctrain checkout ({recipe} or src/ctrain missing): run ctrain build in the "
+            "repository, or point --config at its ctrain.yaml"
+        )
+
+
+def check_wheelhouse(path: Path) -> None:
+    if not path.is_dir():
+        raise ConfigError(f"wheelhouse {path} is not a directory (make one with: ctrain wheelhouse {path})")
+    if not any(p.suffix == ".whl" or p.name.endswith(".tar.gz") for p in path.iterdir()):
+        raise ConfigError(f"wheelhouse {path} holds no wheels (fill it with: ctrain wheelhouse {path})")
+
+
+def source_version(context: Path) -> str:
+    """ctrain's version in the tree being built (not necessarily the one running)."""
+    text = (context / "src" / "ctrain" / "__init__.py").read_text()
+    match = re.search(r'^__version__\s*=\s*["\']([^"\']+)["\']', text, re.M)
+    return match.group(1) if match else "unknown"
+
+
+def git_commit(context: Path) -> str:
+    """HEAD of the checkout, with ``-dirty`` when tracked files differ; ``unknown`` outside git."""
+    if not proc.which("git"):
+        return "unknown"
+    head = proc.run(["git", "-C", context, "rev-parse", "HEAD"], check=False)
+    if head.returncode != 0:
+        return "unknown"
+    dirty = proc.run(["git", "-C", context, "status", "--porcelain", "--untracked-files=no"], check=False)
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+class Progress:
+    """Prefixes each builder line with the step it is on and the elapsed time, so a long build
+    shows where it is (``[build 5/16 01:23] ...``)."""
+
+    _PATTERNS = (
+        re.compile(r"\bSTEP (\d+/\d+)"),  # buildah, podman
+        re.compile(r"^#\d+ \[(?:[\w.-]+ )?(\d+/\d+)\]"),  # docker --progress=plain
+    )
+
+    def __init__(self, emit: Callable[[str], None] = ui.info, label: str = "build") -> None:
+        self.label = label
+        self.step = "-"
+        self.start = time.monotonic()
+        self.emit = emit
+
+    def __call__(self, line: str) -> None:
+        for pattern in self._PATTERNS:
+            match = pattern.search(line)
+            if match:
+                self.step = match.group(1)
+                break
+        else:
+            if line.startswith("INFO:"):  # apptainer: its phases are the steps
+                self.step = line[5:].strip().split("...")[0][:40]
+        elapsed = int(time.monotonic() - self.start)
+        self.emit(f"[{self.label} {self.step} {elapsed // 60:02d}:{elapsed % 60:02d}] {line}")
+
+
+def _oci_command(builder: str, req: BuildRequest, iidfile: Path, args: dict[str, str]) -> list[str]:
+    cmd = [builder]
+    if builder == "docker":
+        cmd += ["build", "--progress=plain"]
+    elif builder == "podman":
+        cmd += ["build", "--layers"]
+    else:
+        cmd += ["bud", "--layers"]
+    if builder in ("podman", "buildah"):
+        # The default OCI isolation needs a full container runtime; chroot isolation builds in
+        # unprivileged and nested environments too. BUILDAH_ISOLATION set by the user wins.
+        if not os.environ.get("BUILDAH_ISOLATION"):
+            cmd += ["--isolation", "chroot"]
+        cmd += ["--network", "host"]
+    if req.no_cache:
+        cmd.append("--no-cache")
+    cmd += ["-f", str(req.context / DOCKERFILE), "-t", req.ref, "--iidfile", str(iidfile)]
+    for key, value in args.items():
+        cmd += ["--build-arg", f"{key}={value}"]
+    if req.wheelhouse:
+        cmd += ["--build-context", f"wheelhouse={req.wheelhouse}"]
+    return [*cmd, str(req.context)]
+
+
+def build(req: BuildRequest, *, emit: Callable[[str], None] = ui.info) -> store.Image:
+    """Build the image; returns where it is, with its ID and (where the store has one) digest."""
+    builder = choose(req.builder)
+    check_context(req.context, builder)
+    if req.wheelhouse:
+        check_wheelhouse(req.wheelhouse)
+    args = {"FLAVOUR": req.flavour, "CTRAIN_VERSION": source_version(req.context), "GIT_COMMIT": git_commit(req.context)}
+    if req.base:
+        args["BASE_IMAGE"] = req.base
+    if req.torch_index:
+        args["TORCH_INDEX_URL"] = req.torch_index
+    emit(f"build: {builder}, flavour {req.flavour}, base {req.base or '(Dockerfile default)'}"
+         + (f", wheelhouse {req.wheelhouse} (no network)" if req.wheelhouse else ""))
+    if builder == "apptainer":
+        return _build_sif(req, args, emit)
+    with tempfile.TemporaryDirectory(prefix="ctrain-build-") as tmp:
+        iidfile = Path(tmp) / "iid"
+        proc.stream(_oci_command(builder, req, iidfile, args), on_line=Progress(emit), cwd=req.context)
+        image_id = store.normalise_id(iidfile.read_text())
+    image = store.inspect(req.ref, "docker" if builder == "docker" else "containers")
+    if image is None or image.id != image_id:
+        raise CtrainError(f"{builder} reported image {image_id}, but {req.ref} does not resolve to it")
+    return image
+
+
+def sif_path(sif_dir: Path, ref: str) -> Path:
+    """Where the apptainer builder puts ``name:tag`` (``images/name-tag.sif``)."""
+    name, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
+    return sif_dir / f"{name.rsplit('/', 1)[-1]}-{tag}.sif"
+
+
+def _build_sif(req: BuildRequest, args: dict[str, str], emit: Callable[[str], None]) -> store.Image:
+    """Apptainer builds the standalone definition straight into a SIF (atomically)."""
+    if req.sif_dir is None:
+        raise ValueError("sif_dir is needed for the apptainer builder")
+    final = sif_path(req.sif_dir, req.ref)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    def_args = {k: v for k, v in args.items() if k != "BASE_IMAGE"}
+    if req.base:
+        bootstrap, _, source = req.base.partition("://") if "://" in req.base else ("docker", "", req.base)
+        def_args |= {"BOOTSTRAP": bootstrap, "BASE": source}
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    cmd = ["apptainer", "build", "--force"]
+    if os.geteuid() == 0:
+        cmd.append("--notest")  # see convert.py: Apptainer may refuse to start containers as root
+    for key, value in def_args.items():
+        cmd += ["--build-arg", f"{key}={value}"]
+    if req.wheelhouse:
+        cmd += ["--bind", f"{req.wheelhouse}:/wheelhouse"]
+    cmd += [str(tmp), str(STANDALONE_DEF)]
+    try:
+        proc.stream(cmd, on_line=Progress(emit), cwd=req.context)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return store.Image(str(final), "sha256:" + sha256_file(final), "sif", None, final)
+
+
+def sha256_file(path: Path, chunk: int = 4 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,135 @@
+"""What ``ctrain build / wheelhouse / convert / push`` do, from the project config plus flags; the
+click commands in cli.py only parse options and print what these return."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ctrain import ui
+from ctrain.config import ProjectConfig
+from ctrain.errors import ConfigError, CtrainError
+from ctrain.image import base as base_image
+from ctrain.image import build as builder_mod
+from ctrain.image import convert as convert_mod
+from ctrain.image import push as push_mod
+from ctrain.image import store, wheelhouse
+
+# The cpu flavour's base when none is given: Python 3.11 (the pinned CPU torch wheel's) with venv.
+CPU_BASE = "docker.io/library/python:3.11-slim-bookworm"
+
+
+def _context(config: ProjectConfig) -> Path:
+    return Path(os.path.normpath(config.resolve(config.image.context)))
+
+
+def image_ref(config: ProjectConfig, tag: str | None = None) -> str:
+    """``NAME:TAG`` from the config; ``tag`` overrides the tag, or both when it is ``NAME:TAG``."""
+    if tag:
+        return tag if ":" in tag.rsplit("/", 1)[-1] else f"{config.image.name}:{tag}"
+    return config.image.ref
+
+
+def run_build(config: ProjectConfig, *, builder: str | None = None, flavour: str | None = None,
+              base: str | None = None, local_base: bool = False, wheelhouse_dir: Path | None = None,
+              tag: str | None = None, no_cache: bool = False) -> store.Image:
+    cfg = config.image
+    builder = builder_mod.choose(builder or cfg.builder)
+    flavour = flavour or ("cpu" if local_base else cfg.flavour)
+    base = base or cfg.base
+    if local_base:
+        if base:
+            raise ConfigError("--local-base makes the base image itself; drop --base (or image.base in ctrain.yaml)")
+        if flavour != "cpu":
+            raise ConfigError("--local-base is a plain Debian: it serves the cpu flavour only (--flavour cpu)")
+        if builder == "apptainer":
+            raise ConfigError("--local-base needs docker, podman or buildah (Apptainer cannot read their image store)")
+        base = base_image.debootstrap_base(builder=builder).ref
+    if flavour == "cpu" and not base:
+        base = CPU_BASE
+    wheels = wheelhouse_dir or (config.resolve(cfg.wheelhouse) if cfg.wheelhouse else None)
+    request = builder_mod.BuildRequest(
+        context=_context(config),
+        ref=image_ref(config, tag),
+        flavour=flavour,
+        base=base,
+        wheelhouse=wheels.absolute() if wheels else None,
+        builder=builder,
+        sif_dir=config.resolve(config.convert.output_dir),
+        no_cache=no_cache,
+        torch_index=cfg.torch_index,
+    )
+    return builder_mod.build(request)
+
+
+def find_image(config: ProjectConfig, ref: str | None = None) -> store.Image:
+    """The built image: in the builder's store, or the SIF the apptainer builder wrote."""
+    ref = ref or config.image.ref
+    if config.image.builder != "apptainer":
+        try:
+            return store.locate(ref, config.image.builder)
+        except CtrainError:
+            if config.image.builder != "auto":
+                raise
+    sif = builder_mod.sif_path(config.resolve(config.convert.output_dir), ref)
+    if sif.is_file():
+        return store.Image(str(sif), "sha256:" + builder_mod.sha256_file(sif), "sif", None, sif)
+    raise CtrainError(f"image {ref} not found (no image store has it, and there is no {sif}); run ctrain build first")
+
+
+def run_convert(config: ProjectConfig, *, to: str | None = None, compression: str | None = None,
+                output: Path | None = None, ref: str | None = None, force: bool = False) -> convert_mod.Converted:
+    image = find_image(config, ref)
+    to = to or config.convert.to
+    target = output or convert_mod.default_output(config.resolve(config.convert.output_dir), image.ref, to)
+    if image.path is not None and target.absolute() == image.path.absolute():
+        ui.info(f"convert: {target} is the image itself (built by Apptainer): nothing to do")
+        return convert_mod.Converted(target, image.id, to, "auto", True, 0.0)
+    return convert_mod.convert(image, to, target, compression=compression or config.convert.compression,
+                               context=_context(config), force=force)
+
+
+@dataclass(frozen=True)
+class Pushed:
+    what: str  # image | oras | remote
+    where: str
+
+
+def run_push(config: ProjectConfig, *, registry: str | None = None, oras: str | None = None,
+             remote: str | None = None, formats: tuple[str, ...] = (), ref: str | None = None,
+             files: tuple[Path, ...] = ()) -> list[Pushed]:
+    """Push to every destination given (flags), else every one configured in ``push:``."""
+    cfg = config.push
+    flags = any((registry, oras, remote))
+    registry = registry if flags else cfg.registry
+    oras = oras if flags else cfg.oras
+    remote = remote if flags else cfg.remote
+    if not any((registry, oras, remote)):
+        raise ConfigError(
+            "nowhere to push: set push.registry, push.oras or push.remote in ctrain.yaml, or pass "
+            "--registry HOST/NAMESPACE, --oras oras://HOST/NAME:TAG or --remote [USER@]HOST:/PATH/"
+        )
+    pushed = []
+    image = find_image(config, ref) if (registry or not files) else None
+    if registry:
+        assert image is not None
+        destination = push_mod.registry_destination(registry, image.ref)
+        pushed.append(Pushed("image", push_mod.push_image(image, destination, tls_verify=cfg.tls_verify)))
+
+    def converted(to: str) -> Path:
+        return run_convert(config, to=to, ref=ref).path
+
+    if oras:
+        sif = next((f for f in files if f.suffix == ".sif"), None) or converted("sif")
+        pushed.append(Pushed("oras", push_mod.push_oras(sif, oras, tls_verify=cfg.tls_verify)))
+    if remote:
+        to_send = list(files) or [converted(to) for to in (formats or (config.convert.to,))]
+        for where in push_mod.push_files(to_send, remote, ssh_options=cfg.ssh_options):
+            pushed.append(Pushed("remote", where))
+    return pushed
+
+
+def run_wheelhouse(config: ProjectConfig, directory: Path) -> list[Path]:
+    index = config.image.torch_index or wheelhouse.CPU_TORCH_INDEX
+    return wheelhouse.fill(directory, _context(config), torch_index=None if index == "none" else index)

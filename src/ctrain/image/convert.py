@@ -1,0 +1,191 @@
+"""``ctrain convert --to sif|sqsh``: the built image as an Apptainer SIF or an enroot squashfs.
+
+Cached by image ID: a sidecar file (``.NAME.ctrain.json``) records which image, format and
+compression the output was made from; the same again does no work. Atomic: the output is written
+to a temporary name in the same directory and renamed at the end, so a killed conversion never
+leaves a file at the final path; its leftovers are removed by the next conversion.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ctrain import proc, ui
+from ctrain.errors import CtrainError
+from ctrain.image import sqsh, store
+from ctrain.image.build import Progress
+
+FORMATS = ("sif", "sqsh")
+FROM_IMAGE_DEF = Path("containers/ctrain.def")
+# "auto": Apptainer's own default for SIF (gzip, which every kernel and squashfuse reads), zstd for
+# enroot images (small and fast to decompress; use "none" for the fastest pyxis start).
+AUTO_COMPRESSION = {"sif": "gzip", "sqsh": "zstd"}
+
+
+@dataclass(frozen=True)
+class Converted:
+    """A conversion's result; ``cached`` when the existing file was already up to date."""
+
+    path: Path
+    image_id: str
+    to: str
+    compression: str
+    cached: bool
+    seconds: float
+
+
+def resolve_compression(to: str, compression: str) -> str:
+    value = AUTO_COMPRESSION[to] if compression == "auto" else compression
+    if value not in sqsh.SQUASH_OPTIONS:
+        raise CtrainError(f"unknown compression '{compression}'; valid: auto, {', '.join(sqsh.SQUASH_OPTIONS)}")
+    return value
+
+
+def default_output(output_dir: Path, ref: str, to: str) -> Path:
+    """``images/NAME-TAG.sif``: the name without registry or path, so scripts can rely on it."""
+    last = ref.rsplit("/", 1)[-1]
+    name, _, tag = last.partition(":")
+    return output_dir / f"{name}-{tag or 'latest'}.{to}"
+
+
+def _sidecar(output: Path) -> Path:
+    return output.parent / f".{output.name}.ctrain.json"
+
+
+def _record(output: Path) -> dict[str, object] | None:
+    try:
+        return json.loads(_sidecar(output).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def up_to_date(output: Path, image_id: str, to: str, compression: str) -> bool:
+    """Whether ``output`` was made from exactly this image, format and compression, untouched since."""
+    record = _record(output)
+    if record is None or not output.is_file():
+        return False
+    st = output.stat()
+    return record == {**record, "image_id": image_id, "to": to, "compression": compression,
+                      "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(output: Path) -> list[Path]:
+    """Remove temporary files of conversions to ``output`` whose process is gone (e.g. killed)."""
+    pattern = re.compile(rf"^\.{re.escape(output.name)}\.(tmp|work)-(\d+)(-.*)?$")
+    removed = []
+    if not output.parent.is_dir():
+        return removed
+    for entry in output.parent.iterdir():
+        match = pattern.match(entry.name)
+        if match and not _pid_alive(int(match.group(2))):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            removed.append(entry)
+    return removed
+
+
+@contextlib.contextmanager
+def _locked(output: Path, emit: Callable[[str], None]) -> Iterator[None]:
+    """One conversion per output at a time (a second waits for the first, then finds it cached)."""
+    lock = output.parent / f".{output.name}.lock"
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            emit(f"convert: waiting for another conversion of {output} to finish")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def convert(image: store.Image, to: str, output: Path, *, compression: str = "auto", context: Path,
+            force: bool = False, emit: Callable[[str], None] = ui.info) -> Converted:
+    """Convert ``image`` to ``output`` (``to``: sif or sqsh); no work when it is already up to date."""
+    if to not in FORMATS:
+        raise CtrainError(f"unknown format '{to}'; valid: {', '.join(FORMATS)}")
+    compression = resolve_compression(to, compression)
+    if image.store == "sif" and to != "sif":
+        raise CtrainError(
+            f"{image.ref} is a SIF made by Apptainer; an enroot image needs an OCI image: build with "
+            "podman, buildah or docker (ctrain build --builder podman)"
+        )
+    start = time.monotonic()
+    output = output.absolute()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(output, emit):
+        for path in clean_stale(output):
+            emit(f"convert: removed {path.name}, left by an interrupted conversion")
+        if not force and up_to_date(output, image.id, to, compression):
+            emit(f"convert: {output} is up to date (image {image.short_id}, {to}, {compression}): nothing to do")
+            return Converted(output, image.id, to, compression, True, time.monotonic() - start)
+        emit(f"convert: {image.ref} ({image.short_id}) -> {output} ({to}, {compression})")
+        tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
+        work = Path(tempfile.mkdtemp(prefix=f".{output.name}.work-{os.getpid()}-", dir=output.parent))
+        try:
+            if image.store == "sif":
+                assert image.path is not None
+                shutil.copyfile(image.path, tmp)
+            else:
+                layout = work / "oci"
+                emit("convert: exporting the image as an OCI layout")
+                store.export_oci(image, layout, "image")
+                if to == "sif":
+                    _sif(image, layout, tmp, compression, context, work, emit)
+                else:
+                    sqsh.write(layout, "image", store.oci_config(layout), tmp, compression, work, emit=emit)
+            tmp.chmod(0o644)
+            _sidecar(output).unlink(missing_ok=True)
+            os.replace(tmp, output)
+            st = output.stat()
+            record = {"image_id": image.id, "image_ref": image.ref, "to": to, "compression": compression,
+                      "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            side_tmp = output.parent / f".{output.name}.tmp-{os.getpid()}-sidecar"
+            side_tmp.write_text(json.dumps(record, indent=1) + "\n")
+            os.replace(side_tmp, _sidecar(output))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            tmp.unlink(missing_ok=True)
+    seconds = time.monotonic() - start
+    emit(f"convert: wrote {output} ({output.stat().st_size / 1e6:.0f} MB) in {seconds:.0f} s")
+    return Converted(output, image.id, to, compression, False, seconds)
+
+
+def _sif(image: store.Image, layout: Path, tmp: Path, compression: str, context: Path, work: Path,
+         emit: Callable[[str], None]) -> None:
+    """``apptainer build`` of containers/ctrain.def from the exported layout (the exact image ID)."""
+    definition = context / FROM_IMAGE_DEF
+    if not definition.is_file():
+        raise CtrainError(f"{definition} not found: run ctrain convert in the ctrain checkout (or point --config at it)")
+    proc.require("apptainer")
+    cmd = ["apptainer", "build", "--disable-cache"]
+    if compression != AUTO_COMPRESSION["sif"]:
+        cmd += ["--mksquashfs-args", " ".join(sqsh.SQUASH_OPTIONS[compression])]
+    if os.geteuid() == 0:
+        # Apptainer started as root needs every capability it asks for; where it may not have them
+        # (containers, some sandboxes) the %test container would fail, so root skips it.
+        emit("convert: running as root: skipping the definition's %test (run `apptainer test IMAGE.sif` as a user)")
+        cmd.append("--notest")
+    for key, value in {"BOOTSTRAP": "oci", "IMAGE": str(layout), "SOURCE_REF": image.ref, "SOURCE_ID": image.id}.items():
+        cmd += ["--build-arg", f"{key}={value}"]
+    cmd += [str(tmp), str(definition)]
+    scratch = work / "apptainer"
+    scratch.mkdir()
+    proc.stream(cmd, env={"APPTAINER_TMPDIR": str(scratch)}, on_line=Progress(emit, "sif"))

@@ -1,0 +1,277 @@
+"""Image build/convert/push logic that needs no image: command lines, progress, caching, atomic
+file pushes to a local directory, credential redaction, settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ctrain.config import ProjectConfig, load_config
+from ctrain.errors import ConfigError, CtrainError
+from ctrain.image import build, commands, convert, push, store
+from ctrain.image.build import BuildRequest, Progress
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = store.Image("localhost/ctrain:latest", "sha256:" + "ab" * 32, "containers", "sha256:" + "cd" * 32)
+
+
+# --- build ---------------------------------------------------------------------------------------
+
+
+def _request(**kw: object) -> BuildRequest:
+    defaults: dict[str, object] = {"context": REPO, "ref": "ctrain:cpu", "flavour": "cpu", "base": "localhost/base:1"}
+    return BuildRequest(**{**defaults, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("builder", ["buildah", "podman", "docker"])
+def test_oci_build_command(builder: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("BUILDAH_ISOLATION", raising=False)
+    req = _request(wheelhouse=tmp_path)
+    cmd = build._oci_command(builder, req, tmp_path / "iid", {"FLAVOUR": "cpu", "BASE_IMAGE": "localhost/base:1"})
+    assert cmd[0] == builder and cmd[-1] == str(REPO)
+    assert cmd[cmd.index("-f") + 1] == str(REPO / "containers" / "Dockerfile")
+    assert cmd[cmd.index("-t") + 1] == "ctrain:cpu"
+    assert f"wheelhouse={tmp_path}" in cmd
+    assert "FLAVOUR=cpu" in cmd and "BASE_IMAGE=localhost/base:1" in cmd
+    assert ("--isolation" in cmd) == (builder != "docker")
+    assert "--layers" in cmd or builder == "docker"
+
+
+def test_buildah_isolation_from_environment_wins(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BUILDAH_ISOLATION", "oci")
+    assert "--isolation" not in build._oci_command("buildah", _request(), tmp_path / "iid", {})
+
+
+def test_progress_tracks_steps_and_elapsed_time() -> None:
+    lines: list[str] = []
+    progress = Progress(lines.append)
+    progress("[2/2] STEP 5/16: RUN sh install.sh")
+    progress("Collecting torch")
+    progress("#7 [stage-1 3/9] COPY src /src")
+    progress("INFO:    Running post scriptlet")
+    assert lines[0].startswith("[build 5/16 00:00] ")
+    assert lines[1] == "[build 5/16 00:00] Collecting torch"
+    assert lines[2].startswith("[build 3/9 ")
+    assert lines[3].startswith("[build Running post scriptlet ")
+
+
+def test_source_version_and_git_commit() -> None:
+    from ctrain import __version__
+
+    assert build.source_version(REPO) == __version__
+    commit = build.git_commit(REPO)
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert commit.removesuffix("-dirty") == head
+    assert build.git_commit(Path("/")) == "unknown"
+
+
+def test_wheelhouse_and_context_checks(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a directory"):
+        build.check_wheelhouse(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="holds no wheels"):
+        build.check_wheelhouse(tmp_path)
+    (tmp_path / "torch-2.13.0-cp311-none-any.whl").write_text("")
+    build.check_wheelhouse(tmp_path)
+    with pytest.raises(CtrainError, match="not a ctrain checkout"):
+        build.check_context(tmp_path, "buildah")
+    build.check_context(REPO, "buildah")
+    build.check_context(REPO, "apptainer")
+
+
+def test_unknown_builder_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="valid: auto, docker, podman, buildah, apptainer"):
+        build.choose("kaniko")
+
+
+def test_sif_path_and_default_outputs(tmp_path: Path) -> None:
+    assert build.sif_path(tmp_path, "localhost/ctrain:cpu") == tmp_path / "ctrain-cpu.sif"
+    assert build.sif_path(tmp_path, "registry:5000/team/ctrain") == tmp_path / "ctrain-latest.sif"
+    assert convert.default_output(tmp_path, "localhost/ctrain:cpu", "sqsh") == tmp_path / "ctrain-cpu.sqsh"
+
+
+def test_image_ref_from_config_and_tag_option() -> None:
+    config = ProjectConfig()
+    assert commands.image_ref(config) == "ctrain:latest"
+    assert commands.image_ref(config, "v2") == "ctrain:v2"
+    assert commands.image_ref(config, "other:v3") == "other:v3"
+
+
+def test_image_source_is_pinned_by_id() -> None:
+    hex_id = "ab" * 32
+    assert IMAGE.source == f"containers-storage:{hex_id}"
+    assert store.Image("x", IMAGE.id, "docker").source == f"docker-daemon:sha256:{hex_id}"
+    assert store.normalise_id(hex_id + "\n") == IMAGE.id
+    with pytest.raises(CtrainError, match="could not parse an image ID"):
+        store.normalise_id("not-an-id")
+
+
+def test_local_base_rejects_conflicting_options(tmp_path: Path) -> None:
+    config = ProjectConfig()
+    with pytest.raises(ConfigError, match="drop --base"):
+        commands.run_build(config, builder="buildah", local_base=True, base="x")
+    with pytest.raises(ConfigError, match="cpu flavour only"):
+        commands.run_build(config, builder="buildah", local_base=True, flavour="gpu")
+
+
+# --- convert: cache and atomicity -----------------------------------------------------------------
+
+
+def _record(output: Path, image_id: str, to: str = "sqsh", compression: str = "zstd") -> None:
+    st = output.stat()
+    convert._sidecar(output).write_text(json.dumps(
+        {"image_id": image_id, "to": to, "compression": compression, "size": st.st_size, "mtime_ns": st.st_mtime_ns}))
+
+
+def test_up_to_date_needs_same_image_format_compression_and_untouched_file(tmp_path: Path) -> None:
+    output = tmp_path / "ctrain.sqsh"
+    assert not convert.up_to_date(output, IMAGE.id, "sqsh", "zstd")
+    output.write_bytes(b"squashfs")
+    assert not convert.up_to_date(output, IMAGE.id, "sqsh", "zstd")  # no record
+    _record(output, IMAGE.id)
+    assert convert.up_to_date(output, IMAGE.id, "sqsh", "zstd")
+    assert not convert.up_to_date(output, "sha256:" + "00" * 32, "sqsh", "zstd")
+    assert not convert.up_to_date(output, IMAGE.id, "sqsh", "none")
+    output.write_bytes(b"squashfs, changed")
+    assert not convert.up_to_date(output, IMAGE.id, "sqsh", "zstd")
+
+
+def test_cached_conversion_does_no_work(tmp_path: Path) -> None:
+    """An up-to-date output returns at once: no tool is run (this image could not be exported)."""
+    output = tmp_path / "ctrain.sqsh"
+    output.write_bytes(b"squashfs")
+    _record(output, IMAGE.id)
+    messages: list[str] = []
+    result = convert.convert(IMAGE, "sqsh", output, compression="zstd", context=REPO, emit=messages.append)
+    assert result.cached and result.path == output
+    assert "nothing to do" in messages[-1]
+
+
+def test_clean_stale_removes_only_leftovers_of_dead_processes(tmp_path: Path) -> None:
+    output = tmp_path / "ctrain.sif"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale_file = tmp_path / f".ctrain.sif.tmp-{dead.pid}"
+    stale_dir = tmp_path / f".ctrain.sif.work-{dead.pid}-x1"
+    live = tmp_path / f".ctrain.sif.tmp-{os.getpid()}"
+    other = tmp_path / f".other.sif.tmp-{dead.pid}"
+    for path in (stale_file, live, other):
+        path.write_text("")
+    stale_dir.mkdir()
+    (stale_dir / "rootfs").mkdir()
+    assert sorted(convert.clean_stale(output)) == sorted([stale_file, stale_dir])
+    assert live.exists() and other.exists() and not stale_file.exists() and not stale_dir.exists()
+
+
+def test_compression_resolution() -> None:
+    assert convert.resolve_compression("sif", "auto") == "gzip"
+    assert convert.resolve_compression("sqsh", "auto") == "zstd"
+    assert convert.resolve_compression("sqsh", "none") == "none"
+    with pytest.raises(CtrainError, match="valid: auto, none"):
+        convert.resolve_compression("sqsh", "brotli")
+
+
+def test_sif_built_by_apptainer_cannot_become_sqsh(tmp_path: Path) -> None:
+    sif = store.Image(str(tmp_path / "x.sif"), IMAGE.id, "sif", None, tmp_path / "x.sif")
+    with pytest.raises(CtrainError, match="needs an OCI image"):
+        convert.convert(sif, "sqsh", tmp_path / "x.sqsh", context=REPO)
+
+
+# --- push ----------------------------------------------------------------------------------------
+
+
+def test_push_files_to_a_local_directory_is_verified_and_atomic(tmp_path: Path) -> None:
+    source = tmp_path / "ctrain-cpu.sqsh"
+    source.write_bytes(os.urandom(1 << 20))
+    dest = tmp_path / "shared"
+    dest.mkdir()
+    messages: list[str] = []
+    assert push.push_files([source], str(dest), emit=messages.append) == [str(dest / source.name)]
+    assert (dest / source.name).read_bytes() == source.read_bytes()
+    assert sorted(p.name for p in dest.iterdir()) == [source.name]  # no temporary file left
+    assert any("verified" in m for m in messages)
+    messages.clear()
+    push.push_files([source], str(dest) + "/", emit=messages.append)
+    assert any("nothing to send" in m for m in messages)
+    renamed = dest / "current.sqsh"
+    push.push_files([source], str(renamed), emit=messages.append)
+    assert renamed.read_bytes() == source.read_bytes()
+
+
+def test_push_files_errors(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.sif", tmp_path / "b.sqsh"
+    a.write_text("a")
+    b.write_text("b")
+    with pytest.raises(CtrainError, match="needs one"):
+        push.push_files([a, b], str(tmp_path / "not-a-dir"))
+    with pytest.raises(CtrainError, match="does not exist"):
+        push.push_files([tmp_path / "missing.sif"], str(tmp_path) + "/")
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "path", "port"),
+    [
+        ("alice@login.hpc.example.org:/scratch/images/", "alice@login.hpc.example.org", "/scratch/images/", None),
+        ("cluster:images/", "cluster", "images/", None),
+        ("ssh://bob@127.0.0.1:2222/data/img.sif", "bob@127.0.0.1", "/data/img.sif", 2222),
+        ("/shared/images/", None, "/shared/images/", None),
+        ("./images/x:y.sif", None, "./images/x:y.sif", None),
+    ],
+)
+def test_remote_destinations(text: str, host: str | None, path: str, port: int | None) -> None:
+    assert push.Remote.parse(text) == push.Remote(host, path, port)
+
+
+def test_registry_destination_and_loopback() -> None:
+    assert push.registry_destination("127.0.0.1:5000/team/", "localhost/ctrain:cpu") == "127.0.0.1:5000/team/ctrain:cpu"
+    assert push.registry_destination("ghcr.io/me", "ctrain") == "ghcr.io/me/ctrain:latest"
+    assert push.is_loopback("127.0.0.1:5000") and push.is_loopback("localhost") and push.is_loopback("[::1]:443")
+    assert not push.is_loopback("registry.example.org:5000") and not push.is_loopback("10.0.0.1:5000")
+
+
+def test_redact_masks_credentials() -> None:
+    text = ("command failed: skopeo copy --dest-creds alice:s3cret docker://x oras://bob:hunter2@host/x:1 "
+            "Authorization: Bearer abc.def password=pw123 token: tkn")
+    masked = push.redact(text)
+    for secret in ("s3cret", "hunter2", "abc.def", "pw123", "tkn"):
+        assert secret not in masked
+    assert "oras://***:***@host/x:1" in masked
+
+
+def test_push_errors_are_redacted() -> None:
+    with pytest.raises(CtrainError) as info:
+        push.push_oras(Path("/nonexistent.sif"), "https://user:pw@host/x")
+    assert "pw" not in str(info.value) and "must start with oras://" in str(info.value)
+
+
+def test_push_needs_a_destination() -> None:
+    with pytest.raises(ConfigError, match="nowhere to push: set push.registry"):
+        commands.run_push(ProjectConfig())
+
+
+# --- project config --------------------------------------------------------------------------------
+
+
+def test_unknown_image_key_lists_valid_ones(tmp_path: Path) -> None:
+    path = tmp_path / "ctrain.yaml"
+    path.write_text("image:\n  nmae: x\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'image.nmae' \(did you mean 'name'\?\); valid keys under image"):
+        load_config(path)
+    path.write_text("push:\n  remtoe: x\n")
+    with pytest.raises(ConfigError, match="valid keys under push: oras, registry, remote, ssh_options, tls_verify"):
+        load_config(path)
+
+
+def test_bad_image_name_and_tag(tmp_path: Path) -> None:
+    path = tmp_path / "ctrain.yaml"
+    path.write_text("image:\n  tag: 'a:b'\n")
+    with pytest.raises(ConfigError, match="image.tag"):
+        load_config(path)
+
+
+def test_example_config_is_valid() -> None:
+    config = load_config(REPO / "containers" / "ctrain.example.yaml")
+    assert config.push.remote and config.push.registry
