@@ -69,10 +69,15 @@ TOOLS: dict[str, Tool] = {
 
 
 def which(tool: str) -> str | None:
-    """Path of the first binary providing ``tool``, or None."""
+    """Path of the first binary providing ``tool``, or None.
+
+    Looks on PATH, then beside the running Python, so console scripts of a virtual environment
+    that is not activated (``.venv/bin/ctrain ...``) still find their sibling tools.
+    """
     spec = TOOLS.get(tool)
+    here = os.path.dirname(sys.executable)
     for name in spec.names if spec else (tool,):
-        path = shutil.which(name)
+        path = shutil.which(name) or shutil.which(name, path=here)
         if path:
             return path
     return None
@@ -119,6 +124,7 @@ def run(
     try:
         proc = subprocess.run(
             argv,
+            check=False,
             input=input,
             capture_output=True,
             text=True,

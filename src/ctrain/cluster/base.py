@@ -91,12 +91,6 @@ def region(setup: Setup, config: Mapping[str, Any] | None = None) -> str:
 
 def pcluster_bin() -> str:
     """The ``pcluster`` CLI: on PATH, else next to this Python (a virtual environment not activated)."""
-    found = proc.which("pcluster")
-    if found:
-        return found
-    sibling = Path(sys.executable).parent / "pcluster"
-    if sibling.is_file() and os.access(sibling, os.X_OK):
-        return str(sibling)
     return proc.require("pcluster")
 
 
