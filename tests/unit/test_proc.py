@@ -95,3 +95,14 @@ def test_long_stderr_is_trimmed_in_message() -> None:
     err = CommandError(["x"], 1, "\n".join(f"l{i}" for i in range(100)))
     text = str(err)
     assert "l99" in text and "l10\n" not in text and "..." in text
+
+
+def test_which_finds_tools_beside_the_running_python(tmp_path, monkeypatch) -> None:
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    tool = venv_bin / "pcluster"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    assert proc.which("pcluster") == str(tool)
