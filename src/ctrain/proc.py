@@ -38,6 +38,8 @@ TOOLS: dict[str, Tool] = {
     "docker": Tool(("docker",), "install Docker Engine (https://docs.docker.com/engine/install/)"),
     "skopeo": Tool(("skopeo",), _APT.format("skopeo")),
     "umoci": Tool(("umoci",), _APT.format("umoci")),
+    "git": Tool(("git",), _APT.format("git")),
+    "tar": Tool(("tar",), _APT.format("tar")),
     "mksquashfs": Tool(("mksquashfs",), _APT.format("squashfs-tools")),
     "unsquashfs": Tool(("unsquashfs",), _APT.format("squashfs-tools")),
     "debootstrap": Tool(("debootstrap",), _APT.format("debootstrap")),

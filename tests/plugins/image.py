@@ -20,9 +20,13 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
+import textwrap
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,3 +220,123 @@ def cpu_sqsh(cpu_image: BuiltImage) -> Path:
     """The CPU image as an enroot squashfs (``ctrain convert --to sqsh``)."""
     need(shutil.which("mksquashfs") is not None and shutil.which("umoci") is not None, "mksquashfs and umoci")
     return _converted(cpu_image, "sqsh")
+
+
+# --- Apptainer definitions -------------------------------------------------------------------------
+
+_SECTION = re.compile(r"^%(\w+)\s*$", re.M)
+_TEMPLATE = re.compile(r"{{\s*(\w+)\s*}}")
+
+
+def definition_sections(path: Path) -> dict[str, str]:
+    """The %sections of an Apptainer definition, as dedented text keyed by name."""
+    text = path.read_text()
+    marks = list(_SECTION.finditer(text))
+    return {
+        m.group(1): textwrap.dedent(text[m.end(): marks[i + 1].start() if i + 1 < len(marks) else len(text)]).strip()
+        for i, m in enumerate(marks)
+    }
+
+
+def render_definition(path: Path, args: dict[str, str]) -> str:
+    """The definition with ``{{ VAR }}`` filled as ``apptainer build --build-arg`` does (``args``
+    over the %arguments defaults); a variable with neither raises KeyError."""
+    defaults = dict(
+        line.strip().split("=", 1) for line in definition_sections(path).get("arguments", "").splitlines() if "=" in line
+    )
+    values = {**defaults, **args}
+    return _TEMPLATE.sub(lambda m: values[m.group(1)], path.read_text())
+
+
+# --- a real OCI registry and a private sshd, on loopback ---------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{what} exited with {proc.returncode}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"{what} did not listen on 127.0.0.1:{port} within {timeout}s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Debian's docker-registry (distribution) on a free loopback port, own config and storage;
+    yields ``127.0.0.1:PORT`` and stops it afterwards."""
+    binary = shutil.which("docker-registry") or shutil.which("registry")
+    need(binary is not None, "docker-registry (apt-get install docker-registry)")
+    assert binary is not None
+    directory = tmp_path_factory.mktemp("registry")
+    port = free_port()
+    config = directory / "config.yml"
+    config.write_text(
+        "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+        f"    rootdirectory: {directory / 'storage'}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n"
+    )
+    with open(directory / "registry.log", "wb") as log:
+        server = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_port(port, server, "docker-registry")
+        yield f"127.0.0.1:{port}"
+    finally:
+        _stop(server)
+
+
+@dataclass(frozen=True)
+class SshServer:
+    """A private sshd: ``user@127.0.0.1`` on ``port``; ``options`` are the ssh arguments to reach it."""
+
+    user: str
+    port: int
+    options: tuple[str, ...]
+
+
+@pytest.fixture(scope="session")
+def ssh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
+    """sshd on a free loopback port with its own host key and one authorized client key (for root),
+    nothing from the system's ssh configuration; stopped afterwards."""
+    need_root()
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    need(Path(sshd).exists() and shutil.which("ssh-keygen") is not None, "openssh-server")
+    directory = tmp_path_factory.mktemp("sshd")
+    for key in ("host_key", "client_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(directory / key)], check=True)
+    (directory / "authorized_keys").write_text((directory / "client_key.pub").read_text())
+    port = free_port()
+    (directory / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {directory / 'host_key'}\nPidFile {directory / 'sshd.pid'}\n"
+        f"AuthorizedKeysFile {directory / 'authorized_keys'}\nPasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\nUsePAM no\nStrictModes no\n"
+    )
+    host_key = (directory / "host_key.pub").read_text().split()
+    (directory / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_key[0]} {host_key[1]}\n")
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+    with open(directory / "sshd.log", "wb") as log:
+        server = subprocess.Popen([sshd, "-D", "-e", "-f", str(directory / "sshd_config")], stdout=log,
+                                  stderr=subprocess.STDOUT)
+    try:
+        _wait_for_port(port, server, "sshd")
+        yield SshServer("root", port, ("-i", str(directory / "client_key"), "-o", "IdentitiesOnly=yes",
+                                       "-o", f"UserKnownHostsFile={directory / 'known_hosts'}",
+                                       "-o", "StrictHostKeyChecking=yes"))
+    finally:
+        _stop(server)
