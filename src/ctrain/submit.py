@@ -13,6 +13,7 @@ Python never restates a default.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass, field, replace
@@ -228,11 +229,17 @@ def render_header(lines: list[str], pairs: list[tuple[str, str | None]]) -> tupl
     return out, final
 
 
-def settings_env(c: SlurmConfig, config: ProjectConfig, project: Path) -> dict[str, str]:
+def settings_env(c: SlurmConfig, config: ProjectConfig, project: Path, runtime: str) -> dict[str, str]:
     """CTRAIN_* (and the config's own ``env``) values the config sets, as the scripts read them."""
     env: dict[str, str] = {}
     if c.image:
         env["CTRAIN_IMAGE"] = _image_setting(c.image, config)
+    elif not (os.environ.get("CTRAIN_IMAGE") or os.environ.get("IMAGE")):
+        # What `ctrain convert` writes for this project's image.name:image.tag.
+        from ctrain.image.convert import default_output
+
+        suffix = "sif" if runtime == "apptainer" else "sqsh"
+        env["CTRAIN_IMAGE"] = str(default_output(config.resolve(config.convert.output_dir), config.image.ref, suffix))
     if c.launcher:
         env["CTRAIN_LAUNCHER"] = c.launcher
     for name, var in (("deepspeed_config", "CTRAIN_DEEPSPEED_CONFIG"), ("accelerate_config", "CTRAIN_ACCELERATE_CONFIG")):
@@ -290,9 +297,8 @@ def resolve_settings(lib: Path, runtime: str, arguments: list[str], env: dict[st
     return {key: value for key, _, value in pairs}
 
 
-def render(template: Path, lib_text: str, header_pairs: list[tuple[str, str | None]], env: dict[str, str],
-           arguments: list[str]) -> tuple[str, dict[str, str | None], str]:  # fmt: skip
-    """The self-contained script, its final #SBATCH options, and its runtime."""
+def script_runtime(template: Path) -> str:
+    """The runtime a ctrain script runs (its `ctrain_main RUNTIME "$@"` line)."""
     text = template.read_text()
     main = _MAIN_LINE.search(text)
     if SOURCE_LINE not in text.splitlines() or not main:
@@ -300,7 +306,13 @@ def render(template: Path, lib_text: str, header_pairs: list[tuple[str, str | No
             f"{template} is not a ctrain sbatch script: it needs the line\n  {SOURCE_LINE}\n"
             'and a line `ctrain_main RUNTIME "$@"`'
         )
-    lines = text.splitlines()
+    return main.group(1)
+
+
+def render(template: Path, lib_text: str, header_pairs: list[tuple[str, str | None]], env: dict[str, str],
+           arguments: list[str]) -> tuple[str, dict[str, str | None]]:  # fmt: skip
+    """The self-contained script and its final #SBATCH options."""
+    lines = template.read_text().splitlines()
     body_start = next(i for i, line in enumerate(lines) if line and not line.startswith("#") or not line.strip())
     header, body = lines[:body_start], lines[body_start:]
     header, options = render_header(header, header_pairs)
@@ -313,7 +325,7 @@ def render(template: Path, lib_text: str, header_pairs: list[tuple[str, str | No
     settings.append(shlex.join(["set", "--", *arguments]))
     inlined = [f"# --- {LIB}, inlined by ctrain submit ---", *lib_text.rstrip("\n").splitlines(), f"# --- end of {LIB} ---"]
     body = body[:comment_start] + inlined + body[source_at + 1 :]
-    return "\n".join(header + settings + body) + "\n", options, main.group(1)
+    return "\n".join(header + settings + body) + "\n", options
 
 
 def prepare(config: ProjectConfig, *, recipe: str | None = None, overrides: tuple[str, ...] = (), **changes: object) -> Job:
@@ -325,7 +337,8 @@ def prepare(config: ProjectConfig, *, recipe: str | None = None, overrides: tupl
     lib = template.parent / "lib" / LIB.name
     if not lib.is_file():
         lib = scripts_dir(project) / "lib" / LIB.name
-    env = settings_env(c, config, project)
+    runtime = script_runtime(template)
+    env = settings_env(c, config, project, runtime)
     recipe_arg = recipe or (str(c.recipe) if c.recipe else None)
     for item in overrides:
         if "=" not in item or item.startswith("="):
@@ -333,7 +346,7 @@ def prepare(config: ProjectConfig, *, recipe: str | None = None, overrides: tupl
     if recipe_arg and "=" in recipe_arg:
         raise ConfigError(f"the recipe comes first, then key=value overrides; got {recipe_arg!r} as the recipe")
     arguments = [*([recipe_arg] if recipe_arg else []), *overrides]
-    text, options, runtime = render(template, lib.read_text(), sbatch_options(c), env, arguments)
+    text, options = render(template, lib.read_text(), sbatch_options(c), env, arguments)
     settings = resolve_settings(lib, runtime, arguments, env, project)
     return Job(template, runtime, text, project, settings, arguments, options)
 

@@ -300,3 +300,14 @@ def test_gpu_check_against_partition(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_scripts_dir_found_from_elsewhere(tmp_path: Path) -> None:
     assert submit.scripts_dir(tmp_path) == REPO / "sbatch"
     assert shutil.which("bash")
+
+
+def test_default_image_is_what_ctrain_convert_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("IMAGE", raising=False)
+    monkeypatch.delenv("CTRAIN_IMAGE", raising=False)
+    config = load_config(project(tmp_path, "image:\n  name: lab/trainer\n  tag: v3\nconvert:\n  output_dir: /shared/img\n") / "ctrain.yaml")
+    assert "export CTRAIN_IMAGE=/shared/img/trainer-v3.sif" in submit.prepare(config).text
+    assert "export CTRAIN_IMAGE=/shared/img/trainer-v3.sqsh" in submit.prepare(config, script="pyxis").text
+    monkeypatch.setenv("IMAGE", "/elsewhere/x.sif")  # the job sees IMAGE too; the script library decides
+    job = submit.prepare(config)
+    assert "export CTRAIN_IMAGE" not in job.text and job.settings["CTRAIN_IMAGE"] == "/elsewhere/x.sif"
