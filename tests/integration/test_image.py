@@ -190,12 +190,11 @@ def test_push_to_a_registry_and_pull_back_the_same_digest(cpu_image: BuiltImage,
 
 
 def test_push_sif_to_oras(cpu_sif: Path, cpu_image: BuiltImage, oci_registry: str, image_user: str,
-                          tmp_path: Path) -> None:
+                          user_tmp: Path) -> None:
     url = f"oras://{oci_registry}/ci/ctrain-sif:{cpu_image.key}"
     out = ctrain(["push", "--oras", url, "--file", cpu_sif], config=cpu_image.config)
     assert parse_fields(out.stdout)["pushed"] == f"oras {url}"
-    pulled = tmp_path / "pulled.sif"
-    tmp_path.chmod(0o777)
+    pulled = user_tmp / "pulled.sif"
     as_user(image_user, ["apptainer", "pull", "--no-https", pulled, url])
     assert build_mod.sha256_file(pulled) == build_mod.sha256_file(cpu_sif)
 
@@ -225,15 +224,17 @@ def test_build_and_push_with_no_flags_over_ssh(cpu_image: BuiltImage, cpu_sqsh: 
 
 
 def test_standalone_definition_builds_the_same_packages(cpu_image: BuiltImage, cpu_sif: Path, image_user: str,
-                                                         test_wheelhouse: Path, tmp_path: Path) -> None:
+                                                         test_wheelhouse: Path, user_tmp: Path) -> None:
     """containers/ctrain-standalone.def, built by Apptainer (unprivileged) from the same base and
     wheelhouse, holds the same packages at the same versions as the Dockerfile's image."""
-    work = tmp_path / "standalone"
-    work.mkdir()
-    tmp_path.chmod(0o755)
+    work = user_tmp
     base = store.inspect("localhost/ctrain-base:bookworm", "containers")
     assert base is not None
     store.export_oci(base, work / "base", "base")
+    checkout = work / "checkout"  # a copy the user can read wherever the repository lives
+    for rel in ("containers", "src/ctrain", "pyproject.toml"):
+        src = REPO / rel
+        shutil.copytree(src, checkout / rel) if src.is_dir() else shutil.copy2(src, checkout / rel)
     subprocess.run(["chmod", "-R", "a+rX", str(work)], check=True)
     out = work / "out"
     out.mkdir()
@@ -244,7 +245,7 @@ def test_standalone_definition_builds_the_same_packages(cpu_image: BuiltImage, c
          "--bind", f"{test_wheelhouse}:/wheelhouse", "--build-arg", "BOOTSTRAP=oci", "--build-arg",
          f"BASE={work / 'base'}", "--build-arg", "FLAVOUR=cpu", "--build-arg", "TORCH_INDEX_URL=none",
          str(sandbox), "containers/ctrain-standalone.def"],
-        cwd=REPO, capture_output=True, text=True, timeout=1200)
+        cwd=checkout, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     _check_versions(as_user(image_user, ["apptainer", "exec", "--containall", sandbox, "python",
                                          "/opt/ctrain/build/check.py"]).stdout)

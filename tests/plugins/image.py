@@ -25,6 +25,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator, Sequence
@@ -340,3 +341,16 @@ def ssh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
                                        "-o", "StrictHostKeyChecking=yes"))
     finally:
         _stop(server)
+
+
+@pytest.fixture
+def user_tmp() -> Iterator[Path]:
+    """A fresh directory the unprivileged user can write (pytest's tmp_path is root-only), removed after."""
+    ROOT.mkdir(parents=True, exist_ok=True)
+    _open_up(ROOT)
+    path = Path(tempfile.mkdtemp(prefix="tmp-", dir=ROOT))
+    path.chmod(0o777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

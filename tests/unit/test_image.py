@@ -49,14 +49,14 @@ def test_buildah_isolation_from_environment_wins(monkeypatch: pytest.MonkeyPatch
 def test_progress_tracks_steps_and_elapsed_time() -> None:
     lines: list[str] = []
     progress = Progress(lines.append)
+    progress("INFO:    Starting build...")
     progress("[2/2] STEP 5/16: RUN sh install.sh")
     progress("Collecting torch")
     progress("#7 [stage-1 3/9] COPY src /src")
-    progress("INFO:    Running post scriptlet")
-    assert lines[0].startswith("[build 5/16 00:00] ")
-    assert lines[1] == "[build 5/16 00:00] Collecting torch"
-    assert lines[2].startswith("[build 3/9 ")
-    assert lines[3].startswith("[build Running post scriptlet ")
+    assert lines[0] == "[build 00:00] INFO:    Starting build..."
+    assert lines[1].startswith("[build 5/16 00:00] ")
+    assert lines[2] == "[build 5/16 00:00] Collecting torch"
+    assert lines[3].startswith("[build 3/9 ")
 
 
 def test_source_version_and_git_commit() -> None:

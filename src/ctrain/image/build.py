@@ -103,8 +103,8 @@ def git_commit(context: Path) -> str:
 
 
 class Progress:
-    """Prefixes each builder line with the step it is on and the elapsed time, so a long build
-    shows where it is (``[build 5/16 01:23] ...``)."""
+    """Prefixes each builder line with the step it is on (docker, podman, buildah) and the elapsed
+    time, so a long build shows where it is (``[build 5/16 01:23] ...``)."""
 
     _PATTERNS = (
         re.compile(r"\bSTEP (\d+/\d+)"),  # buildah, podman
@@ -113,7 +113,7 @@ class Progress:
 
     def __init__(self, emit: Callable[[str], None] = ui.info, label: str = "build") -> None:
         self.label = label
-        self.step = "-"
+        self.step = ""
         self.start = time.monotonic()
         self.emit = emit
 
@@ -123,11 +123,9 @@ class Progress:
             if match:
                 self.step = match.group(1)
                 break
-        else:
-            if line.startswith("INFO:"):  # apptainer: its phases are the steps
-                self.step = line[5:].strip().split("...")[0][:40]
         elapsed = int(time.monotonic() - self.start)
-        self.emit(f"[{self.label} {self.step} {elapsed // 60:02d}:{elapsed % 60:02d}] {line}")
+        step = f" {self.step}" if self.step else ""  # apptainer's INFO lines name their phase themselves
+        self.emit(f"[{self.label}{step} {elapsed // 60:02d}:{elapsed % 60:02d}] {line}")
 
 
 def _oci_command(builder: str, req: BuildRequest, iidfile: Path, args: dict[str, str]) -> list[str]:
