@@ -162,6 +162,17 @@ def test_up_again_is_harmless_and_a_different_count_is_refused(tb: Testbed) -> N
     assert recorded_pids(tb) == pids and tb.is_up()
 
 
+def test_up_restarts_a_testbed_whose_config_is_not_current(tb: Testbed) -> None:
+    pids = recorded_pids(tb)
+    current = tb.slurm_conf.read_text()
+    tb.slurm_conf.write_text(current + "# edited by hand\n")
+    result = ctrain("testbed", "up", "--nodes", "3")
+    assert result.returncode == 0, result.stderr
+    assert "restarting the testbed (its slurm.conf is not what this version of ctrain writes)" in result.stderr
+    assert tb.slurm_conf.read_text() == current
+    assert set(recorded_pids(tb).values()).isdisjoint(pids.values()) and tb.is_up()
+
+
 def test_status_and_doctor_see_the_testbed(tb: Testbed) -> None:
     status = ctrain("testbed", "status")
     assert status.returncode == 0, status.stdout
@@ -194,13 +205,13 @@ def test_up_after_down_and_after_a_crash(tb: Testbed) -> None:
     for name in ("slurmctld", "slurmd-node1"):
         os.kill(first[name], signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while tb.is_up() and time.monotonic() < deadline:
+    while not (gone(first["slurmctld"]) and gone(first["slurmd-node1"])) and time.monotonic() < deadline:
         time.sleep(0.1)
     status = ctrain("testbed", "status")
     assert status.returncode == 1 and "slurmctld is not running" in status.stdout
     result = ctrain("testbed", "up")
     assert result.returncode == 0, result.stderr
-    assert "not fully up (slurmctld is not running; slurmd-node1 is not running)" in result.stderr
+    assert "it is not fully up: slurmctld is not running; slurmd-node1 is not running" in result.stderr
     assert tb.is_up() and set(recorded_pids(tb).values()).isdisjoint(first.values())
     assert all(gone(pid) for pid in first.values())
 

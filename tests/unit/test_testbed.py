@@ -43,7 +43,7 @@ def test_slurm_conf_names_every_node_and_only_testbed_paths() -> None:
     assert "SlurmctldHost=login(10.77.0.1)" in text
     paths = [v for line in text.splitlines() for v in line.split("=", 1)[1:] if v.startswith("/")]
     assert paths and all(p.startswith("/srv/tb/") or p.startswith("socket=") for p in paths), paths
-    assert "AuthInfo=socket=/srv/tb/run/munge.socket" in text
+    assert f"AuthInfo=socket=/srv/tb/run/munge.socket,cred_expire={plan.CRED_EXPIRE_S}" in text
 
 
 def test_node_plan_addresses_and_names() -> None:

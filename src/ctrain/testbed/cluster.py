@@ -49,6 +49,7 @@ from ctrain.testbed.plan import (
 
 SLURM_CONF_LINK = Path("/etc/slurm/slurm.conf")
 STARTUP_TIMEOUT = 60.0
+JOB_DRAIN_TIMEOUT = 10.0
 Log = Callable[[str], None]
 
 
@@ -151,6 +152,8 @@ class Testbed:
         return proc.run(list(args), check=check, timeout=timeout, env={"SLURM_CONF": str(self.slurm_conf)})
 
     def _as_user(self, args: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None) -> list[str]:
+        if not self.layout.state_file.exists():
+            raise CtrainError(f"the testbed in {self.state_dir} is not up: run `ctrain testbed up` first")
         extra = [f"{k}={v}" for k, v in {"SLURM_CONF": str(self.slurm_conf), **(env or {})}.items()]
         user = self.user
         return ["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups",
@@ -284,22 +287,25 @@ class Testbed:
         if not system.is_root():
             raise CtrainError("`ctrain testbed up` must run as root: it starts Slurm daemons and creates network namespaces")
         current = self.status()
+        plan = node_plan(nodes)
         if current.up:
-            if current.healthy and len(current.nodes) == nodes:
+            same = current.healthy and len(current.nodes) == nodes
+            if same and not self._config_changed(plan, memory_mb // nodes):
                 log(f"testbed already up with {nodes} nodes")
-                self._wait_ready([Node(n.name, n.ip) for n in current.nodes], log)
+                self._wait_ready(plan, log)
                 return
-            if current.healthy:
+            if current.healthy and not same:
                 raise CtrainError(
                     f"a testbed with {len(current.nodes)} nodes is already up; to change the number of nodes, run "
                     f"`ctrain testbed down`, then `ctrain testbed up --nodes {nodes}`"
                 )
-            log(f"found a testbed that is not fully up ({'; '.join(current.problems)}); cleaning it up first")
+            why = "its slurm.conf is not what this version of ctrain writes" if same else (
+                f"it is not fully up: {'; '.join(current.problems)}")  # fmt: skip
+            log(f"restarting the testbed ({why})")
             self._teardown()
         elif current.problems:
             log(f"cleaning up first: {current.problems[0]}")
             self._teardown()
-        plan = node_plan(nodes)
         self._refuse_foreign(plan)
         system.ensure("testbed", "apptainer")
         try:
@@ -311,6 +317,15 @@ class Testbed:
             except CtrainError as exc:
                 log(f"cleanup after the failed start also failed: {exc}")
             raise
+
+    def _render(self, plan: list[Node], memory_mb: int) -> str:
+        return render_slurm_conf(self.layout, socket.gethostname().split(".")[0], plan, machine_cpus(), memory_mb)
+
+    def _config_changed(self, plan: list[Node], memory_mb: int) -> bool:
+        try:
+            return self.slurm_conf.read_text() != self._render(plan, memory_mb)
+        except FileNotFoundError:
+            return True
 
     def _refuse_foreign(self, plan: list[Node]) -> None:
         """Never take over a Slurm setup, host names or a directory the testbed did not create."""
@@ -365,7 +380,7 @@ class Testbed:
             fd = os.open(lay.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(os.urandom(1024))
-        lay.slurm_conf.write_text(render_slurm_conf(lay, controller, plan, cpus, memory_mb))
+        lay.slurm_conf.write_text(self._render(plan, memory_mb))
         if not SLURM_CONF_LINK.is_symlink():
             SLURM_CONF_LINK.parent.mkdir(parents=True, exist_ok=True)
             SLURM_CONF_LINK.symlink_to(lay.slurm_conf)
@@ -388,6 +403,11 @@ class Testbed:
             [proc.require("slurmctld"), "-f", str(lay.slurm_conf)], "slurmctld", lay.pid_file("slurmctld"),
             self.marker))  # fmt: skip
         self._wait_controller()
+        # Jobs saved by a controller that crashed would otherwise run again on the new nodes.
+        stale = self.slurm(["squeue", "-h", "-o", "%A"]).stdout.split()
+        if stale:
+            self.slurm(["scancel", *stale])
+            log(f"cancelled {len(stale)} job(s) left from before the last stop")
         log(f"starting slurmd on {', '.join(n.name for n in plan)}")
         slurmd, hostname = proc.require("slurmd"), proc.require("hostname")
         for node in plan:
@@ -458,6 +478,12 @@ class Testbed:
             if jobs:
                 self.slurm(["scancel", *jobs], check=False)
                 done.append(f"cancelled {len(jobs)} job(s)")
+                # Let the nodes finish them, so the controller does not save them as still completing.
+                deadline = time.monotonic() + JOB_DRAIN_TIMEOUT
+                while self.slurm(["squeue", "-h", "-o", "%A"], check=False).stdout.split():
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.2)
 
         def stop(names: list[str]) -> None:
             for name in names:

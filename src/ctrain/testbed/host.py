@@ -181,7 +181,7 @@ def netns_pids(name: str) -> list[int]:
     return [int(p) for p in out.split() if p.isdigit()]
 
 
-def kill_netns_processes(name: str, timeout: float = 5) -> int:
+def kill_netns_processes(name: str, timeout: float = 2) -> int:
     """SIGTERM, then SIGKILL, every process left in the namespace; returns how many there were."""
     pids = netns_pids(name)
     for pid in pids:

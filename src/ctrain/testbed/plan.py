@@ -28,6 +28,10 @@ VETH_PREFIX = "ctrain-v"
 NODE_PREFIX = "node"
 HOSTS_MARK = "# ctrain testbed"
 
+# Job step credentials live this long; all daemons are on one machine, so a short life is safe
+# and lets a requeued job start again soon.
+CRED_EXPIRE_S = 10
+
 # Each node advertises an equal share of the machine's memory and must get at least this much.
 MIN_NODE_MEMORY_MB = 1024
 MAX_NODES_BY_ADDRESS = NETWORK.num_addresses - 1 - FIRST_NODE_HOST  # .11 up to .254
@@ -152,9 +156,10 @@ SlurmUser=root
 SlurmdUser=root
 
 # The testbed's own munged, key and socket: an existing /etc/munge setup is left alone.
+# cred_expire is also how long a requeued job waits before it may start again (default 120 s).
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={layout.munge_socket}
+AuthInfo=socket={layout.munge_socket},cred_expire={CRED_EXPIRE_S}
 
 StateSaveLocation={layout.controller_state_dir}
 SlurmdSpoolDir={layout.spool_dir}/%n
@@ -169,6 +174,9 @@ TaskPlugin=task/none
 # Every node advertises all of the machine's CPUs; never drain a node for having "too few".
 SlurmdParameters=config_overrides
 ReturnToService=2
+# A tiny cluster: look at pending jobs every 2 s (default 60 s), so a job whose begin time has
+# passed (a requeued one, say) starts promptly.
+SchedulerParameters=sched_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=none
@@ -237,7 +245,7 @@ def parse_node_states(raw: str) -> dict[str, str]:
 
 
 # A node that answers and can take jobs (sinfo marks unresponsive nodes with '*').
-READY_NODE_STATES = {"idle", "mixed", "allocated", "completing"}
+READY_NODE_STATES = {"idle", "mixed", "allocated"}
 
 # Job states after which a job will not run again (without a requeue).
 FINAL_JOB_STATES = {
