@@ -240,12 +240,12 @@ def test_standalone_definition_builds_the_same_packages(cpu_image: BuiltImage, c
     out.mkdir()
     shutil.chown(out, image_user)
     sandbox = out / "sandbox"
-    result = subprocess.run(
-        ["runuser", "-u", image_user, "--", "env", f"APPTAINER_TMPDIR={out}", "apptainer", "build", "--sandbox",
-         "--bind", f"{test_wheelhouse}:/wheelhouse", "--build-arg", "BOOTSTRAP=oci", "--build-arg",
-         f"BASE={work / 'base'}", "--build-arg", "FLAVOUR=cpu", "--build-arg", "TORCH_INDEX_URL=none",
-         str(sandbox), "containers/ctrain-standalone.def"],
-        cwd=checkout, capture_output=True, text=True, timeout=1200)
+    request = build_mod.BuildRequest(context=checkout, ref="ctrain-standalone:test", flavour="cpu",
+                                     base=f"oci://{work / 'base'}", wheelhouse=test_wheelhouse, builder="apptainer")
+    cmd = build_mod.apptainer_command(request, {"FLAVOUR": "cpu", "TORCH_INDEX_URL": "none"}, sandbox)
+    cmd.insert(cmd.index("build") + 1, "--sandbox")  # a directory is enough to compare; no squashfs to write
+    result = subprocess.run(["runuser", "-u", image_user, "--", "env", f"APPTAINER_TMPDIR={out}", *cmd],
+                            cwd=checkout, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     _check_versions(as_user(image_user, ["apptainer", "exec", "--containall", sandbox, "python",
                                          "/opt/ctrain/build/check.py"]).stdout)

@@ -275,3 +275,30 @@ def test_bad_image_name_and_tag(tmp_path: Path) -> None:
 def test_example_config_is_valid() -> None:
     config = load_config(REPO / "containers" / "ctrain.example.yaml")
     assert config.push.remote and config.push.registry
+
+
+def test_apptainer_refusing_root_gets_an_explanation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capability failure of Apptainer as root becomes advice; other failures pass unchanged."""
+    fake = tmp_path / "apptainer"
+    fake.write_text("#!/bin/sh\necho 'ERROR  : Requesting capability set 0x1ff while permitted capability set is 0x1fe' >&2\n"
+                    "exit 255\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(CtrainError, match="run this as a normal user, or set `root default capabilities = no`"):
+        build.run_apptainer([str(fake), "build"], on_line=lambda line: None)
+    fake.write_text("#!/bin/sh\necho 'FATAL: no space left' >&2\nexit 1\n")
+    with pytest.raises(CtrainError) as info:
+        build.run_apptainer([str(fake), "build"], on_line=lambda line: None)
+    assert "normal user" not in str(info.value) and "no space left" in str(info.value)
+
+
+def test_apptainer_build_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    req = _request(base="oci:///var/tmp/base-layout", wheelhouse=tmp_path, builder="apptainer")
+    cmd = build.apptainer_command(req, {"FLAVOUR": "cpu", "BASE_IMAGE": "x", "GIT_COMMIT": "abc"}, tmp_path / "o.sif")
+    args = [cmd[i + 1] for i, word in enumerate(cmd) if word == "--build-arg"]
+    assert args == ["FLAVOUR=cpu", "GIT_COMMIT=abc", "BOOTSTRAP=oci", "BASE=/var/tmp/base-layout"]
+    assert cmd[cmd.index("--bind") + 1] == f"{tmp_path}:/wheelhouse"
+    assert cmd[-2:] == [str(tmp_path / "o.sif"), "containers/ctrain-standalone.def"] and "--notest" not in cmd
+    plain = build.apptainer_command(_request(base="python:3.11-slim-bookworm"), {}, tmp_path / "o.sif")
+    assert "BOOTSTRAP=docker" in plain and "BASE=python:3.11-slim-bookworm" in plain

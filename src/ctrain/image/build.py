@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ctrain import proc, ui
-from ctrain.errors import ConfigError, CtrainError
+from ctrain.errors import CommandError, ConfigError, CtrainError
 from ctrain.image import store
 
 BUILDERS = ("docker", "podman", "buildah", "apptainer")
@@ -183,31 +184,54 @@ def sif_path(sif_dir: Path, ref: str) -> Path:
     return sif_dir / f"{name.rsplit('/', 1)[-1]}-{tag}.sif"
 
 
+def apptainer_command(req: BuildRequest, args: dict[str, str], output: Path) -> list[str]:
+    """``apptainer build`` of the standalone definition; ``--base scheme://ref`` picks the bootstrap
+    agent (``docker://`` when no scheme; ``oci://DIR`` for a local OCI layout)."""
+    def_args = {k: v for k, v in args.items() if k != "BASE_IMAGE"}
+    if req.base:
+        bootstrap, _, source = req.base.partition("://") if "://" in req.base else ("docker", "", req.base)
+        def_args |= {"BOOTSTRAP": bootstrap, "BASE": source}
+    cmd = ["apptainer", "build", "--force"]
+    if os.geteuid() == 0:
+        cmd.append("--notest")  # Apptainer may refuse to start the %test container as root (convert.py)
+    for key, value in def_args.items():
+        cmd += ["--build-arg", f"{key}={value}"]
+    if req.wheelhouse:
+        cmd += ["--bind", f"{req.wheelhouse}:/wheelhouse"]
+    return [*cmd, str(output), str(STANDALONE_DEF)]
+
+
 def _build_sif(req: BuildRequest, args: dict[str, str], emit: Callable[[str], None]) -> store.Image:
     """Apptainer builds the standalone definition straight into a SIF (atomically)."""
     if req.sif_dir is None:
         raise ValueError("sif_dir is needed for the apptainer builder")
     final = sif_path(req.sif_dir, req.ref)
     final.parent.mkdir(parents=True, exist_ok=True)
-    def_args = {k: v for k, v in args.items() if k != "BASE_IMAGE"}
-    if req.base:
-        bootstrap, _, source = req.base.partition("://") if "://" in req.base else ("docker", "", req.base)
-        def_args |= {"BOOTSTRAP": bootstrap, "BASE": source}
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    cmd = ["apptainer", "build", "--force"]
-    if os.geteuid() == 0:
-        cmd.append("--notest")  # see convert.py: Apptainer may refuse to start containers as root
-    for key, value in def_args.items():
-        cmd += ["--build-arg", f"{key}={value}"]
-    if req.wheelhouse:
-        cmd += ["--bind", f"{req.wheelhouse}:/wheelhouse"]
-    cmd += [str(tmp), str(STANDALONE_DEF)]
     try:
-        proc.stream(cmd, on_line=Progress(emit), cwd=req.context)
+        run_apptainer(apptainer_command(req, args, tmp), on_line=Progress(emit), cwd=req.context)
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
     return store.Image(str(final), "sha256:" + sha256_file(final), "sif", None, final)
+
+
+_ROOT_CAPABILITIES = re.compile(r"Requesting capability set .* while permitted capability set is")
+
+
+def run_apptainer(cmd: list[str], **kwargs: Any) -> None:
+    """``proc.stream`` an Apptainer build, explaining the one failure users cannot decode: Apptainer
+    started as root asks for every capability, and inside containers or sandboxes root may lack one."""
+    try:
+        proc.stream(cmd, **kwargs)
+    except CommandError as exc:
+        if os.geteuid() == 0 and _ROOT_CAPABILITIES.search(exc.stderr):
+            raise CtrainError(
+                "Apptainer, run as root here, may not start containers (root lacks a capability Apptainer "
+                "asks for, as in many containers and sandboxes): run this as a normal user, or set "
+                "`root default capabilities = no` in apptainer.conf\n" + str(exc)
+            ) from exc
+        raise
 
 
 def sha256_file(path: Path, chunk: int = 4 << 20) -> str:

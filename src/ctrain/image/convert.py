@@ -23,7 +23,7 @@ from pathlib import Path
 from ctrain import proc, ui
 from ctrain.errors import CtrainError
 from ctrain.image import sqsh, store
-from ctrain.image.build import Progress
+from ctrain.image.build import Progress, run_apptainer
 
 FORMATS = ("sif", "sqsh")
 FROM_IMAGE_DEF = Path("containers/ctrain.def")
@@ -188,4 +188,4 @@ def _sif(image: store.Image, layout: Path, tmp: Path, compression: str, context:
     cmd += [str(tmp), str(definition)]
     scratch = work / "apptainer"
     scratch.mkdir()
-    proc.stream(cmd, env={"APPTAINER_TMPDIR": str(scratch)}, on_line=Progress(emit, "sif"))
+    run_apptainer(cmd, env={"APPTAINER_TMPDIR": str(scratch)}, on_line=Progress(emit, "sif"))
