@@ -1,0 +1,85 @@
+"""Synthetic pre-tokenized chats for the benchmark, and a tokenizer that knows their special tokens.
+
+Each example is ``<s> <user> u1..uk <assistant> a1..am </s>`` with a total length drawn from a
+log-normal, so batch shapes vary like real chat data. User tokens follow a Zipf-like law; the
+assistant repeats the user's tokens, which a model can learn, so the loss curve moves. Loss is on
+the assistant's tokens and the closing ``</s>`` only (``assistant_masks``), as in chat SFT.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ctrain.bench.spec import BenchSpec
+
+PAD, BOS, EOS, USER, ASSISTANT = 0, 1, 2, 3, 4
+SPECIAL = {"<pad>": PAD, "<s>": BOS, "</s>": EOS, "<user>": USER, "<assistant>": ASSISTANT}
+FIRST_WORD = len(SPECIAL)
+
+
+def lengths(spec: BenchSpec) -> np.ndarray:
+    """Example lengths in tokens: log-normal, rounded, clipped to the spec's range."""
+    rng = np.random.default_rng(spec.seed)
+    raw = rng.lognormal(spec.length_mu, spec.length_sigma, spec.examples)
+    return np.clip(np.rint(raw), spec.min_length, spec.max_length).astype(np.int64)
+
+
+def attention_context(lens: np.ndarray) -> float:
+    """Length-weighted mean document length, the context each token attends over (see spec FLOPs)."""
+    lens = lens.astype(np.float64)
+    return float((lens**2).sum() / lens.sum())
+
+
+def examples(spec: BenchSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flat token ids, flat assistant mask, and offsets (``examples + 1``) of all examples."""
+    lens = lengths(spec)
+    rng = np.random.default_rng(spec.seed + 1)
+    words = spec.vocab - FIRST_WORD
+    weights = 1.0 / (np.arange(words) + 10.0) ** 1.1
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    ids = np.empty(offsets[-1], dtype=np.int32)
+    mask = np.zeros(offsets[-1], dtype=np.int8)
+    content = rng.choice(words, size=offsets[-1], p=weights / weights.sum()).astype(np.int32) + FIRST_WORD
+    for i, n in enumerate(lens):
+        row = ids[offsets[i] : offsets[i + 1]]
+        body = n - 4  # <s> <user> ... <assistant> ... </s>
+        user = max(1, int(body * 0.4))
+        reply = body - user
+        row[0], row[1] = BOS, USER
+        row[2 : 2 + user] = content[offsets[i] : offsets[i] + user]
+        row[2 + user] = ASSISTANT
+        row[3 + user : 3 + user + reply] = np.resize(row[2 : 2 + user], reply)
+        row[-1] = EOS
+        mask[offsets[i] + 3 + user : offsets[i + 1]] = 1
+    return ids, mask, offsets
+
+
+def dataset(spec: BenchSpec) -> Any:
+    """The examples as a ``datasets.Dataset`` with ``input_ids`` and ``assistant_masks`` columns."""
+    import datasets
+    import pyarrow as pa
+
+    ids, mask, offsets = examples(spec)
+    off = pa.array(offsets.astype(np.int32))
+    table = pa.table(
+        {
+            "input_ids": pa.ListArray.from_arrays(off, pa.array(ids)),
+            "assistant_masks": pa.ListArray.from_arrays(off, pa.array(mask)),
+        }
+    )
+    return datasets.Dataset(table)
+
+
+def tokenizer(spec: BenchSpec) -> Any:
+    """A word-level tokenizer over the synthetic vocabulary (the trainer needs one for its pad token)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = dict(SPECIAL)
+    vocab.update({f"w{i}": i for i in range(FIRST_WORD, spec.vocab)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<pad>"
+    )

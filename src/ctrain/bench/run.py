@@ -1,0 +1,276 @@
+"""Run one benchmark case in this process: build the trainer, train a few steps, time the steady state.
+
+Both sides are TRL ``SFTTrainer`` runs over the same model init and data: ``seeds`` with the
+seeds' settings, the ``ctrain`` cases with :mod:`ctrain.fast` applied exactly as ``ctrain train``
+applies it. Tokens are the trainer's own count of non-padding input tokens, summed over ranks.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ctrain.bench import data
+from ctrain.bench.spec import PEAK_FLOPS, BenchSpec
+from ctrain.fast import FastSettings, prepare_model, sft_overrides
+
+
+@dataclass(frozen=True)
+class Case:
+    """One configuration to measure. ``fast=None`` is TRL with the seeds' settings."""
+
+    name: str
+    fast: FastSettings | None = None
+    # Log the loss at every step (for the loss-curve comparison) instead of TRL's default interval.
+    log_every_step: bool = False
+    description: str = ""
+
+
+CASES: dict[str, Case] = {
+    case.name: case
+    for case in (
+        Case("seeds", None, log_every_step=True, description="TRL SFTTrainer, seeds' settings (padded batches)"),
+        Case(
+            "ctrain-same-batches",
+            FastSettings(batching="padding_free"),
+            log_every_step=True,
+            description="fast kernels on the seeds' exact batches (loss check)",
+        ),
+        Case("ctrain", FastSettings(), description="ctrain default: packed 32k tokens/device, varlen, compiled"),
+        Case("ctrain-16k", FastSettings(tokens_per_device=16384), description="ctrain, 16k tokens (8 rows)/device"),
+        Case("ctrain-eager", FastSettings(compile="off"), description="ctrain default without torch.compile"),
+        Case("ctrain-cpp", FastSettings(cpp_wrapper=True), description="ctrain default, inductor C++ wrapper"),
+    )
+}
+
+
+# Steps after the timed window, profiled when asked; always run so every case has the same
+# max_steps, hence the same learning-rate schedule, and loss curves compare step by step.
+TAIL_STEPS = 3
+
+
+@dataclass
+class _Clock:
+    """Trainer callback: wall time and tokens between the end of warm-up and the last measured step."""
+
+    warmup: int
+    steps: int
+    cuda: bool
+    profile_dir: Path | None = None
+    t0: float = 0.0
+    t1: float = 0.0
+    tokens0: int = 0
+    tokens1: int = 0
+    peak_bytes: int = 0
+    step_ends: list[float] = field(default_factory=list)
+    _profiler: Any = None
+
+    def _sync(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        clock = self
+
+        class Clock(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001
+                if clock.profile_dir and state.global_step == clock.warmup + clock.steps:
+                    clock._start_profile()
+
+            def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
+                clock.step_ends.append(time.perf_counter())
+                if state.global_step == clock.warmup:
+                    clock._sync()
+                    clock.t0, clock.tokens0 = time.perf_counter(), state.num_input_tokens_seen
+                    if clock.cuda:
+                        import torch
+
+                        torch.cuda.reset_peak_memory_stats()
+                elif state.global_step == clock.warmup + clock.steps:
+                    clock._sync()
+                    clock.t1, clock.tokens1 = time.perf_counter(), state.num_input_tokens_seen
+                    if clock.cuda:
+                        import torch
+
+                        clock.peak_bytes = torch.cuda.max_memory_allocated()
+                elif clock._profiler is not None and state.global_step == clock.warmup + clock.steps + TAIL_STEPS:
+                    clock._stop_profile()
+
+        return Clock()
+
+    def _start_profile(self) -> None:
+        import torch
+
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._profiler = torch.profiler.profile(activities=activities)
+        self._profiler.__enter__()
+
+    def _stop_profile(self) -> None:
+        prof, self._profiler = self._profiler, None
+        self._sync()
+        prof.__exit__(None, None, None)
+        assert self.profile_dir is not None
+        self.profile_dir.mkdir(parents=True, exist_ok=True)
+        sort = "cuda_time_total" if self.cuda else "cpu_time_total"
+        table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
+        trace = self.profile_dir / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        summary = kernel_summary(json.loads(trace.read_text()))
+        (self.profile_dir / "profile.txt").write_text(json.dumps(summary, indent=1) + "\n\n" + table)
+        with trace.open("rb") as src, gzip.open(f"{trace}.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        trace.unlink()
+
+
+# Kernel name fragments -> what the time is spent on (first match wins).
+_KERNEL_KINDS = (
+    ("attention", ("flash", "fmha", "attention")),
+    ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "gemv", "matmul")),
+    ("optimizer", ("multi_tensor", "adam", "fused_adam")),
+    ("communication", ("nccl",)),
+    ("compiled (triton)", ("triton",)),
+)
+
+
+def kernel_summary(trace: dict[str, Any]) -> dict[str, Any]:
+    """GPU time by kind of kernel, and how much of the profiled wall time the GPU was busy."""
+    kernels = [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel" and "dur" in e]
+    if not kernels:
+        return {}
+    by_kind: dict[str, float] = {}
+    for e in kernels:
+        name = e["name"].lower()
+        kind = next((k for k, keys in _KERNEL_KINDS if any(key in name for key in keys)), "other")
+        by_kind[kind] = by_kind.get(kind, 0.0) + e["dur"]
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in kernels)
+    busy, end = 0.0, spans[0][0]
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    wall = spans[-1][1] - spans[0][0]
+    total = sum(by_kind.values())
+    return {
+        "profiled_us": wall,
+        "gpu_busy_fraction": busy / wall,
+        "kernel_us_by_kind": {k: round(v) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "kernel_share_by_kind": {k: round(v / total, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "kernels": len(kernels),
+    }
+
+
+def _distributed() -> tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def sft_args(case: Case, spec: BenchSpec, device: str, strategy: str, max_steps: int, output_dir: str) -> dict[str, Any]:
+    """``SFTConfig`` keyword arguments for a case: the seeds' settings, then the fast path's changes."""
+    args: dict[str, Any] = {
+        "output_dir": output_dir,
+        "max_steps": max_steps,
+        "per_device_train_batch_size": spec.batch,
+        "max_length": spec.max_length,
+        "bf16": device == "cuda",
+        "use_cpu": device == "cpu",
+        "report_to": "none",
+        "save_strategy": "no",
+        "seed": spec.seed,
+        "disable_tqdm": True,
+        "include_num_input_tokens_seen": "non_padding",
+    }
+    if case.log_every_step:
+        args["logging_steps"] = 1
+    if case.fast is not None:
+        args.update(sft_overrides(case.fast, device, spec.max_length))
+        if case.fast.batching == "padding_free":
+            # TRL refuses padding-free batches with a max_length it cannot enforce; the data fits already.
+            args["max_length"] = None
+    if strategy == "fsdp":
+        args.update(fsdp=True, fsdp_config={"version": 2, "reshard_after_forward": True})
+    return args
+
+
+def run_case(
+    case: Case,
+    spec: BenchSpec,
+    *,
+    device: str,
+    warmup: int,
+    steps: int,
+    strategy: str = "ddp",
+    profile_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Train ``warmup + steps + TAIL_STEPS`` steps and return the measurements of the timed ``steps``."""
+    import torch
+    import transformers
+    import trl
+    from transformers import LlamaForCausalLM
+    from trl import SFTConfig, SFTTrainer
+
+    rank, world = _distributed()
+    cuda = device == "cuda"
+    torch.manual_seed(spec.seed)
+    model = LlamaForCausalLM(spec.model_config())
+    if case.fast is not None:
+        prepare_model(model, case.fast, device)
+    clock = _Clock(warmup, steps, cuda, profile_dir if rank == 0 else None)
+    with tempfile.TemporaryDirectory(prefix="ctrain-bench-") as tmp:
+        args = sft_args(case, spec, device, strategy, warmup + steps + TAIL_STEPS, tmp)
+        trainer = SFTTrainer(
+            model=model,
+            args=SFTConfig(**args),
+            train_dataset=data.dataset(spec),
+            processing_class=data.tokenizer(spec),
+            callbacks=[clock.callback()],
+        )
+        start = time.perf_counter()
+        trainer.train()
+        total = time.perf_counter() - start
+        losses = [(e["step"], e["loss"]) for e in trainer.state.log_history if "loss" in e]
+    del trainer, model
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+
+    seconds = clock.t1 - clock.t0
+    tokens = clock.tokens1 - clock.tokens0
+    rate = tokens / seconds if seconds > 0 else 0.0
+    context = data.attention_context(data.lengths(spec))
+    six_n, with_attention = spec.flops_per_token(context)
+    return {
+        "case": case.name,
+        "description": case.description,
+        "strategy": strategy if world > 1 else "single",
+        "world_size": world,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "settings": sft_args(case, spec, device, strategy, 0, "")
+        | {"fast": None if case.fast is None else vars(case.fast)},
+        "warmup_steps": warmup,
+        "measured_steps": steps,
+        "measured_tokens": tokens,
+        "measured_seconds": seconds,
+        "tokens_per_s": rate,
+        "tokens_per_s_per_device": rate / world,
+        "step_ms": 1000 * seconds / steps if steps else 0.0,
+        "mfu_6n": rate / world * six_n / PEAK_FLOPS,
+        "mfu_with_attention": rate / world * with_attention / PEAK_FLOPS,
+        "peak_memory_gib": clock.peak_bytes / 2**30,
+        "wall_seconds": total,
+        "losses": losses,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
+    }
+

@@ -1,0 +1,246 @@
+"""``ctrain bench``: run the cases, compare the loss curves, sweep GPU counts, print a table, write JSON.
+
+One GPU: the cases run one after another in this process (the seeds' settings first). Several
+GPUs: each count and strategy is its own ``torchrun`` of ``ctrain bench`` (one process per GPU),
+whose rank 0 writes a JSON file that this process collects; the table adds weak-scaling
+efficiency, per-device throughput at N devices over that at one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ctrain import proc, ui
+from ctrain.bench.run import CASES, Case, run_case
+from ctrain.bench.spec import BenchSpec
+from ctrain.errors import ConfigError, CtrainError
+
+STRATEGIES = ("ddp", "fsdp")
+
+
+def pick_cases(names: list[str]) -> list[Case]:
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise ConfigError(f"unknown bench case {', '.join(unknown)}; valid: {', '.join(CASES)}")
+    return [CASES[n] for n in names]
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CtrainError("--device cuda, but torch sees no GPU (torch.cuda.is_available() is False)")
+    return device
+
+
+def environment(device: str) -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import torch
+
+    env: dict[str, Any] = {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "command": " ".join(sys.argv),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if device == "cuda":
+        env["gpu"] = torch.cuda.get_device_name()
+        env["gpus_visible"] = torch.cuda.device_count()
+        if proc.which("nvidia-smi"):
+            out = proc.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], check=False)
+            env["driver"] = out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+    return env
+
+
+def compare_losses(results: list[dict[str, Any]], reference: str = "seeds", other: str = "ctrain-same-batches") -> dict | None:
+    """Per-step loss of the fast kernels against the seeds' settings on the same batches."""
+    by_case = {r["case"]: dict(r["losses"]) for r in results if "error" not in r}
+    if reference not in by_case or other not in by_case:
+        return None
+    ref, new = by_case[reference], by_case[other]
+    steps = sorted(set(ref) & set(new))
+    if not steps:
+        return None
+    diffs = [abs(new[s] - ref[s]) for s in steps]
+    drop = ref[steps[0]] - ref[steps[-1]]
+    # Batch-to-batch noise of the reference curve: spread of its step-to-step changes.
+    jumps = [ref[b] - ref[a] for a, b in zip(steps, steps[1:])]
+    mean_jump = sum(jumps) / len(jumps) if jumps else 0.0
+    noise = (sum((j - mean_jump) ** 2 for j in jumps) / len(jumps)) ** 0.5 if jumps else 0.0
+    return {
+        "reference": reference,
+        "compared": other,
+        "steps": len(steps),
+        "first_loss": ref[steps[0]],
+        "last_loss": ref[steps[-1]],
+        "loss_drop": drop,
+        "max_abs_diff": max(diffs),
+        "mean_abs_diff": sum(diffs) / len(diffs),
+        "max_rel_diff": max(d / ref[s] for d, s in zip(diffs, steps)),
+        "reference_step_noise": noise,
+        "per_step": [(s, ref[s], new[s]) for s in steps],
+    }
+
+
+def run_here(
+    cases: list[Case],
+    spec: BenchSpec,
+    *,
+    device: str,
+    warmup: int,
+    steps: int,
+    strategy: str,
+    profile: Path | None,
+) -> list[dict[str, Any]]:
+    """The cases one after another in this process (one rank of a torchrun, or the only process)."""
+    results = []
+    for case in cases:
+        ui.info(f"bench: {case.name}: {case.description}")
+        prof = profile / case.name if profile and case.fast is not None else None
+        try:
+            r = run_case(case, spec, device=device, warmup=warmup, steps=steps, strategy=strategy, profile_dir=prof)
+        except Exception as exc:  # one failing case must not lose the others' numbers
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                raise
+            ui.info(f"bench: {case.name} failed:\n{traceback.format_exc()}")
+            results.append({"case": case.name, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        results.append(r)
+        ui.info(f"bench: {case.name}: {r['tokens_per_s']:,.0f} tokens/s, {r['peak_memory_gib']:.1f} GiB peak")
+    return results
+
+
+def sweep(
+    case: Case, gpus: list[int], strategies: list[str], *, warmup: int, steps: int, tiny: bool, out: Path
+) -> list[dict[str, Any]]:
+    """Weak scaling: one ``torchrun`` (or plain process for 1 GPU) per GPU count and strategy."""
+    results: list[dict[str, Any]] = []
+    for n in gpus:
+        for strategy in strategies if n > 1 else ["ddp"]:
+            label = f"{case.name}-{n}gpu-{strategy if n > 1 else 'single'}"
+            path = out / f"{label}.json"
+            worker = ["-m", "ctrain", "bench", "--cases", case.name, "--warmup", str(warmup), "--steps", str(steps)]
+            worker += ["--strategy", strategy, "--json", str(path), "--device", "cuda"] + (["--tiny"] if tiny else [])
+            launcher = [sys.executable] if n == 1 else [sys.executable, "-m", "torch.distributed.run"]
+            launcher += [] if n == 1 else ["--standalone", f"--nproc_per_node={n}"]
+            ui.info(f"bench: {label}")
+            proc.stream([*launcher, *worker], prefix=f"[{label}] ", env={"PYTHONUNBUFFERED": "1"})
+            results.extend(json.loads(path.read_text())["results"])
+    return results
+
+
+def add_scaling(results: list[dict[str, Any]]) -> None:
+    """Weak-scaling efficiency of each multi-device result against the single-device one of its case."""
+    ok = [r for r in results if "error" not in r]
+    single = {r["case"]: r["tokens_per_s_per_device"] for r in ok if r["world_size"] == 1}
+    for r in ok:
+        base = single.get(r["case"])
+        multi = r["world_size"] > 1 and base
+        r["scaling_efficiency"] = r["tokens_per_s_per_device"] / base if multi else None
+
+
+def render(results: list[dict[str, Any]], losses: dict | None) -> str:
+    seeds = next((r["tokens_per_s"] for r in results if r["case"] == "seeds" and "error" not in r), None)
+    rows = []
+    for r in results:
+        if "error" in r:
+            rows.append([r["case"], "failed: " + r["error"][:80]] + [""] * 9)
+            continue
+        eff = r.get("scaling_efficiency")
+        rows.append(
+            [
+                r["case"],
+                r["strategy"],
+                r["world_size"],
+                f"{r['tokens_per_s']:,.0f}",
+                f"{r['tokens_per_s_per_device']:,.0f}",
+                f"{r['tokens_per_s'] / seeds:.1f}x" if seeds else "-",
+                f"{100 * r['mfu_6n']:.1f}%",
+                f"{100 * r['mfu_with_attention']:.1f}%",
+                f"{r['peak_memory_gib']:.1f}",
+                f"{r['step_ms']:.0f}",
+                f"{100 * eff:.1f}%" if eff else "-",
+            ]
+        )
+    header = ["case", "strategy", "gpus", "tokens/s", "per gpu", "vs seeds", "mfu 6N", "mfu +attn", "peak GiB"]
+    text = ui.table([*header, "step ms", "scaling"], rows)
+    if losses:
+        text += (
+            f"\nloss check ({losses['compared']} vs {losses['reference']}, same batches, {losses['steps']} steps): "
+            f"loss {losses['first_loss']:.4f} -> {losses['last_loss']:.4f}, "
+            f"max |diff| {losses['max_abs_diff']:.4f} (max rel {100 * losses['max_rel_diff']:.2f}%), "
+            f"mean |diff| {losses['mean_abs_diff']:.4f}; step-to-step noise of {losses['reference']} "
+            f"{losses['reference_step_noise']:.4f}"
+        )
+    return text
+
+
+def write(path: Path, results: list[dict[str, Any]], env: dict[str, Any], losses: dict | None, extra: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"environment": env, "results": results, "loss_check": losses, **extra}
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+def bench(
+    *,
+    cases: list[str],
+    device: str,
+    tiny: bool,
+    warmup: int,
+    steps: int,
+    gpus: list[int] | None,
+    strategies: list[str],
+    json_path: Path | None,
+    out: Path,
+    profile: bool,
+    attention_check: bool = True,
+) -> str:
+    """Run the benchmark as asked; returns the table, empty on ranks other than 0 (which write no JSON)."""
+    from ctrain.bench.spec import FULL, TINY
+
+    spec = TINY if tiny else FULL
+    chosen = pick_cases(cases)
+    bad = [s for s in strategies if s not in STRATEGIES]
+    if bad:
+        raise ConfigError(f"unknown strategy {', '.join(bad)}; valid: {', '.join(STRATEGIES)}")
+    if steps < 1 or warmup < 1:
+        raise ConfigError("--steps and --warmup must be at least 1")
+    device = resolve_device(device)
+    env = environment(device)
+    extra: dict[str, Any] = {"spec": vars(spec)}
+    if gpus:
+        if len(chosen) != 1:
+            raise ConfigError("--gpus sweeps one case at a time; pass a single --cases")
+        if device != "cuda":
+            raise ConfigError("--gpus needs CUDA devices")
+        results = sweep(chosen[0], gpus, strategies, warmup=warmup, steps=steps, tiny=tiny, out=out)
+    else:
+        if device == "cuda" and attention_check and int(os.environ.get("RANK", "0")) == 0:
+            from ctrain.fast.attention import self_check
+
+            try:
+                extra["attention_check"] = self_check("cuda")
+            except Exception as exc:  # report it; the cases below show whether training works anyway
+                extra["attention_check"] = {"error": f"{type(exc).__name__}: {exc}"}
+            ui.info(f"bench: varlen attention vs reference: {extra['attention_check']}")
+        strategy = strategies[0] if strategies else "ddp"
+        results = run_here(
+            chosen, spec, device=device, warmup=warmup, steps=steps, strategy=strategy, profile=out if profile else None
+        )
+    add_scaling(results)
+    losses = compare_losses(results)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return ""
+    write(json_path or out / "bench.json", results, env, losses, extra)
+    return render(results, losses)

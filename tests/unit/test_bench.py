@@ -1,0 +1,136 @@
+"""The benchmark's problem definition, bookkeeping, and a CPU smoke run of ``ctrain bench --tiny``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ctrain.bench import data
+from ctrain.bench.run import kernel_summary
+from ctrain.bench.spec import FULL, PEAK_FLOPS, TINY
+from ctrain.bench.suite import add_scaling, compare_losses, pick_cases, render
+from ctrain.cli import main
+from ctrain.errors import ConfigError
+
+
+@pytest.mark.parametrize("spec", [FULL, TINY], ids=["full", "tiny"])
+def test_parameter_count_matches_the_model(spec):
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(spec.model_config())
+    assert spec.parameters() == sum(p.numel() for p in model.parameters())
+
+
+def test_full_problem_is_the_published_one():
+    assert round(FULL.parameters() / 1e6) == 374
+    lens = data.lengths(FULL)
+    assert len(lens) == 6000 and lens.min() >= 64 and lens.max() <= 2048
+    assert 700 < lens.mean() < 780  # lognormal(6.4, 0.7) clipped: mean ~740
+    six_n, with_attention = FULL.flops_per_token(data.attention_context(lens))
+    assert six_n == 6 * FULL.parameters()
+    assert with_attention == six_n + 6 * 24 * 1024 * data.attention_context(lens)
+
+
+def test_attention_context_weights_long_documents():
+    assert data.attention_context(np.array([10, 10])) == 10
+    assert data.attention_context(np.array([1, 3])) == pytest.approx(10 / 4)
+
+
+def test_synthetic_chats_are_deterministic_and_masked_on_the_reply():
+    ids, mask, offsets = data.examples(TINY)
+    again, _, _ = data.examples(TINY)
+    assert np.array_equal(ids, again)
+    for i in range(len(offsets) - 1):
+        row, m = ids[offsets[i] : offsets[i + 1]], mask[offsets[i] : offsets[i + 1]]
+        assert (row[0], row[1], row[-1]) == (data.BOS, data.USER, data.EOS)
+        start = int(np.flatnonzero(row == data.ASSISTANT)[0]) + 1
+        assert not m[:start].any() and m[start:].all()
+        assert data.PAD not in row and row.max() < TINY.vocab
+    ds = data.dataset(TINY)
+    assert ds.num_rows == TINY.examples and ds[0]["input_ids"] == ids[: offsets[1]].tolist()
+
+
+def test_tokenizer_knows_the_special_tokens():
+    tok = data.tokenizer(TINY)
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (data.PAD, data.BOS, data.EOS)
+    assert len(tok) == TINY.vocab
+
+
+def _result(case, world, rate, losses=(), strategy="ddp"):
+    return {
+        "case": case,
+        "world_size": world,
+        "strategy": strategy if world > 1 else "single",
+        "tokens_per_s": rate,
+        "tokens_per_s_per_device": rate / world,
+        "mfu_6n": rate / world * 6 * FULL.parameters() / PEAK_FLOPS,
+        "mfu_with_attention": 0.0,
+        "peak_memory_gib": 1.0,
+        "step_ms": 100.0,
+        "losses": list(losses),
+    }
+
+
+def test_weak_scaling_efficiency_is_per_device_rate_over_single_device():
+    results = [_result("ctrain", 1, 100.0), _result("ctrain", 4, 380.0), _result("ctrain", 2, 150.0, strategy="fsdp")]
+    add_scaling(results)
+    assert [r["scaling_efficiency"] for r in results] == [None, 0.95, 0.75]
+    table = render(results, None)
+    assert "95.0%" in table and "75.0%" in table
+
+
+def test_loss_check_pairs_steps_and_measures_noise():
+    seeds = _result("seeds", 1, 10.0, [(1, 10.0), (2, 9.0), (3, 8.5)])
+    fast = _result("ctrain-same-batches", 1, 50.0, [(1, 10.0), (2, 9.1), (3, 8.4)])
+    check = compare_losses([seeds, fast])
+    assert check["steps"] == 3 and check["loss_drop"] == 1.5
+    assert check["max_abs_diff"] == pytest.approx(0.1) and check["mean_abs_diff"] == pytest.approx(0.2 / 3)
+    assert check["reference_step_noise"] == pytest.approx(0.25)  # step changes -1.0 and -0.5
+    assert compare_losses([seeds]) is None
+    assert "5.0x" in render([seeds, fast], check)
+
+
+def test_kernel_summary_counts_busy_time_once():
+    trace = {
+        "traceEvents": [
+            {"cat": "kernel", "name": "sm90_xmma_gemm_bf16", "ts": 0, "dur": 10},
+            {"cat": "kernel", "name": "flash_fwd_kernel", "ts": 5, "dur": 10},
+            {"cat": "kernel", "name": "triton_poi_fused_add", "ts": 30, "dur": 10},
+            {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 50},
+        ]
+    }
+    summary = kernel_summary(trace)
+    assert summary["profiled_us"] == 40 and summary["gpu_busy_fraction"] == pytest.approx(25 / 40)
+    assert summary["kernel_us_by_kind"] == {"matmul": 10, "attention": 10, "compiled (triton)": 10}
+
+
+def test_unknown_case_is_a_clear_error():
+    with pytest.raises(ConfigError, match="valid: seeds"):
+        pick_cases(["seeds", "fastest"])
+
+
+def test_gpus_sweep_needs_cuda():
+    result = CliRunner().invoke(main, ["bench", "--device", "cpu", "--tiny", "--cases", "ctrain", "--gpus", "1,2"])
+    assert result.exit_code != 0 and "needs CUDA" in result.output
+
+
+def test_tiny_cpu_smoke(tmp_path):
+    """The whole bench on a CPU: seeds vs ctrain, same-batch loss check, table and JSON."""
+    pytest.importorskip("trl")
+    out = tmp_path / "bench.json"
+    args = ["bench", "--device", "cpu", "--tiny", "--warmup", "1", "--steps", "2", "--json", str(out)]
+    result = CliRunner().invoke(main, [*args, "--cases", "seeds,ctrain-same-batches,ctrain"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert [r["case"] for r in doc["results"]] == ["seeds", "ctrain-same-batches", "ctrain"]
+    assert all(r["tokens_per_s"] > 0 and r["measured_tokens"] > 0 for r in doc["results"])
+    # Same model init, same batches, float32 on a CPU: the kernels change nothing.
+    assert doc["loss_check"]["steps"] == 1 + 2 + 3
+    assert doc["loss_check"]["max_abs_diff"] < 1e-4
+    assert doc["results"][2]["settings"]["packing"] is True
+    assert "loss check" in result.output and "ctrain-same-batches" in result.output

@@ -1,0 +1,208 @@
+"""The fast path's pieces compute what the plain path computes (CPU, float32/float64)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # noqa: E402
+from trl.trainer.utils import add_fused_lm_head  # noqa: E402
+
+from ctrain.errors import ConfigError  # noqa: E402
+from ctrain.fast import FastSettings, compile_layers, decoder_layers, prepare_model, sft_overrides  # noqa: E402
+from ctrain.fast import attention  # noqa: E402
+from ctrain.settings import from_mapping  # noqa: E402
+
+
+def tiny_llama(seed: int = 0, kv_heads: int = 2) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        intermediate_size=128,
+        vocab_size=300,
+        max_position_embeddings=256,
+    )
+    return LlamaForCausalLM(config)
+
+
+def random_examples(seed: int, lengths: tuple[int, ...]) -> list[dict]:
+    gen = torch.Generator().manual_seed(seed)
+    return [{"input_ids": torch.randint(5, 300, (n,), generator=gen).tolist()} for n in lengths]
+
+
+def packed_batch(examples: list[dict]) -> dict:
+    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(examples)
+    batch.pop("seq_idx")
+    return batch
+
+
+def per_example_loss(model: LlamaForCausalLM, examples: list[dict]) -> torch.Tensor:
+    """Token-weighted mean loss, one forward per example (nothing to leak between examples)."""
+    total, count = 0.0, 0
+    for ex in examples:
+        ids = torch.tensor([ex["input_ids"]])
+        n = ids.shape[1] - 1
+        total = total + model(input_ids=ids, labels=ids, use_cache=False).loss * n
+        count += n
+    return total / count
+
+
+def dense_block_causal(q, k, v, cu):
+    """Masked attention over the whole row: causal, and only within a document."""
+    doc = torch.repeat_interleave(torch.arange(len(cu) - 1), cu.diff().long())
+    pos = torch.arange(q.shape[0])
+    mask = (doc[:, None] == doc[None, :]) & (pos[:, None] >= pos[None, :])
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    return torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
+    ).transpose(0, 1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reference_varlen_is_block_diagonal_causal_attention(seed):
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, 40, (5,), generator=gen)
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
+    total = int(cu[-1])
+    q = torch.randn(total, 4, 16, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(total, 2, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    out = attention.reference_varlen(q, k, v, cu)
+    ref = dense_block_causal(q, k, v, cu)
+    assert torch.allclose(out, ref, atol=1e-12)
+
+
+def test_packed_loss_and_grads_equal_per_example_training():
+    examples = random_examples(0, (17, 40, 5, 33))
+    plain = tiny_llama()
+    fast = tiny_llama()
+    prepare_model(fast, FastSettings(), "cpu")
+    assert fast.config._attn_implementation == attention.NAME
+
+    ref = per_example_loss(plain, examples)
+    ref.backward()
+    out = fast(**packed_batch(examples), use_cache=False)
+    out.loss.backward()
+
+    assert out.loss.item() == pytest.approx(ref.item(), rel=1e-6)
+    for (name, p), q in zip(plain.named_parameters(), fast.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+
+
+def test_packed_rows_would_leak_without_document_masking():
+    """The check above can fail: plain causal attention over the packed row gives another loss."""
+    examples = random_examples(1, (30, 30))
+    model = tiny_llama()
+    batch = packed_batch(examples)
+    leaky = model(input_ids=batch["input_ids"], labels=batch["labels"], use_cache=False).loss
+    assert leaky.item() != pytest.approx(per_example_loss(model, examples).item(), rel=1e-4)
+
+
+def test_boundaries_from_position_ids_when_collator_gives_none():
+    examples = random_examples(2, (12, 9, 20))
+    model = tiny_llama()
+    prepare_model(model, FastSettings(), "cpu")
+    batch = packed_batch(examples)
+    with_cu = model(**batch, use_cache=False).loss
+    only_positions = {k: batch[k] for k in ("input_ids", "labels", "position_ids")}
+    assert model(**only_positions, use_cache=False).loss.item() == pytest.approx(with_cu.item(), rel=1e-6)
+
+
+def test_padded_batches_still_use_the_padding_mask():
+    """Evaluation and generation batches come padded: same outputs as transformers' SDPA."""
+    plain = tiny_llama()
+    fast = tiny_llama()
+    prepare_model(fast, FastSettings(), "cpu")
+    ids = torch.randint(5, 300, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    a = plain(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    b = fast(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    assert torch.allclose(a[0], b[0], atol=1e-5) and torch.allclose(a[1, :8], b[1, :8], atol=1e-5)
+
+
+def test_chunked_lm_head_loss_equals_full_logits_loss():
+    """TRL's fused LM head, which the fast path trains with, equals the plain cross-entropy."""
+    examples = random_examples(3, (25, 14, 31))
+    batch = packed_batch(examples)
+    model = tiny_llama()
+    prepare_model(model, FastSettings(), "cpu")
+    full = model(**batch, use_cache=False).loss
+    add_fused_lm_head(model, outputs=("log_probs",))
+    chunked = model(**batch, use_cache=False, fused_lm_head=True).loss
+    assert chunked.item() == pytest.approx(full.item(), rel=1e-6)
+
+
+def test_compiled_layers_share_one_graph_and_do_not_recompile():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny_llama()
+    eager = tiny_llama()
+    prepare_model(model, FastSettings(compile="off"), "cpu")
+    prepare_model(eager, FastSettings(compile="off"), "cpu")
+    assert compile_layers(model, backend="aot_eager") == 3
+    first = packed_batch(random_examples(4, (17, 40, 5)))
+    second = packed_batch(random_examples(5, (23, 8, 30, 11)))
+    model(**first, use_cache=False).loss.backward()
+    graphs = counters["stats"]["unique_graphs"]
+    out = model(**second, use_cache=False).loss
+    out.backward()
+    assert counters["stats"]["unique_graphs"] == graphs, "a new batch shape recompiled the layers"
+    assert out.item() == pytest.approx(eager(**second, use_cache=False).loss.item(), rel=1e-6)
+
+
+def test_fused_kernel_path_traces_into_one_graph_per_layer():
+    """On the kernel path (meta tensors stand in for CUDA), a layer compiles without graph breaks."""
+    with torch.device("meta"):
+        model = tiny_llama().to(torch.bfloat16)
+    prepare_model(model, FastSettings(compile="off"), "cpu")
+    layer = decoder_layers(model)[0]
+    t = 50
+    h = torch.randn(1, t, 64, device="meta", dtype=torch.bfloat16)
+    rope = torch.randn(1, t, 16, device="meta", dtype=torch.bfloat16)
+    cu = torch.zeros(4, dtype=torch.int32, device="meta")
+    explained = torch._dynamo.explain(layer.forward)(
+        h, position_embeddings=(rope, rope), cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=30, max_length_k=30
+    )
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_self_check_reports_small_errors_on_cpu():
+    errors = attention.self_check("cpu", torch.float64)
+    assert errors["fused"] == 0.0
+    assert max(v for k, v in errors.items() if k != "fused") < 1e-10
+
+
+def test_sft_overrides_per_batching_mode():
+    packed = sft_overrides(FastSettings(), "cuda")
+    assert packed["packing"] and packed["padding_free"] and packed["packing_strategy"] == "bfd"
+    assert packed["bf16"] and packed["optim"] == "adamw_torch_fused"
+    assert not packed.get("activation_checkpointing", packed.get("gradient_checkpointing"))
+    free = sft_overrides(FastSettings(batching="padding_free"), "cpu")
+    assert free["padding_free"] and "packing" not in free and "bf16" not in free
+    padded = sft_overrides(FastSettings(batching="padded", attention="sdpa"), "cuda")
+    assert "padding_free" not in padded
+
+
+def test_settings_reject_packing_without_document_masking():
+    with pytest.raises(ConfigError, match="varlen"):
+        from_mapping(FastSettings, {"attention": "sdpa"}, where="fast")
+    with pytest.raises(ConfigError, match="batching"):
+        from_mapping(FastSettings, {"batching": "pack"}, where="fast")
+    assert from_mapping(FastSettings, {"compile": "off"}, where="fast").compiles("cuda") is False
+    assert FastSettings().compiles("cuda") and not FastSettings().compiles("cpu")
+
+
+def test_attention_dropout_is_refused_up_front():
+    model = tiny_llama()
+    model.config.attention_dropout = 0.1
+    with pytest.raises(ConfigError, match="dropout"):
+        prepare_model(model, FastSettings(), "cpu")
