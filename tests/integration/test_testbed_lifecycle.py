@@ -234,3 +234,13 @@ def test_down_never_kills_a_reused_pid(tb: Testbed) -> None:
     finally:
         decoy.kill()
         decoy.wait()
+
+
+def test_down_without_a_state_file_finds_pid_files_and_names(tb: Testbed) -> None:
+    assert ctrain("testbed", "up").returncode == 0
+    pids = recorded_pids(tb)
+    tb.layout.state_file.unlink()
+    status = ctrain("testbed", "status")
+    assert status.returncode == 1 and "left over from an earlier start" in status.stdout
+    assert ctrain("testbed", "down").returncode == 0
+    assert all(gone(pid) for pid in pids.values()) and leftovers(tb) == []

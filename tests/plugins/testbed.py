@@ -22,7 +22,10 @@ MIN_NODES = 2
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the lifecycle tests (which stop and restart the testbed) before anything uses the testbed."""
-    items.sort(key=lambda item: not item.nodeid.startswith(LIFECYCLE_TESTS))
+    lifecycle = [item for item in items if item.nodeid.startswith(LIFECYCLE_TESTS)]
+    rest = [item for item in items if not item.nodeid.startswith(LIFECYCLE_TESTS)]
+    first = next((i for i, item in enumerate(rest) if "testbed" in getattr(item, "fixturenames", ())), len(rest))
+    items[:] = rest[:first] + lifecycle + rest[first:]
 
 
 @pytest.fixture(scope="session")

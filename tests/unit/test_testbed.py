@@ -182,3 +182,9 @@ def test_state_dir_from_environment(tmp_path: Path) -> None:
         [sys.executable, "-m", "ctrain", "testbed", "status", "--shared-dir"], env=env, capture_output=True, text=True
     )
     assert out.stdout.strip() == str(tmp_path / "from-env" / "shared"), out.stderr
+
+
+def test_exec_on_a_testbed_that_is_not_up(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["testbed", "exec", "--state-dir", str(tmp_path), "--", "true"])
+    assert result.exit_code == 1
+    assert f"error: the testbed in {tmp_path} is not up: run `ctrain testbed up` first" in result.output
