@@ -64,7 +64,7 @@ def test_an_impossible_job_is_refused_at_submit_time(testbed: Testbed, tmp_path:
 
 
 def test_signals_reach_the_batch_script(testbed: Testbed, tmp_path: Path) -> None:
-    body = 'trap \'echo "got USR1"; exit 0\' USR1\necho started\nfor i in $(seq 600); do sleep 0.1; done\n'
+    body = "trap 'echo \"got USR1\"; exit 0' USR1\necho started\nfor i in $(seq 600); do sleep 0.1; done\n"
     job = testbed.submit(job_script(tmp_path, body), "--output=api-%j.out", "--signal=B:USR1@30")
     deadline = time.monotonic() + 60
     while "started" not in (output(testbed, job) if (testbed.shared_dir / f"api-{job}.out").exists() else ""):
@@ -84,4 +84,4 @@ def test_requeue_runs_the_job_again(testbed: Testbed, tmp_path: Path) -> None:
         time.sleep(0.2)
     testbed.slurm(["scontrol", "requeue", job])
     assert testbed.wait(job, timeout=CRED_EXPIRE_S + 60) == "COMPLETED"
-    assert re.findall(r"^run \d+$", output(testbed, job), re.M) == ["run 0", "run 1"]
+    assert re.findall(r"^run \d+$", output(testbed, job), re.MULTILINE) == ["run 0", "run 1"]

@@ -147,7 +147,9 @@ class Testbed:
 
     # --- slurm and the job user ---------------------------------------------------------------------
 
-    def slurm(self, args: Sequence[str], *, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    def slurm(
+        self, args: Sequence[str], *, check: bool = True, timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
         """A Slurm client command as root, against this testbed's config."""
         return proc.run(list(args), check=check, timeout=timeout, env={"SLURM_CONF": str(self.slurm_conf)})
 
@@ -155,9 +157,9 @@ class Testbed:
         if not self.layout.state_file.exists():
             raise CtrainError(f"the testbed in {self.state_dir} is not up: run `ctrain testbed up` first")
         extra = [f"{k}={v}" for k, v in {"SLURM_CONF": str(self.slurm_conf), **(env or {})}.items()]
-        user = self.user
-        return ["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--init-groups",
-                "--reset-env", "--", "env", *extra, *map(os.fspath, args)]  # fmt: skip
+        user = pwd.getpwnam(self.user)
+        drop = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups", "--reset-env", "--"]
+        return [*drop, "env", *extra, *map(os.fspath, args)]
 
     def run_as_user(
         self,
@@ -170,9 +172,7 @@ class Testbed:
         input: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run a command as the job user (login-like environment) in the shared directory."""
-        return proc.run(
-            self._as_user(args, env), cwd=cwd or self.shared_dir, check=check, timeout=timeout, input=input
-        )
+        return proc.run(self._as_user(args, env), cwd=cwd or self.shared_dir, check=check, timeout=timeout, input=input)
 
     def stream_as_user(
         self, args: Sequence[str], *, env: Mapping[str, str] | None = None, on_line: Log | None = None
@@ -247,7 +247,9 @@ class Testbed:
         if state is None:
             leftovers = host.our_netns() + [n for n in host.our_links() if n == BRIDGE]
             running = [n for n, d in self._daemons(None).items() if host.is_ours(d, self.marker)]
-            problems = [f"left over from an earlier start: {', '.join(leftovers + running)}"] if leftovers or running else []
+            problems = (
+                [f"left over from an earlier start: {', '.join(leftovers + running)}"] if leftovers or running else []
+            )
             return Status(up=False, problems=problems)
         daemons = self._daemons(state)
         st = Status(up=True, controller_host=state.get("controller_host", ""))
@@ -285,7 +287,9 @@ class Testbed:
         memory_mb = machine_memory_mb()
         check_nodes(nodes, memory_mb)
         if not system.is_root():
-            raise CtrainError("`ctrain testbed up` must run as root: it starts Slurm daemons and creates network namespaces")
+            raise CtrainError(
+                "`ctrain testbed up` must run as root: it starts Slurm daemons and creates network namespaces"
+            )
         current = self.status()
         plan = node_plan(nodes)
         if current.up:
@@ -299,8 +303,10 @@ class Testbed:
                     f"a testbed with {len(current.nodes)} nodes is already up; to change the number of nodes, run "
                     f"`ctrain testbed down`, then `ctrain testbed up --nodes {nodes}`"
                 )
-            why = "its slurm.conf is not what this version of ctrain writes" if same else (
-                f"it is not fully up: {'; '.join(current.problems)}")  # fmt: skip
+            if same:
+                why = "its slurm.conf is not what this version of ctrain writes"
+            else:
+                why = f"it is not fully up: {'; '.join(current.problems)}"
             log(f"restarting the testbed ({why})")
             self._teardown()
         elif current.problems:
@@ -311,7 +317,7 @@ class Testbed:
         try:
             self._start(plan, memory_mb // nodes, log)
         except BaseException:
-            log("start failed; stopping what was started (logs are kept in " f"{self.layout.log_dir})")
+            log(f"start failed; stopping what was started (logs are kept in {self.layout.log_dir})")
             try:
                 self._teardown()
             except CtrainError as exc:
@@ -330,15 +336,15 @@ class Testbed:
     def _refuse_foreign(self, plan: list[Node]) -> None:
         """Never take over a Slurm setup, host names or a directory the testbed did not create."""
         link = SLURM_CONF_LINK
-        if link.exists() or link.is_symlink():
-            if not (link.is_symlink() and os.readlink(link) == str(self.slurm_conf)):
-                what = f"a link to {os.readlink(link)}" if link.is_symlink() else "a file"
-                raise CtrainError(
-                    f"{link} already exists ({what}) and was not created by this testbed; the testbed does not "
-                    f"replace an existing Slurm setup. Slurm commands read $SLURM_CONF, else {link}, so the "
-                    f"testbed needs that path: move the file away (and back after `ctrain testbed down`), "
-                    "or use a machine without Slurm configured"
-                )
+        ours = link.is_symlink() and os.readlink(link) == str(self.slurm_conf)
+        if (link.exists() or link.is_symlink()) and not ours:
+            what = f"a link to {os.readlink(link)}" if link.is_symlink() else "a file"
+            raise CtrainError(
+                f"{link} already exists ({what}) and was not created by this testbed; the testbed does not "
+                f"replace an existing Slurm setup. Slurm commands read $SLURM_CONF, else {link}, so the "
+                f"testbed needs that path: move the file away (and back after `ctrain testbed down`), "
+                "or use a machine without Slurm configured"
+            )
         foreign = host.foreign_daemons(("slurmctld", "slurmd"), self.marker)
         if foreign:
             raise CtrainError(
@@ -361,21 +367,55 @@ class Testbed:
             )
 
     def _start(self, plan: list[Node], memory_mb: int, log: Log) -> None:
+        self._prepare_files(plan, memory_mb)
+        state: dict = {
+            "user": JOB_USER,
+            "controller_host": socket.gethostname().split(".")[0],
+            "nodes": [{"name": n.name, "ip": n.ip} for n in plan],
+            "daemons": {},
+        }
+        self._save(state)
+
+        def start(name: str, argv: list[str]) -> None:
+            tool = re.match(r"[a-z]+", name).group()
+            state["daemons"][name] = host.start_daemon(argv, tool, self.layout.pid_file(name), self.marker).to_json()
+            self._save(state)
+
+        log(f"network: bridge {BRIDGE} ({CONTROLLER_IP}), {len(plan)} node namespaces")
+        host.network_up(plan)
+        host.write_in_place(host.HOSTS_FILE, hosts_with_ours(host.HOSTS_FILE.read_text(), plan))
+        log("starting munged, slurmctld")
+        start("munged", self._munged_argv())
+        start("slurmctld", [proc.require("slurmctld"), "-f", str(self.slurm_conf)])
+        self._wait_controller()
+        # Jobs saved by a controller that crashed would otherwise run again on the new nodes.
+        stale = self.slurm(["squeue", "-h", "-o", "%A"]).stdout.split()
+        if stale:
+            self.slurm(["scancel", *stale])
+            log(f"cancelled {len(stale)} job(s) left from before the last stop")
+        log(f"starting slurmd on {', '.join(n.name for n in plan)}")
+        for node in plan:
+            start(f"slurmd-{node.name}", self._slurmd_argv(node))
+        self._wait_ready(plan, log)
+        if host.fuse_needs_opening():
+            host.open_fuse()
+            log(
+                f"made {host.FUSE_DEVICE} usable by all users (mode 0666, the usual default): Apptainer needs it "
+                "to mount images as an unprivileged user"
+            )
+
+    def _prepare_files(self, plan: list[Node], memory_mb: int) -> None:
+        """Directories, the job user and shared dir, the munge key, slurm.conf and its /etc/slurm link."""
         lay = self.layout
-        cpus = machine_cpus()
-        controller = socket.gethostname().split(".")[0]
-        for directory, mode in ((lay.root, 0o755), (lay.run_dir, 0o755), (lay.log_dir, 0o755), (lay.munge_dir, 0o700),
-                                (lay.spool_dir, 0o755), (lay.controller_state_dir, 0o700)):  # fmt: skip
+        private = (lay.munge_dir, lay.controller_state_dir)
+        for directory in (lay.root, lay.run_dir, lay.log_dir, lay.spool_dir, *private):
+            mode = 0o700 if directory in private else 0o755
             directory.mkdir(parents=True, exist_ok=True)
             directory.chmod(mode)
         user = host.ensure_user(JOB_USER)
         lay.shared_dir.mkdir(exist_ok=True)
         os.chown(lay.shared_dir, user.pw_uid, user.pw_gid)
         lay.shared_dir.chmod(0o755)
-        state: dict = {"user": JOB_USER, "controller_host": controller, "cpus": cpus, "memory_mb": memory_mb,
-                       "nodes": [{"name": n.name, "ip": n.ip} for n in plan], "daemons": {}}  # fmt: skip
-        self._save(state)
-
         if not lay.munge_key.exists():
             fd = os.open(lay.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
             with os.fdopen(fd, "wb") as handle:
@@ -385,44 +425,26 @@ class Testbed:
             SLURM_CONF_LINK.parent.mkdir(parents=True, exist_ok=True)
             SLURM_CONF_LINK.symlink_to(lay.slurm_conf)
 
-        log(f"network: bridge {BRIDGE} ({CONTROLLER_IP}), {len(plan)} node namespaces")
-        host.network_up(plan)
-        host.write_in_place(host.HOSTS_FILE, hosts_with_ours(host.HOSTS_FILE.read_text(), plan))
+    def _munged_argv(self) -> list[str]:
+        lay = self.layout
+        return [
+            proc.require("munged"),
+            f"--socket={lay.munge_socket}",
+            f"--key-file={lay.munge_key}",
+            f"--pid-file={lay.pid_file('munged')}",
+            f"--log-file={lay.log_file('munged')}",
+            f"--seed-file={lay.munge_dir / 'munged.seed'}",
+        ]
 
-        def started(name: str, daemon: host.Daemon) -> None:
-            state["daemons"][name] = daemon.to_json()
-            self._save(state)
+    def _slurmd_argv(self, node: Node) -> list[str]:
+        """slurmd in the node's network namespace, with the node's hostname in a new UTS namespace.
 
-        log("starting munged, slurmctld")
-        started("munged", host.start_daemon(
-            [proc.require("munged"), f"--socket={lay.munge_socket}", f"--key-file={lay.munge_key}",
-             f"--pid-file={lay.pid_file('munged')}", f"--log-file={lay.log_file('munged')}",
-             f"--seed-file={lay.munge_dir / 'munged.seed'}"],
-            "munged", lay.pid_file("munged"), self.marker))  # fmt: skip
-        started("slurmctld", host.start_daemon(
-            [proc.require("slurmctld"), "-f", str(lay.slurm_conf)], "slurmctld", lay.pid_file("slurmctld"),
-            self.marker))  # fmt: skip
-        self._wait_controller()
-        # Jobs saved by a controller that crashed would otherwise run again on the new nodes.
-        stale = self.slurm(["squeue", "-h", "-o", "%A"]).stdout.split()
-        if stale:
-            self.slurm(["scancel", *stale])
-            log(f"cancelled {len(stale)} job(s) left from before the last stop")
-        log(f"starting slurmd on {', '.join(n.name for n in plan)}")
-        slurmd, hostname = proc.require("slurmd"), proc.require("hostname")
-        for node in plan:
-            # `ip netns exec` would remount /sys without the cgroup mounts slurmd needs: enter only the
-            # network namespace, and give the node its own hostname in a new UTS namespace.
-            argv = ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--uts", "--",
-                    "/bin/sh", "-c", f'{shlex.quote(hostname)} "$0" && exec "$@"', node.name,
-                    slurmd, "-f", str(lay.slurm_conf), "-N", node.name]  # fmt: skip
-            name = f"slurmd-{node.name}"
-            started(name, host.start_daemon(argv, "slurmd", lay.pid_file(name), self.marker))
-        self._wait_ready(plan, log)
-        if host.fuse_needs_opening():
-            host.open_fuse()
-            log(f"made {host.FUSE_DEVICE} usable by all users (mode 0666, the usual default): Apptainer needs it "
-                "to mount images as an unprivileged user")  # fmt: skip
+        Only the network namespace is entered: `ip netns exec` would remount /sys without the
+        cgroup mounts slurmd needs.
+        """
+        enter = ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--uts", "--"]
+        set_hostname = ["/bin/sh", "-c", f'{shlex.quote(proc.require("hostname"))} "$0" && exec "$@"', node.name]
+        return [*enter, *set_hostname, proc.require("slurmd"), "-f", str(self.slurm_conf), "-N", node.name]
 
     def _wait_controller(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -472,7 +494,9 @@ class Testbed:
         state = self._state()
         daemons = self._daemons(state)
         done: list[str] = []
-        by_tool = {t: [n for n in daemons if re.match(r"[a-z]+", n).group() == t] for t in ("munged", "slurmctld", "slurmd")}
+        by_tool = {
+            t: [n for n in daemons if re.match(r"[a-z]+", n).group() == t] for t in ("munged", "slurmctld", "slurmd")
+        }
         if any(host.is_ours(daemons[n], self.marker) for n in by_tool["slurmctld"]):
             jobs = self.slurm(["squeue", "-h", "-o", "%A"], check=False).stdout.split()
             if jobs:

@@ -79,7 +79,7 @@ def check_nodes(count: int, memory_mb: int) -> None:
 def machine_memory_mb() -> int:
     """Total memory from /proc/meminfo, in MB."""
     text = Path("/proc/meminfo").read_text()
-    match = re.search(r"^MemTotal:\s+(\d+) kB", text, re.M)
+    match = re.search(r"^MemTotal:\s+(\d+) kB", text, re.MULTILINE)
     if not match:
         raise ParseError("/proc/meminfo", text[:500])
     return int(match.group(1)) // 1024
