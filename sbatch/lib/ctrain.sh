@@ -7,7 +7,7 @@
 # Steps, one function each, in the order ctrain_main runs them:
 #   ctrain_settings     CTRAIN_* variables and their defaults (docs/sbatch.md lists them all)
 #   ctrain_allocation   nodes, processes per node, rendezvous address and port, from the allocation
-#   ctrain_environment  unbuffered Python, threads per process, signal forwarding, AWS EFA
+#   ctrain_environment  unbuffered Python, threads per process, shutdown timeout, AWS EFA
 #   ctrain_container    `apptainer exec ...` words, or pyxis's `srun --container-*` options
 #   ctrain_launcher     torchrun (default), accelerate launch, or DeepSpeed through torchrun
 #   ctrain_run          srun; forward the time-limit signal; requeue when the run asks for it
@@ -96,9 +96,8 @@ ctrain_environment() {
     export PYTHONUNBUFFERED=1 # every line reaches logs/%x-%j.out as it is printed
     export PYTHONNOUSERSITE=1 # packages in ~/.local on the host must not shadow the image's
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cpus / CTRAIN_NPROC_PER_NODE > 0 ? cpus / CTRAIN_NPROC_PER_NODE : 1))}
-    # torchrun (and accelerate, which runs torchrun's agent) forwards these signals to every
-    # worker and then waits this long for them to exit: USR1 is the time-limit warning.
-    export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
+    # After TERM (preemption, scancel) torchrun forwards it to its workers and waits this long for
+    # them to save a checkpoint and exit; Slurm's own time limit is the hard bound anyway.
     export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-600}
     local forced=(PYTHONUNBUFFERED PYTHONNOUSERSITE OMP_NUM_THREADS)
     if [[ $CTRAIN_LAUNCHER == accelerate && ${SLURM_GPUS_ON_NODE:-0} -eq 0 ]]; then
@@ -227,9 +226,15 @@ ctrain_launcher() {
 
 # What each srun task runs, once per node, inside the container (`sh -c`: any image has a POSIX
 # shell; the launcher's words follow as "$@"). Only here are the node's own values known.
-# enroot's PyTorch hook (pyxis, images with PYTORCH_VERSION) sets RANK, WORLD_SIZE, MASTER_* from
-# SLURM_* as if each task were one worker: unset, so only torchrun's own values reach the workers.
+# - enroot's PyTorch hook (pyxis, images with PYTORCH_VERSION) sets RANK, WORLD_SIZE, MASTER_* from
+#   SLURM_* as if each task were one worker: unset, so only torchrun's own values reach the workers.
+# - The launcher's PID goes to CTRAIN_PIDS (in the project directory, the working directory), so
+#   the time-limit warning can be handed to its workers and to nothing else (ctrain_forward).
+# - A stray USR1 must not kill the launcher: it ignores it (ignoring survives exec; the workers
+#   install their own handler).
 CTRAIN_TASK='unset RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT
+trap "" USR1
+echo $$ >"$CTRAIN_PIDS/$(uname -n).pid"
 if [ "$1" = accelerate ]; then shift 2; set -- accelerate launch --machine_rank="$SLURM_NODEID" "$@"; fi
 echo "ctrain: $(uname -n): $*"
 exec "$@"'
@@ -253,10 +258,11 @@ ctrain_run() {
     [[ $CTRAIN_DRY_RUN != 1 ]] || return 0
 
     CTRAIN_SIGNAL=
+    export CTRAIN_PIDS=.ctrain/$SLURM_JOB_ID # relative to the project directory, on every node
+    mkdir -p "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS"
     "${CTRAIN_SRUN[@]}" &
     CTRAIN_STEP_PID=$!
-    # #SBATCH --signal=B:USR1@SECONDS warns this shell (only) before the time limit: pass it on
-    # to every task of the step; torchrun forwards it to the workers, which save a checkpoint.
+    # #SBATCH --signal=B:USR1@SECONDS warns this shell (only) before the time limit: pass it on.
     trap 'ctrain_forward USR1' USR1
     # Preemption and scancel send TERM to every process of the job themselves: keep waiting
     # for the workers' checkpoint instead of dying first.
@@ -268,15 +274,22 @@ ctrain_run() {
         kill -0 "$CTRAIN_STEP_PID" 2>/dev/null || break # wait returned early for a trapped signal
     done
     trap - USR1 TERM
+    rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_PIDS"
+    rmdir "$CTRAIN_PROJECT_DIR/.ctrain" 2>/dev/null
     echo "ctrain: step exited with $rc${CTRAIN_SIGNAL:+ after SIG$CTRAIN_SIGNAL}"
     ctrain_requeue_if_asked "$rc"
     return "$rc"
 }
 
+# Hand a signal to the training workers (the launcher's children) on every node, through a
+# short step beside the training step. Not through the step itself: Slurm would signal every
+# process in it, the launcher (which forwards only TERM, INT, HUP, QUIT) and Apptainer's
+# squashfuse, whose end takes the image's files away from the workers mid-checkpoint.
 ctrain_forward() {
     CTRAIN_SIGNAL=$1
-    echo "ctrain: SIG$1 (time limit near): forwarding it to the training step"
-    kill -s "$1" "$CTRAIN_STEP_PID" # srun passes it to every task on every node
+    echo "ctrain: SIG$1 (time limit near): passing it to the training processes on every node"
+    srun --overlap --nodes="$CTRAIN_NNODES" --ntasks="$CTRAIN_NNODES" --ntasks-per-node=1 \
+        sh -c 'pkill -"$0" -P "$(cat "$1/$(uname -n).pid")"' "$1" "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS"
 }
 
 # The run asked to come back: it was warned of the time limit, or the trainer exited with its

@@ -367,9 +367,10 @@ def logs(job_id: str, follow: bool) -> None:
 
 @main.command()
 @click.argument("job_id")
-@click.option("--signal", "-s", "signal_name", help="Send this signal to the job's steps instead (e.g. USR1).")
+@click.option("--signal", "-s", "signal_name", help="Send this signal to the job's batch script instead, as the "
+              "time-limit warning does (USR1: checkpoint and requeue).")  # fmt: skip
 def cancel(job_id: str, signal_name: str | None) -> None:
-    """Cancel a job (scancel), or send its steps a signal."""
+    """Cancel a job (scancel), or send its batch script a signal."""
     from ctrain import slurm
 
     slurm.cancel(job_id, signal=signal_name)

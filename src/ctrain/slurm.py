@@ -311,10 +311,14 @@ def follow(job_id: str, *, emit: Callable[[str], None], poll: float = 1.0, searc
 
 
 def cancel(job_id: str, *, signal: str | None = None) -> None:
-    """``scancel`` the job (or send it ``signal``: to its steps, as scancel does)."""
+    """``scancel`` the job, or send ``signal`` to its batch script only (``scancel --batch``).
+
+    The batch script is where Slurm's ``--signal=B:USR1@N`` time-limit warning goes too; ctrain's
+    scripts pass USR1 on to the training processes (and to nothing else) and then requeue.
+    """
     args = ["scancel", check_job_id(job_id)]
     if signal:
-        args[1:1] = [f"--signal={signal}"]
+        args[1:1] = ["--batch", f"--signal={signal}"]
     proc.run(args)
 
 

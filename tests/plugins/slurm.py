@@ -46,7 +46,7 @@ while [[ $# -gt 0 && $1 == -* ]]; do
     esac
     shift
 done
-[[ -n $image ]] || { echo "srun (pyxis double): no --container-image" >&2; exit 1; }
+[[ -n $image ]] || exec REAL_SRUN "${options[@]}" "$@" # no container: plain srun, as with pyxis
 HOOK
 echo "pyxis double: ${options[*]} ${container[*]} $image $1 ..." >&2
 exec REAL_SRUN "${options[@]}" "${container[@]}" "$image" "$@"

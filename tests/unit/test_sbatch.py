@@ -134,7 +134,7 @@ def test_recipe_and_overrides_reach_the_trainer(slurm_conf: Path) -> None:
     assert words[words.index("ctrain-task") + 1] == "torchrun"
 
 
-def test_accelerate_machine_rank_per_node(slurm_conf: Path) -> None:
+def test_accelerate_machine_rank_per_node(slurm_conf: Path, tmp_path: Path) -> None:
     env = {**allocation(2, gpus=0, tasks_per_node=2), "CTRAIN_LAUNCHER": "accelerate"}
     result = dry_run("apptainer_multinode", env=env, slurm_conf=slurm_conf)
     words = srun_words(result.stdout)
@@ -143,20 +143,27 @@ def test_accelerate_machine_rank_per_node(slurm_conf: Path) -> None:
     assert {"--num_machines=2", "--num_processes=4", "--main_process_ip=gpu001", "--rdzv_backend=c10d"} <= set(launch)
     # The per-node part: the task script inserts the node's own rank, here run as node 1 would.
     task = words[words.index("-c") + 1]
-    shown = subprocess.run(["sh", "-c", task.replace('exec "$@"', "true"), "ctrain-task", *launch],
-                           env={"SLURM_NODEID": "1", "PATH": os.environ["PATH"]}, capture_output=True, text=True)  # fmt: skip
+    shown = subprocess.run(["sh", "-c", task.replace('exec "$@"', "true"), "ctrain-task", *launch], cwd=tmp_path,
+                           env={"SLURM_NODEID": "1", "PATH": os.environ["PATH"], "CTRAIN_PIDS": "."},
+                           capture_output=True, text=True)  # fmt: skip
     assert f"ctrain: {os.uname().nodename}: accelerate launch --machine_rank=1 --multi_gpu" in shown.stdout
 
 
-def test_enroot_hook_variables_do_not_reach_the_launcher(slurm_conf: Path) -> None:
-    """enroot's PyTorch hook sets RANK/WORLD_SIZE/MASTER_* per task; the task script drops them."""
+def test_task_script_drops_hook_variables_records_pid_ignores_usr1(slurm_conf: Path, tmp_path: Path) -> None:
+    """enroot's PyTorch hook sets RANK/WORLD_SIZE/MASTER_* per task; the task script drops them,
+    leaves the launcher's PID where the time-limit warning finds it, and makes USR1 harmless to it."""
     words = srun_words(dry_run("pyxis_multinode", env=allocation(2), slurm_conf=slurm_conf).stdout)
     task = words[words.index("-c") + 1]
     hook = {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "gpu001", "MASTER_PORT": "61000"}
-    probe = subprocess.run(["sh", "-c", task, "ctrain-task", "env"], env={"PATH": os.environ["PATH"], **hook},
-                           capture_output=True, text=True)  # fmt: skip
+    launcher = 'kill -USR1 $$; sleep 0.2; env; echo "pid $$"'  # a USR1 it did not ignore would end it first
+    (tmp_path / "pids").mkdir()
+    probe = subprocess.run(["sh", "-c", task, "ctrain-task", "sh", "-c", launcher], cwd=tmp_path,
+                           env={"PATH": os.environ["PATH"], "CTRAIN_PIDS": "pids", **hook}, capture_output=True, text=True)  # fmt: skip
     seen = dict(line.split("=", 1) for line in probe.stdout.splitlines() if "=" in line and not line.startswith("ctrain:"))
+    assert probe.returncode == 0, probe.stderr
     assert not set(hook) & set(seen), seen
+    pid = re.search(r"^pid (\d+)$", probe.stdout, re.M).group(1)
+    assert (tmp_path / "pids" / f"{os.uname().nodename}.pid").read_text().strip() == pid
 
 
 def test_apptainer_mounts_env_and_home(slurm_conf: Path) -> None:
