@@ -407,6 +407,10 @@ class Testbed:
     def _prepare_files(self, plan: list[Node], memory_mb: int) -> None:
         """Directories, the job user and shared dir, the munge key, slurm.conf and its /etc/slurm link."""
         lay = self.layout
+        for parent in reversed(lay.root.parents):
+            if not parent.exists():  # made reachable for the job user whatever the umask
+                parent.mkdir()
+                parent.chmod(0o755)
         private = (lay.munge_dir, lay.controller_state_dir)
         for directory in (lay.root, lay.run_dir, lay.log_dir, lay.spool_dir, *private):
             mode = 0o700 if directory in private else 0o755
