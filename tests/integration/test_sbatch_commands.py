@@ -1,0 +1,91 @@
+"""`ctrain status`, `ctrain logs [-f]` and `ctrain cancel` against the testbed's real Slurm (seconds each)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ctrain import slurm
+from ctrain.cli import main
+
+pytestmark = pytest.mark.integration
+
+
+def _job(testbed, tmp_dir: Path, body: str, name: str) -> str:
+    script = tmp_dir / f"{name}.sbatch"
+    script.write_text(f"#!/bin/sh\n#SBATCH --job-name={name}\n#SBATCH --output=logs/%x-%j.out\n{body}\n")
+    return testbed.run_as_user(["sbatch", "--parsable", str(script)], cwd=tmp_dir).stdout.strip()
+
+
+@pytest.fixture()
+def workdir(sbatch_project) -> Path:
+    return sbatch_project.path
+
+
+def _wait_state(job_id: str, states: set[str], timeout: float = 60) -> slurm.Job:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = slurm.job(job_id)
+        if job and job.state in states:
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.5)
+
+
+def test_status_logs_cancel(testbed, workdir: Path) -> None:
+    job_id = _job(testbed, workdir, "echo started on $(hostname)\nsleep 120", "statusprobe")
+    running = _wait_state(job_id, {"RUNNING"})
+    assert running.where in ("node1", "node2") and running.name == "statusprobe"
+
+    result = CliRunner().invoke(main, ["status", job_id])
+    assert result.exit_code == 0, result.output
+    assert re.search(rf"^{job_id}\s+statusprobe\s+RUNNING\s", result.output, re.M), result.output
+
+    path = slurm.log_path(job_id)
+    assert path == workdir / "logs" / f"statusprobe-{job_id}.out"
+    deadline = time.monotonic() + 30
+    while "started on" not in (text := CliRunner().invoke(main, ["logs", job_id]).output):
+        assert time.monotonic() < deadline, text
+        time.sleep(0.5)
+    assert f"started on {running.where}" in text
+
+    followed: list[str] = []
+    follower = threading.Thread(target=lambda: followed.append(str(slurm.follow(job_id, emit=followed.append, poll=0.5))))
+    follower.start()
+    result = CliRunner().invoke(main, ["cancel", job_id])
+    assert result.exit_code == 0 and f"job {job_id}: cancelled" in result.output
+    follower.join(timeout=60)
+    assert not follower.is_alive(), "ctrain logs -f did not stop when the job ended"
+    assert f"started on {running.where}" in followed and "CANCELLED" in followed[-1]
+
+    result = CliRunner().invoke(main, ["status", job_id])
+    assert re.search(rf"^{job_id}\s+statusprobe\s+CANCELLED\s", result.output, re.M), result.output
+
+
+def test_signal_goes_to_the_batch_script_only(testbed, workdir: Path) -> None:
+    """`ctrain cancel --signal` does what `#SBATCH --signal=B:...` does: the batch script gets it, steps do not."""
+    body = ("trap 'echo batch got USR1; kill $step' USR1\n"
+            "srun sh -c 'trap \"echo step got USR1\" USR1; while :; do sleep 1; done' & step=$!\n"
+            "wait $step; wait $step; echo batch done")  # fmt: skip
+    job_id = _job(testbed, workdir, body, "signalprobe")
+    _wait_state(job_id, {"RUNNING"})
+    time.sleep(3)  # the step has started and set its trap
+    result = CliRunner().invoke(main, ["cancel", "--signal", "USR1", job_id])
+    assert result.exit_code == 0 and f"job {job_id}: sent SIGUSR1" in result.output
+    final = slurm.wait(job_id, timeout=60)
+    log = slurm.log_path(job_id).read_text()
+    assert "batch got USR1" in log and "batch done" in log and "step got USR1" not in log, log
+    assert final.state == "COMPLETED"
+
+
+def test_unknown_and_malformed_jobs(testbed) -> None:
+    assert slurm.status(["999999"])[0].state == "UNKNOWN"
+    result = CliRunner().invoke(main, ["logs", "999999"])
+    assert result.exit_code == 1 and "no log for job 999999" in result.output
+    result = CliRunner().invoke(main, ["cancel", "12;ls"])
+    assert result.exit_code == 1 and "is not a Slurm job id" in result.output
