@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import signal
 import stat
 import time
@@ -59,10 +60,14 @@ def proc_info(pid: int) -> ProcInfo | None:
     base = Path("/proc") / str(pid)
     try:
         stat_text = (base / "stat").read_text()
-        exe = os.readlink(base / "exe")
-        cmdline = (base / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        argv = (base / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        try:
+            exe = os.readlink(base / "exe")
+        except PermissionError:  # another user's process, seen without root: trust its argv[0]
+            exe = os.path.realpath(shutil.which(argv[0]) or argv[0])
+    except (FileNotFoundError, ProcessLookupError):
         return None
+    cmdline = " ".join(argv).strip()
     # Fields after the command name (which may hold spaces) start after the last ')'.
     rest = stat_text[stat_text.rindex(")") + 2 :].split()
     program = os.path.basename(exe.removesuffix(" (deleted)"))
