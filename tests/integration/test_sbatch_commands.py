@@ -89,3 +89,12 @@ def test_unknown_and_malformed_jobs(testbed) -> None:
     assert result.exit_code == 1 and "no log for job 999999" in result.output
     result = CliRunner().invoke(main, ["cancel", "12;ls"])
     assert result.exit_code == 1 and "is not a Slurm job id" in result.output
+
+
+@pytest.mark.parametrize("script", ["pyxis", "pyxis_multinode", "apptainer", "apptainer_multinode"])
+def test_scripts_pass_sbatch_test_only(testbed, sbatch_project, script: str) -> None:
+    """Slurm accepts every script's #SBATCH header as the job user would submit it (nothing queued)."""
+    out = testbed.run_as_user(["sbatch", "--test-only", f"sbatch/{script}.sbatch"], cwd=sbatch_project.path, check=False)
+    assert out.returncode == 0, out.stderr
+    nodes = "node1" if script in ("pyxis", "apptainer") else "node[1-2]"
+    assert re.search(rf"Job \d+ to start at \S+ using \d+ processors on nodes {re.escape(nodes)} in partition", out.stderr), out.stderr

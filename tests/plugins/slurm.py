@@ -47,9 +47,14 @@ while [[ $# -gt 0 && $1 == -* ]]; do
     shift
 done
 [[ -n $image ]] || exec REAL_SRUN "${options[@]}" "$@" # no container: plain srun, as with pyxis
+# enroot starts the container with the image's /etc/environment (Apptainer reads its own files).
+environment=$(mktemp "$(dirname "$0")/environment.XXXXXX")
+trap 'rm -f "$environment"' EXIT
+unsquashfs -cat "$image" etc/environment >"$environment"
+container+=(--env-file "$environment")
 HOOK
 echo "pyxis double: ${options[*]} ${container[*]} $image $1 ..." >&2
-exec REAL_SRUN "${options[@]}" "${container[@]}" "$image" "$@"
+REAL_SRUN "${options[@]}" "${container[@]}" "$image" "$@"
 """
 
 
