@@ -334,7 +334,7 @@ ctrain_summary() {
     echo "ctrain: job ${SLURM_JOB_ID} '${SLURM_JOB_NAME:-}' restart ${SLURM_RESTART_COUNT:-0}" \
         "on $CTRAIN_NNODES node(s) [${SLURM_JOB_NODELIST}] x $CTRAIN_NPROC_PER_NODE process(es)"
     echo "ctrain: $CTRAIN_RUNTIME image $CTRAIN_IMAGE, $CTRAIN_LAUNCHER, recipe $CTRAIN_RECIPE" \
-        "${CTRAIN_OVERRIDES[*]}, rendezvous $CTRAIN_MASTER_ADDR:$CTRAIN_MASTER_PORT"
+        "${CTRAIN_OVERRIDES[*]:+${CTRAIN_OVERRIDES[*]} }(rendezvous $CTRAIN_MASTER_ADDR:$CTRAIN_MASTER_PORT)"
 }
 
 # ctrain_main RUNTIME [RECIPE] [KEY=VALUE ...]: the whole job.
