@@ -47,7 +47,6 @@ CASES: dict[str, Case] = {
         Case("ctrain", FastSettings(), description="ctrain default: packed 32k tokens/device, varlen, compiled"),
         Case("ctrain-16k", FastSettings(tokens_per_device=16384), description="ctrain, 16k tokens (8 rows)/device"),
         Case("ctrain-eager", FastSettings(compile="off"), description="ctrain default without torch.compile"),
-        Case("ctrain-cpp", FastSettings(cpp_wrapper=True), description="ctrain default, inductor C++ wrapper"),
     )
 }
 

@@ -20,7 +20,7 @@ from typing import Any
 from ctrain import proc, ui
 from ctrain.bench.run import CASES, Case, run_case
 from ctrain.bench.spec import BenchSpec
-from ctrain.errors import ConfigError, CtrainError
+from ctrain.errors import CommandError, ConfigError, CtrainError
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -135,7 +135,14 @@ def sweep(
             launcher = [sys.executable] if n == 1 else [sys.executable, "-m", "torch.distributed.run"]
             launcher += [] if n == 1 else ["--standalone", f"--nproc_per_node={n}"]
             ui.info(f"bench: {label}")
-            proc.stream([*launcher, *worker], prefix=f"[{label}] ", env={"PYTHONUNBUFFERED": "1"})
+            env = {"PYTHONUNBUFFERED": "1"}
+            if n == 1:  # one process seeing several GPUs would get nn.DataParallel, which TRL refuses
+                env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+            try:
+                proc.stream([*launcher, *worker], prefix=f"[{label}] ", env=env)
+            except CommandError as exc:  # keep the other counts' numbers
+                results.append({"case": case.name, "world_size": n, "error": str(exc).splitlines()[0]})
+                continue
             results.extend(json.loads(path.read_text())["results"])
     return results
 

@@ -34,8 +34,6 @@ class FastSettings:
     attention: Literal["varlen", "sdpa"] = "varlen"
     # ``auto``: compile the decoder layers on CUDA, not on CPU (compiling there costs more than it saves).
     compile: Literal["auto", "layers", "off"] = "auto"
-    # Inductor's C++ wrapper around the compiled kernels: less CPU time per layer call, longer compile.
-    cpp_wrapper: bool = False
     # ``packed``: examples packed into rows of ``max_length`` tokens (best-fit decreasing), each batch
     # passed padding-free; ``padding_free``: a batch's examples as they come, concatenated without
     # padding (same batches as padded training); ``padded``: the trainer's default padded batches.
@@ -103,7 +101,7 @@ def decoder_layers(model: Any) -> list[Any]:
     return layers
 
 
-def compile_layers(model: Any, backend: str = "inductor", cpp_wrapper: bool = False) -> int:
+def compile_layers(model: Any, backend: str = "inductor") -> int:
     """Compile each decoder layer's forward in place; returns how many.
 
     Only ``forward`` is compiled, not the module call, so FSDP's and DDP's hooks stay outside
@@ -118,9 +116,8 @@ def compile_layers(model: Any, backend: str = "inductor", cpp_wrapper: bool = Fa
     # in the first batch (the head count, say) and compile again when they differ.
     fx_config.use_duck_shape = False
     layers = decoder_layers(model)
-    options = {"cpp_wrapper": True} if cpp_wrapper else None
     for layer in layers:
-        layer.forward = torch.compile(layer.forward, dynamic=True, backend=backend, options=options)
+        layer.forward = torch.compile(layer.forward, dynamic=True, backend=backend)
     return len(layers)
 
 
@@ -134,5 +131,5 @@ def prepare_model(model: Any, settings: FastSettings, device_type: str) -> Any:
             raise ConfigError("fast.attention: varlen has no attention dropout; set the model's attention_dropout to 0")
         model.set_attn_implementation(register())
     if settings.compiles(device_type):
-        compile_layers(model, cpp_wrapper=settings.cpp_wrapper)
+        compile_layers(model)
     return model
