@@ -38,7 +38,7 @@ ctrain_settings() {
     : "${CTRAIN_MOUNT_HOME:=0}"                  # 1: mount $HOME in the container
     : "${CTRAIN_CONTAINER_ENV:=}"                # NAME,... whose host values win over the image's
     : "${CTRAIN_EFA:=0}"                         # 1: AWS EFA settings for NCCL (see ctrain_environment)
-    : "${CTRAIN_REQUEUE_EXIT:=124}"              # the trainer's "checkpointed, requeue me" exit code
+    : "${CTRAIN_REQUEUE_EXIT:=75}"               # the trainer's "checkpointed, requeue me" exit code
     : "${CTRAIN_MAX_REQUEUES:=10}"               # stop requeueing after this many restarts
     : "${CTRAIN_DRY_RUN:=0}"                     # 1: print the commands instead of running them
 

@@ -13,9 +13,11 @@ Python never restates a default.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -143,6 +145,12 @@ class Job:
             f"# in {self.project}:\n{shlex.join(self.command)} <<'CTRAIN_SCRIPT'\n"
             f"{self.text}CTRAIN_SCRIPT\n"
         )
+
+    @property
+    def world_size(self) -> int:
+        """Training processes: nodes x (GPUs per node, else tasks per node), as the scripts derive it."""
+        per_node = self.options.get("gpus-per-node") or self.options.get("ntasks-per-node") or "1"
+        return int(self.options.get("nodes") or 1) * int(per_node.rsplit(":", 1)[-1])
 
     @property
     def log_dir(self) -> Path:
@@ -359,9 +367,9 @@ def check(job: Job) -> list[str]:
     warnings: list[str] = []
     s = job.settings
     check_image(s["CTRAIN_IMAGE"], job.runtime)
-    check_recipe(job)
     if s["CTRAIN_LAUNCHER"] == "deepspeed":
         _project_file(job, s["CTRAIN_DEEPSPEED_CONFIG"], "the DeepSpeed config (CTRAIN_DEEPSPEED_CONFIG)")
+    warnings += check_recipe(job)
     if s.get("CTRAIN_ACCELERATE_CONFIG"):
         _project_file(job, s["CTRAIN_ACCELERATE_CONFIG"], "the accelerate config (CTRAIN_ACCELERATE_CONFIG)")
     if s.get("CTRAIN_DATA") and not Path(s["CTRAIN_DATA"]).is_dir():
@@ -419,14 +427,39 @@ def _image_kind(path: Path) -> str:
     return "not a container image (neither SIF nor squashfs)"
 
 
-def check_recipe(job: Job) -> None:
-    """The recipe exists inside the project and validates, with the overrides, without torch."""
-    recipe = job.settings["CTRAIN_RECIPE"]
-    path = _project_file(job, recipe, "the recipe")
-    overrides = job.arguments[1:] if job.arguments and "=" not in job.arguments[0] else job.arguments
+# Where the container sees the project and the mounts (containers/Dockerfile): paths there
+# cannot be checked from the login node.
+_CONTAINER_TARGETS = ("/workspace", "/data", "/hf_home", "/outputs")
+
+
+def check_recipe(job: Job) -> list[str]:
+    """The recipe exists inside the project and validates with the overrides, as the job will run it
+    (from the project directory, on nodes x processes per node), without torch; returns notes."""
+    from ctrain.train.recipe import check_recipe as check_paths
     from ctrain.train.recipe import load_recipe
 
-    load_recipe(path, list(overrides))
+    path = _project_file(job, job.settings["CTRAIN_RECIPE"], "the recipe")
+    overrides = job.arguments[1:] if job.arguments and "=" not in job.arguments[0] else list(job.arguments)
+    if job.settings["CTRAIN_LAUNCHER"] == "deepspeed":
+        overrides.append(f"training.deepspeed={job.settings['CTRAIN_DEEPSPEED_CONFIG']}")
+    recipe = load_recipe(path, overrides)
+    with _cwd(job.project):
+        try:
+            return check_paths(recipe, world_size=job.world_size)
+        except ConfigError as exc:
+            if not any(target in str(exc) for target in _CONTAINER_TARGETS):
+                raise
+            return [f"not checked from here (a path inside the container): {exc}"]
+
+
+@contextlib.contextmanager
+def _cwd(directory: Path) -> Iterator[None]:
+    before = Path.cwd()
+    os.chdir(directory)
+    try:
+        yield
+    finally:
+        os.chdir(before)
 
 
 def _project_file(job: Job, name: str, what: str) -> Path:

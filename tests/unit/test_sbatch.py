@@ -298,3 +298,9 @@ def test_docs_list_every_setting_with_its_default() -> None:
         assert name in rows, f"docs/sbatch.md has no row for {name}"
         for value in values:
             assert f"`{value}`" in rows[name], f"docs/sbatch.md: {name} defaults to {value!r} in the library, not {rows[name]!r}"
+
+
+def test_requeue_code_is_the_trainers() -> None:
+    from ctrain.train.recipe import PREEMPTED_EXIT_CODE
+
+    assert lib_defaults()["CTRAIN_REQUEUE_EXIT"] == [str(PREEMPTED_EXIT_CODE)]

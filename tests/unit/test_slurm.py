@@ -311,3 +311,25 @@ def test_default_image_is_what_ctrain_convert_writes(tmp_path: Path, monkeypatch
     monkeypatch.setenv("IMAGE", "/elsewhere/x.sif")  # the job sees IMAGE too; the script library decides
     job = submit.prepare(config)
     assert "export CTRAIN_IMAGE" not in job.text and job.settings["CTRAIN_IMAGE"] == "/elsewhere/x.sif"
+
+
+def _demo_project(tmp_path: Path, yaml: str = "") -> Path:
+    shutil.copytree(REPO / "recipes", tmp_path / "recipes")
+    if (REPO / "configs").is_dir():
+        shutil.copytree(REPO / "configs", tmp_path / "configs")
+    _image(tmp_path, "c.sif", b"#!/usr/bin/env run-singularity\n\0SIF_MAGIC0\x01")
+    return project(tmp_path, "slurm:\n  image: c.sif\n" + yaml)
+
+
+def test_recipe_checked_as_the_job_runs_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(submit, "check_gpus", lambda job: [])  # no cluster here
+    config = load_config(_demo_project(tmp_path, "  ntasks_per_node: 2\n") / "ctrain.yaml")
+    job = submit.prepare(config, recipe="recipes/demo-addition.yaml", nodes=2)
+    assert job.world_size == 4
+    submit.check(job)
+    with pytest.raises(ConfigError, match="unknown key 'training.max_stepz'.*did you mean 'max_steps'"):
+        submit.check(submit.prepare(config, recipe="recipes/demo-addition.yaml", overrides=("training.max_stepz=5",)))
+    with pytest.raises(ConfigError, match=r"global_batch_size \(64\) does not divide among 6 processes"):
+        submit.check(submit.prepare(config, recipe="recipes/demo-addition.yaml", nodes=3))
+    with pytest.raises(ConfigError, match="the recipe recipes/nope.yaml does not exist"):
+        submit.check(submit.prepare(config, recipe="recipes/nope.yaml"))
