@@ -7,14 +7,20 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # noqa: E402
-from trl.trainer.utils import add_fused_lm_head  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+from trl.trainer.utils import add_fused_lm_head
 
-from ctrain.errors import ConfigError  # noqa: E402
-from ctrain.fast import FastSettings, compile_layers, decoder_layers, prepare_model, sft_overrides  # noqa: E402
-from ctrain.fast import attention  # noqa: E402
-from ctrain.settings import from_mapping  # noqa: E402
+from ctrain.errors import ConfigError
+from ctrain.fast import (
+    FastSettings,
+    attention,
+    compile_layers,
+    decoder_layers,
+    prepare_model,
+    sft_overrides,
+)
+from ctrain.settings import from_mapping
 
 
 def tiny_llama(seed: int = 0, kv_heads: int = 2) -> LlamaForCausalLM:

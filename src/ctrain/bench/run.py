@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,6 @@ class _Clock:
     tokens0: int = 0
     tokens1: int = 0
     peak_bytes: int = 0
-    step_ends: list[float] = field(default_factory=list)
     _profiler: Any = None
 
     def _sync(self) -> None:
@@ -84,12 +83,11 @@ class _Clock:
         clock = self
 
         class Clock(TrainerCallback):
-            def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001
+            def on_step_begin(self, args, state, control, **kwargs):
                 if clock.profile_dir and state.global_step == clock.warmup + clock.steps:
                     clock._start_profile()
 
-            def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
-                clock.step_ends.append(time.perf_counter())
+            def on_step_end(self, args, state, control, **kwargs):
                 if state.global_step == clock.warmup:
                     clock._sync()
                     clock.t0, clock.tokens0 = time.perf_counter(), state.num_input_tokens_seen
@@ -176,7 +174,9 @@ def _distributed() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def sft_args(case: Case, spec: BenchSpec, device: str, strategy: str, max_steps: int, output_dir: str) -> dict[str, Any]:
+def sft_args(
+    case: Case, spec: BenchSpec, device: str, strategy: str, max_steps: int, output_dir: str
+) -> dict[str, Any]:
     """``SFTConfig`` keyword arguments for a case: the seeds' settings, then the fast path's changes."""
     args: dict[str, Any] = {
         "output_dir": output_dir,
@@ -272,4 +272,3 @@ def run_case(
         "losses": losses,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
     }
-

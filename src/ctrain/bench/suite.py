@@ -8,6 +8,7 @@ efficiency, per-device throughput at N devices over that at one.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -63,7 +64,9 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
-def compare_losses(results: list[dict[str, Any]], reference: str = "seeds", other: str = "ctrain-same-batches") -> dict | None:
+def compare_losses(
+    results: list[dict[str, Any]], reference: str = "seeds", other: str = "ctrain-same-batches"
+) -> dict | None:
     """Per-step loss of the fast kernels against the seeds' settings on the same batches."""
     by_case = {r["case"]: dict(r["losses"]) for r in results if "error" not in r}
     if reference not in by_case or other not in by_case:
@@ -75,7 +78,7 @@ def compare_losses(results: list[dict[str, Any]], reference: str = "seeds", othe
     diffs = [abs(new[s] - ref[s]) for s in steps]
     drop = ref[steps[0]] - ref[steps[-1]]
     # Batch-to-batch noise of the reference curve: spread of its step-to-step changes.
-    jumps = [ref[b] - ref[a] for a, b in zip(steps, steps[1:])]
+    jumps = [ref[b] - ref[a] for a, b in itertools.pairwise(steps)]
     mean_jump = sum(jumps) / len(jumps) if jumps else 0.0
     noise = (sum((j - mean_jump) ** 2 for j in jumps) / len(jumps)) ** 0.5 if jumps else 0.0
     return {
@@ -238,7 +241,7 @@ def bench(
 
             try:
                 extra["attention_check"] = self_check("cuda")
-            except Exception as exc:  # report it; the cases below show whether training works anyway
+            except Exception as exc:  # noqa: BLE001 - reported; the cases below show whether training works
                 extra["attention_check"] = {"error": f"{type(exc).__name__}: {exc}"}
             ui.info(f"bench: varlen attention vs reference: {extra['attention_check']}")
         strategy = strategies[0] if strategies else "ddp"

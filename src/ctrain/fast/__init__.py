@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from ctrain.errors import ConfigError
 
-__all__ = ["FastSettings", "sft_overrides", "prepare_model", "compile_layers", "decoder_layers"]
+__all__ = ["FastSettings", "compile_layers", "decoder_layers", "prepare_model", "sft_overrides"]
 
 
 @dataclass
@@ -109,7 +109,6 @@ def compile_layers(model: Any, backend: str = "inductor") -> int:
     dynamic from the start because packed batches differ in length.
     """
     import torch
-
     import torch.fx.experimental._config as fx_config
 
     # Duck sizing would tie a batch's sequence count to any other size that happens to be equal

@@ -10,6 +10,7 @@ carry a padding mask instead (evaluation, generation) go to transformers' SDPA p
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -33,7 +34,7 @@ def reference_varlen(
     out = torch.empty_like(q)
     bounds = cu_seqlens.tolist()
     rep = q.shape[1] // k.shape[1]
-    for start, end in zip(bounds[:-1], bounds[1:]):
+    for start, end in itertools.pairwise(bounds):
         if end == start:
             continue
         qd, kd, vd = (t[start:end].transpose(0, 1) for t in (q, k, v))
@@ -99,7 +100,9 @@ def attention_forward(
     if packed and cu is None and kwargs.get("position_ids") is not None:
         cu = _cu_seqlens_from_positions(kwargs["position_ids"])
     if not packed or cu is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     if dropout:
         raise ValueError(f"{NAME} attention has no dropout; set the model's attention_dropout to 0")
     max_len = kwargs.get("max_length_q")
