@@ -179,10 +179,9 @@ def cpu_image(test_wheelhouse: Path) -> BuiltImage:
     project = ROOT / key
     ref = f"localhost/{IMAGE_NAME}:{key}"
     with _locked("build"):
-        for old in ROOT.iterdir():
-            if old.is_dir() and len(old.name) == 12 and old.name != key and all(c in "0123456789abcdef" for c in old.name):
-                shutil.rmtree(old)
+        _prune(key)
         project.mkdir(parents=True, exist_ok=True)
+        os.utime(project)  # in use: _prune in another session leaves it alone
         _open_up(project)
         (project / "ctrain.yaml").write_text(
             f"image:\n  name: {IMAGE_NAME}\n  tag: {key}\n  context: {REPO}\n  flavour: cpu\n  builder: buildah\n"
@@ -197,6 +196,17 @@ def cpu_image(test_wheelhouse: Path) -> BuiltImage:
             assert existing is not None and existing.id == fields["id"], out.stdout
         assert existing.digest, f"no manifest digest for {ref}"
         return BuiltImage(ref, existing.id, existing.digest, project, key)
+
+
+def _prune(current: str, keep: int = 3, grace: float = 3600) -> None:
+    """Remove the images and files of other keys, except the newest few and anything used in the
+    last hour (another test session on this machine may still be running jobs from them)."""
+    keys = sorted((p for p in ROOT.iterdir() if p.is_dir() and re.fullmatch(r"[0-9a-f]{12}", p.name)
+                   and p.name != current), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in keys[keep:]:
+        if time.time() - old.stat().st_mtime > grace:
+            shutil.rmtree(old, ignore_errors=True)
+            subprocess.run(["buildah", "rmi", f"localhost/{IMAGE_NAME}:{old.name}"], capture_output=True)
 
 
 def _converted(image: BuiltImage, to: str) -> Path:
