@@ -1,0 +1,242 @@
+"""Trainer callbacks: progress lines, memory and throughput, complete checkpoints, preemption.
+
+All run on every rank; only rank 0 writes files. Collective calls (barrier, all-reduce) happen at
+points every rank reaches in the same order (a step's end, a save), so they cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import signal
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from ctrain.train import checkpoint
+from ctrain.train.recipe import METRICS_FILE, PREEMPTED_EXIT_CODE
+
+log = logging.getLogger("ctrain.train")
+
+GIB = 1024**3
+
+# Dense bf16 tensor-core peak per GPU in TFLOP/s (vendor datasheets), for the MFU estimate.
+PEAK_TFLOPS = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "GH200": 989.0,
+    "A100": 312.0,
+    "A800": 312.0,
+    "L40S": 362.0,
+    "L40": 181.0,
+    "A10G": 125.0,
+    "A10": 125.0,
+    "L4": 121.0,
+    "B200": 2250.0,
+    "V100": 125.0,  # fp16: V100 has no bf16
+}
+
+
+def _distributed() -> Any:
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def barrier() -> None:
+    dist = _distributed()
+    if dist is not None:
+        dist.barrier()
+
+
+def peak_tflops(configured: float | None) -> float | None:
+    """The recipe's ``training.peak_tflops``, else the datasheet value of this GPU; None on CPU or unknown GPUs."""
+    if configured is not None:
+        return configured
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name().upper()
+    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
+        if key in name.replace("NVIDIA ", ""):
+            return PEAK_TFLOPS[key]
+    return None
+
+
+def memory_stats() -> dict[str, float]:
+    """This process's memory in GiB: host RSS (now and peak) and, on CUDA, allocated/reserved peaks."""
+    import torch
+
+    stats = {"host_rss_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB}
+    try:
+        with open("/proc/self/statm") as handle:
+            stats["host_rss_gib"] = int(handle.read().split()[1]) * resource.getpagesize() / GIB
+    except OSError:
+        pass
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        stats["gpu_allocated_gib"] = torch.cuda.memory_allocated() / GIB
+        stats["gpu_peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+        stats["gpu_peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
+        stats["gpu_total_gib"] = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / GIB
+    return stats
+
+
+def _memory_line(stats: dict[str, float]) -> str:
+    text = f"host RSS {stats.get('host_rss_gib', 0):.2f} GiB (peak {stats['host_rss_peak_gib']:.2f})"
+    if "gpu_peak_allocated_gib" in stats:
+        text += (
+            f", GPU allocated {stats['gpu_allocated_gib']:.2f} GiB (peak {stats['gpu_peak_allocated_gib']:.2f}, "
+            f"reserved peak {stats['gpu_peak_reserved_gib']:.2f} of {stats['gpu_total_gib']:.0f})"
+        )
+    return text
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+class Progress(TrainerCallback):
+    """Log lines at each logging step (rank 0), per-rank memory, throughput/MFU, and ``metrics.jsonl``.
+
+    Runs before the reporting callbacks, so what it adds to the logs reaches TensorBoard and W&B.
+    """
+
+    def __init__(
+        self, output_dir: Path, world_size: int, rank: int, peak: float | None, memory: bool, run_id: str
+    ) -> None:
+        self.metrics_file = output_dir / METRICS_FILE
+        self.world_size = world_size
+        self.rank = rank
+        self.peak = peak
+        self.memory = memory
+        self.run_id = run_id
+        self.parameters = 0
+        self._last_time = 0.0
+        self._last_tokens = 0
+        self._last_step = 0
+        self._started = 0.0
+        self._first_step = 0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        from ctrain.train.model import parameter_count
+
+        if model is not None:
+            self.parameters = parameter_count(model)
+        self._started = self._last_time = time.perf_counter()
+        self._last_tokens = state.num_input_tokens_seen
+        self._first_step = self._last_step = state.global_step
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if logs is None:
+            return
+        now = time.perf_counter()
+        if "loss" in logs:
+            elapsed = now - self._last_time
+            tokens = state.num_input_tokens_seen - self._last_tokens
+            if elapsed > 0 and tokens > 0:
+                rate = tokens / elapsed
+                logs["throughput/tokens_per_second"] = rate
+                if self.peak and self.parameters:
+                    logs["throughput/mfu"] = 6 * self.parameters * rate / (self.peak * 1e12 * self.world_size)
+            self._last_time, self._last_tokens = now, state.num_input_tokens_seen
+        if self.memory:
+            stats = memory_stats()
+            if "loss" in logs:
+                log.info("step %d memory: %s", state.global_step, _memory_line(stats))
+            logs.update({f"memory/{k}": v for k, v in stats.items() if k != "gpu_total_gib"})
+        if self.rank != 0:
+            return
+        log.info(self._line(state, logs, now))
+        record = {"run": self.run_id, "step": state.global_step, "time": time.time(), **logs}
+        with self.metrics_file.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def _line(self, state: Any, logs: dict[str, Any], now: float) -> str:
+        if "loss" not in logs:
+            shown = {k: v for k, v in logs.items() if not k.startswith(("memory/", "throughput/"))}
+            kind = "eval" if any(k.startswith("eval_") for k in shown) else "summary"
+            return f"{kind}: " + ", ".join(f"{k} {_number(v)}" for k, v in shown.items())
+        parts = [f"step {state.global_step}/{state.max_steps}", f"loss {logs['loss']:.4f}"]
+        for key, label in (("learning_rate", "lr"), ("grad_norm", "grad_norm")):
+            if key in logs:
+                parts.append(f"{label} {_number(logs[key])}")
+        if "throughput/tokens_per_second" in logs:
+            parts.append(f"{logs['throughput/tokens_per_second']:,.0f} tok/s")
+        if "throughput/mfu" in logs:
+            parts.append(f"MFU {100 * logs['throughput/mfu']:.1f}%")
+        done = state.global_step - self._first_step
+        if done > 0 and state.max_steps > state.global_step:
+            remaining = (now - self._started) / done * (state.max_steps - state.global_step)
+            parts.append(f"eta {timedelta(seconds=round(remaining))}")
+        return ", ".join(parts)
+
+
+class CompleteCheckpoints(TrainerCallback):
+    """After every rank has written a checkpoint, rank 0 marks it complete and drops the oldest."""
+
+    def __init__(self, output_dir: Path, keep: int | None, world_size: int) -> None:
+        self.output_dir = output_dir
+        self.keep = keep
+        self.world_size = world_size
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        barrier()
+        if not state.is_world_process_zero:
+            return
+        directory = self.output_dir / f"checkpoint-{state.global_step}"
+        checkpoint.write_marker(directory, {"step": state.global_step, "world_size": self.world_size})
+        removed = checkpoint.rotate(self.output_dir, self.keep)
+        log.info(
+            "checkpoint %s complete%s", directory,
+            f"; removed older {', '.join(p.name for p in removed)}" if removed else "",
+        )  # fmt: skip
+
+
+class Preemption(TrainerCallback):
+    """Turn a preemption signal into a complete checkpoint and exit code 75 (requeue me).
+
+    The handler only records the signal. At the end of each step all ranks agree through an
+    all-reduce (a signal may reach only some of them, and at different times); if any rank was
+    signalled, all save the checkpoint of that same step and stop.
+    """
+
+    def __init__(self, signals: list[int], device: Any) -> None:
+        self.device = device
+        self.received: int | None = None
+        self.stopped_at: int | None = None
+        self._previous = {number: signal.signal(number, self._handle) for number in signals}
+
+    def _handle(self, number: int, frame: Any) -> None:
+        self.received = number
+
+    def _anyone(self) -> bool:
+        import torch
+
+        dist = _distributed()
+        if dist is None:
+            return self.received is not None
+        flag = torch.tensor([1 if self.received is not None else 0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.stopped_at is None and self._anyone():
+            self.stopped_at = state.global_step
+            what = signal.Signals(self.received).name if self.received else "another rank's signal"
+            log.info(
+                "preemption (%s): saving a complete checkpoint at step %d, then exiting with %d so the job is requeued",
+                what, state.global_step, PREEMPTED_EXIT_CODE,
+            )  # fmt: skip
+            control.should_save = True
+            control.should_training_stop = True
+
+    def restore(self) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)

@@ -1,0 +1,483 @@
+"""Training data: load the recipe's source, tokenize (and pack) it, and keep the result on disk.
+
+One pipeline serves ``ctrain prepare`` and ``ctrain train``: :func:`prepare` writes the tokenized
+data set, the tokenizer that made it and a marker listing what it was made from
+(:func:`ctrain.train.recipe.prepared_settings`); :func:`load_prepared` refuses a data set whose
+marker does not match the recipe. ``ctrain train`` without a prepared data set runs the same
+:func:`prepare` on the main process while the others wait, so training never tokenizes per rank.
+
+Rows are ``input_ids`` and ``labels`` (-100 where no loss is taken), plus ``seq_lengths`` when SFT
+examples are packed; causal-LM text is concatenated and cut into blocks of ``max_length`` tokens
+as transformers' run_clm does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ctrain.errors import ConfigError
+from ctrain.train import demo
+from ctrain.train.recipe import (
+    PREPARED_MARKER,
+    Recipe,
+    Source,
+    example_kind,
+    prepared_settings,
+    resolve_source,
+    settings_differences,
+)
+from ctrain.train.tokenizer import load_tokenizer, texts_for_training, train_tokenizer
+
+log = logging.getLogger("ctrain.train")
+
+# Below this many examples per process, starting a process pool costs more than it saves.
+ROWS_PER_PROCESS = 5000
+
+
+@dataclass
+class Prepared:
+    """A prepared data set, loaded: what training consumes."""
+
+    train: Any  # datasets.Dataset or IterableDataset
+    eval: Any | None
+    tokenizer: Any
+    directory: Path | None  # None for streamed data
+    info: dict[str, Any]
+
+
+def cpu_count() -> int:
+    """CPUs this process may use (Slurm's cgroup/cpuset, not the whole node)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _num_proc(recipe: Recipe, rows: int) -> int | None:
+    wanted = recipe.data.num_proc or min(cpu_count(), max(1, rows // ROWS_PER_PROCESS))
+    return wanted if wanted > 1 else None
+
+
+def column_names(dataset: Any) -> list[str]:
+    """Columns of a data set; a stream whose features are unknown is asked for its first example."""
+    if dataset.column_names is not None:
+        return list(dataset.column_names)
+    return list(next(iter(dataset)).keys())
+
+
+# --- loading the source ---------------------------------------------------------------------------
+
+
+def _load_error(recipe: Recipe, exc: Exception) -> ConfigError:
+    hint = ""
+    if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE"):
+        hint = " (offline: download it on a machine with internet into the shared HF cache, or save_to_disk it)"
+    return ConfigError(f"cannot load data.source {recipe.data.source}: {type(exc).__name__}: {exc}{hint}")
+
+
+def _from_disk(directory: Path, split: str, what: str) -> Any:
+    import datasets
+
+    loaded = datasets.load_from_disk(str(directory))
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise ConfigError(f"{what}: {directory} has no split '{split}'; splits: {', '.join(loaded)}")
+        return loaded[split]
+    return loaded
+
+
+def _load_split(recipe: Recipe, source: Source, split: str, what: str, streaming: bool) -> Any:
+    import datasets
+
+    data = recipe.data
+    if source.kind == "builtin":
+        return datasets.Dataset.from_list(demo.builtin_rows(source.name, recipe.seed))
+    if source.kind == "disk":
+        loaded = _from_disk(source.directory, split, what)  # type: ignore[arg-type]
+        return loaded.to_iterable_dataset() if streaming else loaded
+    if source.kind == "files":
+        files = [str(p) for p in source.files]
+        return datasets.load_dataset(source.format, data_files=files, split="train", streaming=streaming)
+    try:
+        return datasets.load_dataset(
+            source.name, data.config_name, split=split, revision=data.revision, streaming=streaming
+        )
+    except ValueError as exc:
+        if "split" in str(exc).lower():
+            raise ConfigError(f"{what}: {source.name} has no split '{split}': {exc}") from exc
+        raise
+
+
+def load_raw(recipe: Recipe, streaming: bool | None = None) -> tuple[Any, Any | None]:
+    """The recipe's (train, eval) examples before tokenization; eval is None without eval_split/eval_size."""
+    data = recipe.data
+    streaming = data.streaming if streaming is None else streaming
+    source = resolve_source(data)
+    if data.eval_split and source.kind in ("files", "builtin"):
+        raise ConfigError(
+            f"data.eval_split: {data.source} has a single split; hold examples out with data.eval_size instead"
+        )
+    try:
+        train = _load_split(recipe, source, data.split, "data.split", streaming)
+        evaluation = (
+            _load_split(recipe, source, data.eval_split, "data.eval_split", streaming) if data.eval_split else None
+        )
+    except ConfigError:
+        raise
+    except Exception as exc:  # datasets raises many kinds (missing files, bad JSON, hub errors)
+        raise _load_error(recipe, exc) from exc
+    kind = example_kind(column_names(train), recipe)
+    if data.eval_size is not None:
+        size = int(data.eval_size) if data.eval_size >= 1 else data.eval_size
+        if isinstance(size, int) and size >= len(train):
+            raise ConfigError(f"data.eval_size ({size}) leaves no training examples: the source has {len(train)}")
+        parts = train.train_test_split(test_size=size, seed=recipe.seed)
+        train, evaluation = parts["train"], parts["test"]
+    if data.max_examples is not None and not streaming:
+        train = train.select(range(min(data.max_examples, len(train))))
+    elif data.max_examples is not None:
+        train = train.take(data.max_examples)
+    if kind == "messages" and not streaming:
+        _check_messages(train[0][data.messages_column], recipe)
+    return train, evaluation
+
+
+def _check_messages(messages: Any, recipe: Recipe) -> None:
+    column = recipe.data.messages_column
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and "role" in m and "content" in m for m in messages
+    ):
+        raise ConfigError(
+            f"data.source {recipe.data.source}: column '{column}' must hold chats, lists of "
+            "{role: ..., content: ...} messages"
+        )
+    if recipe.data.assistant_only_loss and not any(m["role"] == "assistant" for m in messages):
+        raise ConfigError(
+            f"data.source {recipe.data.source}: a chat in '{column}' has no assistant message, so with "
+            "data.assistant_only_loss there is nothing to learn"
+        )
+
+
+# --- tokenization ---------------------------------------------------------------------------------
+
+
+def _training_template(tokenizer: Any, recipe: Recipe) -> str | None:
+    """A chat template with ``{% generation %}`` markers for assistant-only loss (None: the tokenizer's own)."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    if not recipe.data.assistant_only_loss or has_generation_markers(tokenizer.chat_template or ""):
+        return None
+    if not tokenizer.chat_template:
+        raise ConfigError(
+            f"the tokenizer {recipe.tokenizer.path or recipe.model.path} has no chat template: set "
+            "tokenizer.chat_template to a .jinja file"
+        )
+    try:
+        return get_training_chat_template(tokenizer)
+    except ValueError as exc:
+        raise ConfigError(
+            "the tokenizer's chat template has no {% generation %} markers and is not one TRL can patch: set "
+            "tokenizer.chat_template to a template with markers, or data.assistant_only_loss: false"
+        ) from exc
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def tokenize_sft_example(
+    example: dict[str, Any],
+    tokenizer: Any,
+    kind: str,
+    columns: dict[str, str],
+    assistant_only: bool,
+    template: str | None,
+) -> dict[str, list[int]]:
+    """One SFT example -> ``input_ids`` and ``labels`` (-100 outside what the model should learn to say)."""
+    if kind == "messages":
+        out = tokenizer.apply_chat_template(
+            example[columns["messages"]],
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=assistant_only,
+            chat_template=template,
+        )
+        ids = list(out["input_ids"])
+        if not assistant_only:
+            return {"input_ids": ids, "labels": ids}
+        mask = out["assistant_masks"]
+        if 1 not in mask:
+            raise ConfigError(
+                "a chat has no assistant tokens after applying the chat template: its {% generation %} markers do "
+                "not cover the assistant turns"
+            )
+        return {"input_ids": ids, "labels": [t if m else -100 for t, m in zip(ids, mask)]}
+    if kind == "prompt_completion":
+        prompt, completion = example[columns["prompt"]], example[columns["completion"]]
+        if isinstance(prompt, list):
+            prompt_ids = tokenizer.apply_chat_template(
+                prompt, tokenize=True, return_dict=True, add_generation_prompt=True
+            )
+            full = tokenizer.apply_chat_template(prompt + completion, tokenize=True, return_dict=True)
+            prompt_ids, ids = list(prompt_ids["input_ids"]), list(full["input_ids"])
+        else:
+            eos = tokenizer.eos_token or ""
+            text = completion if completion.endswith(eos) else completion + eos
+            prompt_ids = list(tokenizer(prompt)["input_ids"])
+            ids = list(tokenizer(prompt + text)["input_ids"])
+        start = _common_prefix(prompt_ids, ids)
+        return {"input_ids": ids, "labels": [-100] * start + ids[start:]}
+    ids = list(tokenizer(example[columns["text"]])["input_ids"])
+    if tokenizer.eos_token_id is not None and (not ids or ids[-1] != tokenizer.eos_token_id):
+        ids.append(tokenizer.eos_token_id)
+    return {"input_ids": ids, "labels": ids}
+
+
+def _truncate(example: dict[str, Any], length: int) -> dict[str, Any]:
+    return {"input_ids": example["input_ids"][:length], "labels": example["labels"][:length]}
+
+
+def _has_loss(example: dict[str, Any]) -> bool:
+    return any(label != -100 for label in example["labels"][1:])
+
+
+def _tokenize_text(batch: dict[str, list[Any]], tokenizer: Any, column: str) -> dict[str, list[list[int]]]:
+    ids = tokenizer(batch[column])["input_ids"]
+    eos = tokenizer.eos_token_id
+    if eos is not None:
+        ids = [row + [eos] if not row or row[-1] != eos else row for row in ids]
+    return {"input_ids": ids}
+
+
+def _group_blocks(batch: dict[str, list[list[int]]], length: int) -> dict[str, list[list[int]]]:
+    """run_clm's group_texts: concatenate, drop the remainder, cut into blocks of ``length``."""
+    tokens = [t for row in batch["input_ids"] for t in row]
+    usable = len(tokens) // length * length
+    blocks = [tokens[i : i + length] for i in range(0, usable, length)]
+    return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
+
+
+def _features(with_lengths: bool = False) -> Any:
+    from datasets import Features, Sequence, Value
+
+    spec = {"input_ids": Sequence(Value("int32")), "labels": Sequence(Value("int32"))}
+    if with_lengths:
+        spec["seq_lengths"] = Sequence(Value("int32"))
+    return Features(spec)
+
+
+def tokenize(dataset: Any, tokenizer: Any, recipe: Recipe, name: str) -> Any:
+    """Tokenized (and for SFT with packing, packed) rows of ``dataset``."""
+    import datasets
+
+    data = recipe.data
+    streaming = isinstance(dataset, datasets.IterableDataset)
+    columns = column_names(dataset)
+    kwargs: dict[str, Any] = {}
+    if not streaming:
+        kwargs = {"num_proc": _num_proc(recipe, len(dataset))}
+    desc = (lambda text: {"desc": f"{text} {name}"}) if not streaming else (lambda text: {})
+    if recipe.task == "clm":
+        dataset = dataset.map(
+            _tokenize_text,
+            batched=True,
+            remove_columns=columns,
+            fn_kwargs={"tokenizer": tokenizer, "column": data.text_column},
+            **kwargs,
+            **desc("Tokenizing"),
+        )
+        return dataset.map(
+            _group_blocks,
+            batched=True,
+            fn_kwargs={"length": data.max_length},
+            **({"features": _features()} if not streaming else {}),
+            **kwargs,
+            **desc(f"Grouping into blocks of {data.max_length} tokens:"),
+        )
+    kind = example_kind(columns, recipe)
+    template = _training_template(tokenizer, recipe) if kind == "messages" else None
+    names = {
+        "messages": data.messages_column,
+        "prompt": data.prompt_column,
+        "completion": data.completion_column,
+        "text": data.text_column,
+    }
+    dataset = dataset.map(
+        tokenize_sft_example,
+        remove_columns=columns,
+        features=_features(),
+        fn_kwargs={
+            "tokenizer": tokenizer,
+            "kind": kind,
+            "columns": names,
+            "assistant_only": data.assistant_only_loss,
+            "template": template,
+        },
+        **kwargs,
+        **desc("Tokenizing"),
+    )
+    if data.packing:
+        from trl.data_utils import pack_dataset
+
+        packed = pack_dataset(dataset, data.max_length, data.packing_strategy, {**kwargs, **desc("Packing")})
+        return packed.cast(_features(with_lengths=True)) if "seq_lengths" in packed.column_names else packed
+    dataset = dataset.map(_truncate, fn_kwargs={"length": data.max_length}, **kwargs, **desc("Truncating"))
+    return dataset.filter(_has_loss, **kwargs, **desc("Dropping examples without loss tokens from"))
+
+
+# --- prepared data sets ---------------------------------------------------------------------------
+
+
+def _tokenizer_for(recipe: Recipe, train: Any) -> Any:
+    if recipe.tokenizer.train is None:
+        return load_tokenizer(recipe)
+    settings = recipe.tokenizer.train
+    rows = train if settings.max_examples is None else train.select(range(min(settings.max_examples, len(train))))
+    started = time.perf_counter()
+    tokenizer = train_tokenizer(texts_for_training(rows, recipe), settings)
+    if recipe.tokenizer.chat_template:
+        from ctrain.train.tokenizer import finish_tokenizer
+
+        tokenizer = finish_tokenizer(tokenizer, recipe)
+    log.info(
+        "trained a byte-level BPE tokenizer on %d examples: %d tokens (%.1f s)",
+        len(rows), len(tokenizer), time.perf_counter() - started,
+    )  # fmt: skip
+    return tokenizer
+
+
+def _count_tokens(dataset: Any) -> tuple[int, int]:
+    """(tokens, tokens that carry loss) of a tokenized data set, read column-wise from Arrow."""
+    import pyarrow.compute as pc
+
+    table = dataset.with_format("arrow")[:]
+    ids, labels = table.column("input_ids"), table.column("labels")
+    tokens = int(pc.sum(pc.list_value_length(ids)).as_py() or 0)
+    flat = pc.list_flatten(labels)
+    trained = int(pc.sum(pc.not_equal(flat, -100)).as_py() or 0)
+    return tokens, trained
+
+
+def prepare(recipe: Recipe, directory: Path | None = None, *, force: bool = False) -> dict[str, Any]:
+    """Tokenize the recipe's data into ``directory`` (default: the recipe's prepared_dir); returns its marker.
+
+    Nothing is written until the source has loaded and its columns fit the task. The data set is
+    written beside the target and moved into place with its marker last, so an interrupted
+    prepare leaves no half data set that looks finished.
+    """
+    if recipe.data.streaming:
+        raise ConfigError("data.streaming tokenizes while training; there is nothing to prepare (turn streaming off)")
+    directory = directory or recipe.prepared_dir
+    settings = prepared_settings(recipe)
+    marker = directory / PREPARED_MARKER
+    if marker.is_file() and not force:
+        info = json.loads(marker.read_text())
+        differences = settings_differences(info.get("settings", {}), settings)
+        if not differences:
+            log.info("prepared data in %s already matches the recipe", directory)
+            return info
+        raise ConfigError(
+            f"{directory} holds data prepared for different settings ({'; '.join(differences)}); "
+            "re-run with --force to replace it, or set data.prepared_dir elsewhere"
+        )
+    started = time.perf_counter()
+    train, evaluation = load_raw(recipe, streaming=False)
+    tokenizer = _tokenizer_for(recipe, train)
+    log.info("tokenizing %d training examples (%s processes)", len(train), _num_proc(recipe, len(train)) or 1)
+    splits = {"train": tokenize(train, tokenizer, recipe, "train")}
+    if evaluation is not None:
+        splits["eval"] = tokenize(evaluation, tokenizer, recipe, "eval")
+    if len(splits["train"]) == 0:
+        raise ConfigError(
+            f"no training rows are left after tokenization (data.max_length {recipe.data.max_length}): "
+            "the examples are longer than max_length without loss tokens inside it, or the source is too small"
+        )
+    stats: dict[str, Any] = {}
+    for split, dataset in splits.items():
+        tokens, trained = _count_tokens(dataset)
+        stats[split] = {"rows": len(dataset), "tokens": tokens, "loss_tokens": trained}
+    staging = directory.parent / f".{directory.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        for split, dataset in splits.items():
+            dataset.save_to_disk(str(staging / split), num_proc=_num_proc(recipe, len(dataset)))
+        tokenizer.save_pretrained(str(staging / "tokenizer"))
+        info = {
+            "settings": settings,
+            "stats": stats,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+        (staging / PREPARED_MARKER).write_text(json.dumps(info, indent=1) + "\n")
+        if directory.exists():
+            shutil.rmtree(directory)
+        staging.rename(directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info(
+        "prepared %s: %s (%.1f s)",
+        directory,
+        ", ".join(f"{s} {v['rows']} rows / {v['tokens']} tokens" for s, v in stats.items()),
+        info["seconds"],
+    )
+    return info
+
+
+def prepared_info(recipe: Recipe, directory: Path) -> dict[str, Any] | None:
+    """The marker of a finished prepared data set in ``directory`` matching the recipe; None if there is none.
+
+    A ConfigError if it was made from different settings: training on it would silently train on
+    other data than the recipe says.
+    """
+    marker = directory / PREPARED_MARKER
+    if not marker.is_file():
+        return None
+    info = json.loads(marker.read_text())
+    differences = settings_differences(info.get("settings", {}), prepared_settings(recipe))
+    if differences:
+        raise ConfigError(
+            f"the prepared data in {directory} does not match the recipe ({'; '.join(differences)}): run "
+            f"`ctrain prepare --force {recipe.path or 'RECIPE'}` (with the same overrides) to rebuild it, or set "
+            "data.prepared_dir to another directory"
+        )
+    return info
+
+
+def load_prepared(recipe: Recipe, directory: Path) -> Prepared:
+    """A finished, matching prepared data set (see :func:`prepared_info`)."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    info = prepared_info(recipe, directory)
+    if info is None:
+        raise ConfigError(
+            f"no prepared data in {directory}: run `ctrain prepare` first, or check that the directory is on "
+            "storage every node can read"
+        )
+    train = datasets.load_from_disk(str(directory / "train"))
+    evaluation = datasets.load_from_disk(str(directory / "eval")) if (directory / "eval").is_dir() else None
+    tokenizer = AutoTokenizer.from_pretrained(str(directory / "tokenizer"))
+    return Prepared(train, evaluation, tokenizer, directory, info)
+
+
+def streamed(recipe: Recipe) -> Prepared:
+    """Tokenize-as-you-go data for ``data.streaming`` (causal-LM corpora larger than the disk budget)."""
+    train, evaluation = load_raw(recipe, streaming=True)
+    tokenizer = load_tokenizer(recipe)
+    train = tokenize(train, tokenizer, recipe, "train").shuffle(seed=recipe.seed, buffer_size=10_000)
+    if evaluation is not None:
+        evaluation = tokenize(evaluation, tokenizer, recipe, "eval")
+    return Prepared(train, evaluation, tokenizer, None, {})

@@ -1,0 +1,98 @@
+"""``ctrain eval``: ask the trained model the held-out examples and count exact answers.
+
+The prompt is each held-out chat without its last assistant turn (or the ``prompt`` column); the
+answer is the model's greedy continuation up to its end-of-turn token, compared with the held-out
+assistant turn (or ``completion``) after stripping surrounding whitespace.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from ctrain.errors import ConfigError
+from ctrain.train import checkpoint
+from ctrain.train.recipe import FINAL_DIR, Recipe, example_kind
+
+log = logging.getLogger("ctrain.train")
+
+EVAL_FILE = "eval.json"
+
+
+def _pairs(rows: Any, recipe: Recipe) -> list[tuple[Any, str]]:
+    """(prompt, expected answer) for each held-out example."""
+    data = recipe.data
+    kind = example_kind(list(rows.column_names), recipe)
+    pairs = []
+    for row in rows:
+        if kind == "messages":
+            messages = row[data.messages_column]
+            last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+            if last is None:
+                continue
+            pairs.append((messages[:last], str(messages[last]["content"])))
+        elif kind == "prompt_completion":
+            completion = row[data.completion_column]
+            expected = completion[-1]["content"] if isinstance(completion, list) else completion
+            pairs.append((row[data.prompt_column], str(expected)))
+        else:
+            raise ConfigError("ctrain eval needs chats or prompt/completion examples to ask; this data is plain text")
+    return pairs
+
+
+def evaluate(recipe: Recipe, model_dir: Path | None = None, max_examples: int | None = None) -> dict[str, Any]:
+    """Exact-match accuracy of the model in ``model_dir`` (default: the recipe's final model) on held-out examples."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ctrain.train.data import load_raw
+
+    model_dir = model_dir or recipe.output_dir / FINAL_DIR
+    if checkpoint.read_marker(model_dir) is None and not (model_dir / "config.json").is_file():
+        raise ConfigError(f"no trained model in {model_dir}: run `ctrain train` first (or pass --model DIR)")
+    _, held_out = load_raw(recipe, streaming=False)
+    if held_out is None:
+        raise ConfigError("ctrain eval asks held-out examples: set data.eval_size or data.eval_split in the recipe")
+    limit = max_examples or recipe.eval.max_examples
+    pairs = _pairs(held_out, recipe)[:limit]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(device).eval()
+    started = time.perf_counter()
+    answers: list[str] = []
+    size = recipe.eval.batch_size
+    for start in range(0, len(pairs), size):
+        prompts = [
+            tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if isinstance(p, list) else p
+            for p, _ in pairs[start : start + size]
+        ]
+        batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        with torch.no_grad():
+            output = model.generate(
+                **batch,
+                max_new_tokens=recipe.eval.max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+        new = output[:, batch["input_ids"].shape[1] :]
+        answers.extend(text.strip() for text in tokenizer.batch_decode(new, skip_special_tokens=True))
+    correct = [a == expected.strip() for a, (_, expected) in zip(answers, pairs)]
+    result = {
+        "accuracy": sum(correct) / len(correct) if correct else 0.0,
+        "correct": sum(correct),
+        "total": len(correct),
+        "model": str(model_dir),
+        "seconds": round(time.perf_counter() - started, 1),
+        "examples": [
+            {"prompt": p if isinstance(p, str) else p[-1]["content"], "expected": e, "answer": a}
+            for (p, e), a in list(zip(pairs, answers))[:5]
+        ],
+    }
+    recipe.output_dir.mkdir(parents=True, exist_ok=True)
+    (recipe.output_dir / EVAL_FILE).write_text(json.dumps(result, indent=1) + "\n")
+    return result

@@ -1,0 +1,420 @@
+"""``ctrain train``: check everything cheap first, then data, model, trainer, training, final model.
+
+Launch-agnostic: one process, ``torchrun`` (DDP), ``accelerate launch`` and DeepSpeed/FSDP through
+the Trainer all run :func:`run` unchanged; the launcher's environment (RANK, WORLD_SIZE, ...) says
+which process this is. :func:`training_arguments` and :func:`build_trainer` are the one place the
+trainer is put together, so ``training.engine`` can switch how.
+
+Exit codes: 0 done (or already done), 75 (:data:`PREEMPTED_EXIT_CODE`) stopped on a preemption
+signal after a complete checkpoint, 2 recipe errors (nothing was trained or written).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from ctrain.errors import ConfigError, CtrainError
+from ctrain.train import checkpoint, logs
+from ctrain.train.recipe import (
+    FINAL_DIR,
+    PREEMPTED_EXIT_CODE,
+    PREEMPTED_FILE,
+    RECIPE_COPY,
+    Recipe,
+    batch_layout,
+    check_recipe,
+    expand_path,
+    signal_number,
+)
+
+log = logging.getLogger("ctrain.train")
+
+PREPARED_KEY = "ctrain/prepared"
+# Ranks other than 0 wait this long for rank 0 to prepare the data; the launcher ends them sooner
+# if rank 0 fails, so this only bounds a hang.
+PREPARE_WAIT = timedelta(days=2)
+
+
+@dataclass
+class Layout:
+    """Where and how this process trains, decided before anything expensive happens."""
+
+    rank: int
+    world_size: int
+    device_type: str
+    precision: str  # bf16, fp16 or fp32
+    engine: str  # hf or fast
+    per_device_batch: int
+    accumulation: int
+
+
+def _precision(recipe: Recipe, device_type: str) -> str:
+    import torch
+
+    wanted = recipe.training.precision
+    if wanted != "auto":
+        if wanted in ("bf16", "fp16") and device_type != "cuda":
+            raise ConfigError(f"training.precision: {wanted} needs a GPU; this process has none (use auto or fp32)")
+        return wanted
+    if device_type != "cuda":
+        return "fp32"
+    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+
+
+def _fast_batch(recipe: Recipe, per_device: int) -> int:
+    """The fast path's rows per device (``fast.tokens_per_device``), as the largest divisor of ``per_device``."""
+    if not recipe.fast.tokens_per_device:
+        return per_device
+    wanted = max(1, recipe.fast.tokens_per_device // recipe.data.max_length)
+    return max(d for d in range(1, per_device + 1) if per_device % d == 0 and d <= wanted)
+
+
+def plan(recipe: Recipe) -> Layout:
+    """Device, precision, engine and batch layout for this process (raises ConfigError on impossible ones)."""
+    import torch
+
+    rank, world = logs.rank_from_env(), logs.world_size_from_env()
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    engine = recipe.training.engine
+    if engine == "auto":
+        engine = "fast" if device_type == "cuda" and recipe.task == "sft" else "hf"
+    per_device, accumulation = batch_layout(recipe.training, world)
+    if engine == "fast":
+        if recipe.fast.batching == "packed" and not recipe.data.packing:
+            raise ConfigError("fast.batching: packed needs data.packing: true (or set fast.batching: padded)")
+        if recipe.training.per_device_batch_size is None:
+            rows = _fast_batch(recipe, per_device)
+            per_device, accumulation = rows, accumulation * (per_device // rows)
+    return Layout(rank, world, device_type, _precision(recipe, device_type), engine, per_device, accumulation)
+
+
+def _report_to(recipe: Recipe) -> list[str]:
+    import importlib.util
+
+    targets = list(dict.fromkeys(recipe.logging.report_to + (["wandb"] if recipe.logging.wandb_project else [])))
+    for target in targets:
+        if importlib.util.find_spec(target) is None and not (
+            target == "tensorboard" and importlib.util.find_spec("tensorboardX")
+        ):
+            raise ConfigError(f"logging.report_to includes {target}, which is not installed (pip install {target})")
+    if recipe.logging.wandb_project:
+        os.environ.setdefault("WANDB_PROJECT", recipe.logging.wandb_project)
+    return targets
+
+
+def _check_hub(recipe: Recipe) -> None:
+    if not recipe.hub.repo_id:
+        return
+    from huggingface_hub import constants, get_token
+
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(
+            f"hub.repo_id is {recipe.hub.repo_id} but HF_HUB_OFFLINE is set: unset hub.repo_id to train offline"
+        )
+    if not get_token():
+        raise ConfigError(
+            f"hub.repo_id is {recipe.hub.repo_id} but no Hugging Face token is configured: set HF_TOKEN "
+            "(or run `hf auth login`) before training"
+        )
+
+
+def training_arguments(recipe: Recipe, layout: Layout, output_dir: Path, report_to: list[str]) -> Any:
+    """The TrainingArguments (SFTConfig for sft) of this run. Creating them starts the process group."""
+    training = recipe.training
+    optim = training.optim
+    if optim == "auto":
+        optim = "adamw_torch_fused" if layout.device_type == "cuda" else "adamw_torch"
+    workers = training.dataloader_workers
+    if workers is None:
+        workers = 2 if layout.device_type == "cuda" else 0
+    has_eval = bool(recipe.data.eval_split or recipe.data.eval_size)
+    kwargs: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        "per_device_train_batch_size": layout.per_device_batch,
+        "per_device_eval_batch_size": layout.per_device_batch,
+        "gradient_accumulation_steps": layout.accumulation,
+        "max_steps": training.max_steps or -1,
+        "num_train_epochs": training.epochs,
+        "learning_rate": training.learning_rate,
+        "lr_scheduler_type": training.lr_scheduler,
+        "warmup_steps": training.warmup,
+        "weight_decay": training.weight_decay,
+        "max_grad_norm": training.max_grad_norm,
+        "optim": optim,
+        "bf16": layout.precision == "bf16",
+        "fp16": layout.precision == "fp16",
+        "use_cpu": layout.device_type == "cpu",
+        "activation_checkpointing": training.gradient_checkpointing,
+        "torch_compile": training.torch_compile,
+        "use_liger_kernel": training.liger_kernel,
+        "logging_strategy": "steps",
+        "logging_steps": training.logging_steps,
+        "logging_first_step": True,
+        "save_strategy": "steps",
+        "save_steps": training.save_steps,
+        "save_total_limit": None,  # ctrain rotates complete checkpoints only (callbacks.CompleteCheckpoints)
+        "eval_strategy": "steps" if training.eval_steps and has_eval else "no",
+        "eval_steps": training.eval_steps,
+        "report_to": report_to or "none",
+        "run_name": recipe.logging.run_name or recipe.run_name,
+        "seed": recipe.seed,
+        "deepspeed": str(expand_path(training.deepspeed)) if training.deepspeed else None,
+        "fsdp": training.fsdp or None,
+        "fsdp_config": training.fsdp_config or None,
+        "dataloader_num_workers": workers,
+        "ddp_timeout": training.ddp_timeout_minutes * 60,
+        "ddp_find_unused_parameters": False,
+        "include_num_input_tokens_seen": "non_padding",
+        "disable_tqdm": True,  # ctrain prints one line per logging step (callbacks.Progress)
+        "remove_unused_columns": False,
+        "push_to_hub": False,  # ctrain pushes the final model itself, once (hub.repo_id)
+    }
+    if recipe.task == "clm":
+        from transformers import TrainingArguments
+
+        return TrainingArguments(**kwargs)
+    from trl import SFTConfig
+
+    kwargs.update(
+        max_length=recipe.data.max_length,
+        packing=recipe.data.packing,
+        padding_free=recipe.data.packing,
+        dataset_kwargs={"skip_prepare_dataset": True},  # ctrain.train.data prepared it
+        assistant_only_loss=False,  # labels already carry it
+        completion_only_loss=False,
+    )
+    if layout.engine == "fast":
+        from ctrain.fast import sft_overrides
+
+        fast = sft_overrides(recipe.fast, layout.device_type, recipe.data.max_length)
+        fast.pop("per_device_train_batch_size", None)  # the batch layout is the recipe's (plan)
+        kwargs.update(fast)
+    return SFTConfig(**kwargs)
+
+
+def build_trainer(recipe: Recipe, layout: Layout, args: Any, model: Any, data: Any, callbacks: list[Any]) -> Any:
+    """The Trainer for the recipe's task and engine: TRL's SFTTrainer (sft) or transformers' Trainer (clm)."""
+    if layout.engine == "fast":
+        from ctrain.fast import prepare_model
+
+        model = prepare_model(model, recipe.fast, layout.device_type)
+    common = {
+        "model": model,
+        "args": args,
+        "train_dataset": data.train,
+        "eval_dataset": data.eval if args.eval_strategy != "no" else None,
+        "processing_class": data.tokenizer,
+        "callbacks": callbacks,
+    }
+    if recipe.task == "sft":
+        from trl import SFTTrainer
+
+        return SFTTrainer(**common)
+    from transformers import Trainer, default_data_collator
+
+    return Trainer(data_collator=default_data_collator, **common)
+
+
+# --- data on every rank ---------------------------------------------------------------------------
+
+
+def _store() -> Any:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
+def obtain_data(recipe: Recipe, layout: Layout) -> Any:
+    """The prepared data set: rank 0 prepares it if needed while the other ranks wait, then all load it.
+
+    The others wait on the rendezvous store, not in a collective, so a long tokenization cannot
+    trip the NCCL timeout.
+    """
+    from ctrain.train import data
+
+    if recipe.data.streaming:
+        return data.streamed(recipe)
+    directory = recipe.prepared_dir
+    store = _store() if layout.world_size > 1 else None
+    if layout.rank == 0:
+        try:
+            if data.prepared_info(recipe, directory) is None:
+                log.info("no prepared data in %s: preparing it now (other ranks wait)", directory)
+                data.prepare(recipe, directory)
+            else:
+                log.info("using prepared data in %s", directory)
+        except BaseException:
+            if store is not None:
+                store.set(PREPARED_KEY, "failed")
+            raise
+        if store is not None:
+            store.set(PREPARED_KEY, "ready")
+    elif store is not None:
+        store.wait([PREPARED_KEY], PREPARE_WAIT)
+        if store.get(PREPARED_KEY) != b"ready":
+            raise CtrainError("rank 0 could not prepare the data; its error is in the log above")
+    else:
+        from ctrain.train.callbacks import barrier
+
+        barrier()
+    return data.load_prepared(recipe, directory)
+
+
+# --- resume ---------------------------------------------------------------------------------------
+
+
+def resume_point(recipe: Recipe, output_dir: Path, rank: int) -> str | None:
+    """The checkpoint to resume from (``training.resume``): auto picks the newest complete one."""
+    setting = recipe.training.resume
+    if setting == "never":
+        return None
+    if setting != "auto":
+        path = expand_path(setting)
+        if checkpoint.read_marker(path) is None:
+            raise ConfigError(f"training.resume: {path} is not a complete checkpoint (no ctrain-complete.json)")
+        return str(path)
+    found = checkpoint.scan(output_dir)
+    if rank == 0:
+        for line in checkpoint.explain(found):
+            log.info(line)
+        checkpoint.remove(found.torn)
+    from ctrain.train.callbacks import barrier
+
+    barrier()
+    return str(found.latest) if found.latest else None
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(data, indent=1) + "\n")
+    temporary.rename(path)
+
+
+def _push(recipe: Recipe, final: Path) -> None:
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    api.create_repo(recipe.hub.repo_id, private=recipe.hub.private, exist_ok=True)
+    api.upload_folder(repo_id=recipe.hub.repo_id, folder_path=str(final), commit_message=f"ctrain: {recipe.run_name}")
+    log.info("pushed the final model to https://huggingface.co/%s", recipe.hub.repo_id)
+
+
+def openmp_defaults() -> None:
+    """Let idle OpenMP threads sleep instead of spin, unless OMP_WAIT_POLICY says otherwise.
+
+    On a CPU shared with other work (a login or CI machine, or more threads than cores) spinning
+    threads take the cores the working ones need, and small CPU models train several times slower
+    (docs/benchmarks.md). Takes effect only before torch is first imported.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def run(recipe: Recipe) -> int:
+    """Train the recipe in this process (one of the launcher's processes); returns the exit code."""
+    openmp_defaults()
+    logs.setup(prefix=recipe.logging.rank_prefix)
+    rank, world = logs.rank_from_env(), logs.world_size_from_env()
+    # 1. What can be checked without torch: paths, columns, sizes, the batch against the world size.
+    notes = check_recipe(recipe, world_size=world)
+    output_dir = recipe.output_dir
+    final = output_dir / FINAL_DIR
+    if checkpoint.read_marker(final) is not None:
+        if rank == 0:
+            log.info(
+                "%s is complete: this run already finished; nothing to do (use another training.output_dir to train again)",
+                final,
+            )
+        return 0
+    if rank == 0:
+        for note in notes:
+            log.info("note: %s", note)
+    # 2. With the training stack: device, precision, the model's config, reporting, the hub.
+    import torch
+    from transformers import PrinterCallback
+
+    from ctrain.train.callbacks import CompleteCheckpoints, Preemption, Progress, barrier, peak_tflops
+    from ctrain.train.model import build_model, check_sizes, load_config
+
+    logs.quiet_libraries()
+    layout = plan(recipe)
+    config = load_config(recipe)
+    check_sizes(recipe, config)
+    report_to = _report_to(recipe)
+    _check_hub(recipe)
+    signals = [signal_number(name) for name in recipe.training.preemption_signals]
+    # 3. The process group starts here; then data (rank 0 first), the model, the trainer.
+    args = training_arguments(recipe, layout, output_dir, report_to)
+    torch.manual_seed(recipe.seed)
+    data = obtain_data(recipe, layout)
+    logs.rebind_handlers()
+    model = build_model(recipe, config, data.tokenizer, layout.precision, layout.device_type)
+    resume = resume_point(recipe, output_dir, rank)
+    run_id = time.strftime("%Y%m%dT%H%M%S")
+    if rank == 0:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / RECIPE_COPY).write_text(recipe.to_yaml())
+        (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
+        log.info(
+            "training %s (%s, engine %s) on %d process(es), %s, %s: global batch %d = %d per device x %d "
+            "accumulation x %d; output %s",
+            recipe.run_name, recipe.task, layout.engine, world, layout.device_type, layout.precision,
+            recipe.training.global_batch_size, layout.per_device_batch, layout.accumulation, world, output_dir,
+        )  # fmt: skip
+    preemption = Preemption(signals, args.device)
+    callbacks = [
+        CompleteCheckpoints(output_dir, recipe.training.save_total_limit, world),
+        preemption,
+    ]
+    trainer = build_trainer(recipe, layout, args, model, data, callbacks)
+    progress = Progress(
+        output_dir, world, rank, peak_tflops(recipe.training.peak_tflops), recipe.logging.memory, run_id
+    )
+    # First in line, so what it adds to the logs reaches TensorBoard and W&B; it also replaces the
+    # Trainer's printing of raw log dictionaries.
+    trainer.callback_handler.callbacks.insert(0, progress)
+    trainer.remove_callback(PrinterCallback)
+    logs.rebind_handlers()
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    finally:
+        preemption.restore()
+    stopped = preemption.stopped_at
+    if stopped is not None and trainer.state.global_step < trainer.state.max_steps:
+        if rank == 0:
+            _write_json(
+                output_dir / PREEMPTED_FILE,
+                {
+                    "step": stopped,
+                    "checkpoint": str(output_dir / f"checkpoint-{stopped}"),
+                    "signal": preemption.received,
+                    "exit_code": PREEMPTED_EXIT_CODE,
+                },
+            )
+            log.info(
+                "stopped at step %d on a preemption signal; exit %d: requeue to resume", stopped, PREEMPTED_EXIT_CODE
+            )
+        return PREEMPTED_EXIT_CODE
+    trainer.save_model(str(final))
+    barrier()
+    if rank == 0:
+        (final / RECIPE_COPY).write_text(recipe.to_yaml())
+        checkpoint.write_marker(final, {"step": trainer.state.global_step, "world_size": world})
+        log.info("saved the final model and tokenizer to %s", final)
+        if recipe.hub.repo_id:
+            _push(recipe, final)
+    return 0
