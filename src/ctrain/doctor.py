@@ -83,6 +83,7 @@ CHECKS: dict[str, Callable[[], Check]] = {
     "podman": _tool("podman"),
     "buildah": _tool("buildah"),
     "skopeo": _tool("skopeo"),
+    "umoci": _tool("umoci"),
     "mksquashfs": _tool("mksquashfs", ("-version",)),
     "enroot": _tool("enroot", ("version",)),
     "rsync": _tool("rsync"),
@@ -101,11 +102,12 @@ CHECKS: dict[str, Callable[[], Check]] = {
     "pcluster": _tool("pcluster", ("version",)),
 }
 
-# Each workflow needs every group; a group is satisfied by any one of its checks.
+# Each workflow needs every group; a group is satisfied by any one of its options, and an option
+# "a+b" needs all of its checks (ctrain writes the squashfs itself when enroot is missing).
 WORKFLOWS: dict[str, tuple[tuple[str, ...], ...]] = {
     "build": (("docker", "podman", "buildah", "apptainer"),),
     "sif": (("apptainer",),),
-    "sqsh": (("enroot", "mksquashfs"),),
+    "sqsh": (("enroot", "mksquashfs+skopeo+umoci"),),
     "push": (("skopeo", "podman", "docker", "apptainer", "rsync"),),
     "slurm": (("sbatch",), ("srun",), ("slurm controller",)),
     "apptainer-jobs": (("sbatch",), ("srun",), ("slurm controller",), ("apptainer",)),
@@ -122,7 +124,10 @@ def run_checks(names: list[str] | None = None) -> dict[str, Check]:
 
 def workflow_status(results: dict[str, Check], workflow: str) -> list[str]:
     """Groups of ``workflow`` that nothing satisfies, as 'a or b' strings (empty: ready)."""
-    return [" or ".join(group) for group in WORKFLOWS[workflow] if not any(results[c].ok for c in group)]
+    def ok(option: str) -> bool:
+        return all(results[c].ok for c in option.split("+"))
+
+    return [" or ".join(group) for group in WORKFLOWS[workflow] if not any(ok(o) for o in group)]
 
 
 def report(workflows: list[str]) -> tuple[str, bool]:

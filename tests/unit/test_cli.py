@@ -84,3 +84,16 @@ def test_doctor_real_checks_on_this_machine() -> None:
     assert ready
     for name in ("apptainer", "sbatch", "slurm controller", "gpus", "pcluster"):
         assert name in text
+
+
+def test_doctor_sqsh_needs_enroot_or_the_whole_writer_toolset(monkeypatch) -> None:
+    def only(*names: str) -> dict:
+        return {k: (lambda k=k: doctor.Check(k, k in names, "")) for k in doctor.CHECKS}
+
+    monkeypatch.setattr(doctor, "CHECKS", only("mksquashfs", "skopeo"))
+    text, ready = doctor.report(["sqsh"])
+    assert not ready and "needs enroot or mksquashfs+skopeo+umoci" in text
+    monkeypatch.setattr(doctor, "CHECKS", only("mksquashfs", "skopeo", "umoci"))
+    assert doctor.report(["sqsh"])[1]
+    monkeypatch.setattr(doctor, "CHECKS", only("enroot"))
+    assert doctor.report(["sqsh"])[1]
