@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests import golden_files
 from tests.conftest import need
 
 REGION = "us-east-1"
@@ -111,17 +112,9 @@ def isolate_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 # --- golden files ------------------------------------------------------------------------------
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "cluster"
-
-
 def assert_golden(name: str, text: str) -> None:
-    """``text`` equals tests/golden/cluster/NAME; CTRAIN_UPDATE_GOLDEN=1 rewrites the file instead."""
-    path = GOLDEN / name
-    if os.environ.get("CTRAIN_UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.is_file(), f"{path} missing: run with CTRAIN_UPDATE_GOLDEN=1 once and review it"
-    assert text == path.read_text(), f"{name} differs from the golden file (CTRAIN_UPDATE_GOLDEN=1 to accept)"
+    """``text`` equals tests/golden/cluster/NAME."""
+    golden_files.assert_golden("cluster", name, text)
 
 
 # --- the pcluster CLI double --------------------------------------------------------------------

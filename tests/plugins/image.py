@@ -34,11 +34,11 @@ from pathlib import Path
 
 import pytest
 
+from tests import golden_files
 from tests.conftest import need, need_root
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT = Path(os.environ.get("CTRAIN_TEST_IMAGES", "/var/tmp/ctrain-test"))
-GOLDEN = REPO / "tests" / "golden" / "image"
 CTRAIN = [sys.executable, "-m", "ctrain"]
 IMAGE_NAME = "ctrain-test"
 # What the image is made of: a change to any of these makes a new image (and new SIF/sqsh).
@@ -46,13 +46,8 @@ _KEY_FILES = ("containers", "pyproject.toml", ".dockerignore", "src/ctrain")
 
 
 def assert_golden(name: str, text: str) -> None:
-    """``text`` equals tests/golden/image/NAME; CTRAIN_UPDATE_GOLDEN=1 rewrites the file instead."""
-    path = GOLDEN / name
-    if os.environ.get("CTRAIN_UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.is_file(), f"{path} missing: run with CTRAIN_UPDATE_GOLDEN=1 once and review it"
-    assert text == path.read_text(), f"{name} differs from the golden file (CTRAIN_UPDATE_GOLDEN=1 to accept)"
+    """``text`` equals tests/golden/image/NAME."""
+    golden_files.assert_golden("image", name, text)
 
 
 def content_key(repo: Path = REPO) -> str:

@@ -19,18 +19,13 @@ from ctrain import system, testbed
 from ctrain.cli import main
 from ctrain.errors import ConfigError, CtrainError, ParseError
 from ctrain.testbed import host, plan
-
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "testbed"
+from tests.golden_files import assert_golden
 
 
 def test_slurm_conf_golden() -> None:
     layout = plan.Layout(Path("/var/lib/ctrain/testbed"))
     text = plan.render_slurm_conf(layout, "head", plan.node_plan(3), cpus=2, memory_mb=8034)
-    path = GOLDEN / "slurm.conf"
-    if os.environ.get("CTRAIN_UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert text == path.read_text(), "slurm.conf differs from its golden file (CTRAIN_UPDATE_GOLDEN=1 rewrites it)"
+    assert_golden("testbed", "slurm.conf", text)
 
 
 def test_slurm_conf_names_every_node_and_only_testbed_paths() -> None:
