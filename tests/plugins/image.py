@@ -1,7 +1,7 @@
 """Fixtures for image tests, shared with the sbatch/testbed tests.
 
 Session-scoped, built once per session through the real CLI (``ctrain build --local-base``,
-``ctrain convert``), and cached across sessions by content: the key hashes containers/, pyproject
+``ctrain convert``), and cached across test runs by content: the key hashes containers/, pyproject
 and the src/ctrain tree, so a rerun with nothing changed reuses the image and files, and a code
 change rebuilds only the source layer. Everything lives under /var/tmp/ctrain-test (world-readable,
 so the unprivileged Apptainer user can read it; override with CTRAIN_TEST_IMAGES).
@@ -176,7 +176,7 @@ def cpu_image(test_wheelhouse: Path) -> BuiltImage:
     with _locked("build"):
         _prune(key)
         project.mkdir(parents=True, exist_ok=True)
-        os.utime(project)  # in use: _prune in another session leaves it alone
+        os.utime(project)  # in use: _prune in another test run leaves it alone
         _open_up(project)
         (project / "ctrain.yaml").write_text(
             f"image:\n  name: {IMAGE_NAME}\n  tag: {key}\n  context: {REPO}\n  flavour: cpu\n  builder: buildah\n"
