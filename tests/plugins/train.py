@@ -1,1 +1,104 @@
-"""Fixtures for train tests."""
+"""Fixtures for train tests: a tiny recipe and ways to run `ctrain train` as users do (one process, torchrun)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The demo's shape at a size that trains in seconds: same data, same tokenizer training, same trainer.
+TINY_RECIPE = """\
+task: sft
+seed: 7
+model:
+  config: llama
+  config_overrides:
+    hidden_size: 32
+    intermediate_size: 64
+    num_hidden_layers: 2
+    num_attention_heads: 2
+    num_key_value_heads: 2
+    max_position_embeddings: 64
+    tie_word_embeddings: true
+tokenizer:
+  train:
+    vocab_size: 300
+data:
+  source: builtin:addition
+  max_examples: 1024
+  eval_size: 64
+  max_length: 64
+  packing: false
+training:
+  global_batch_size: 16
+  max_steps: 40
+  learning_rate: 1.0e-3
+  logging_steps: 1
+  save_steps: 10
+logging:
+  report_to: []
+"""
+
+
+def train_env(tmp: Path) -> dict[str, str]:
+    """The environment of a training subprocess: offline, caches under ``tmp``, no inherited output root."""
+    launcher = {"CTRAIN_OUTPUT_DIR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_DATASETS_CACHE=str(tmp / "hf-datasets"),
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture
+def tiny_recipe(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_RECIPE)
+    return path
+
+
+@pytest.fixture
+def ctrain(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run ``python -m ctrain ARGS`` in ``tmp_path`` and return the finished process (output captured)."""
+
+    def run(*args: str, timeout: float = 600, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+        command = [*launcher, *(["-m", "ctrain"] if launcher else [sys.executable, "-m", "ctrain"]), *args]
+        return subprocess.run(
+            command, check=False, cwd=tmp_path, env=train_env(tmp_path), capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
+
+    return run
+
+
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+
+
+def start(args: list[str], cwd: Path, log: Path, launcher: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    """Start ``ctrain ARGS`` in the background, output to ``log``."""
+    command = [*launcher, *(["-m", "ctrain"] if launcher else [sys.executable, "-m", "ctrain"]), *args]
+    with log.open("wb") as handle:
+        return subprocess.Popen(command, cwd=cwd, env=train_env(cwd), stdout=handle, stderr=subprocess.STDOUT)
+
+
+def wait_for(condition: Callable[[], bool], process: subprocess.Popen[bytes], what: str, timeout: float = 300) -> None:
+    """Poll until ``condition`` holds; fail if the process ends first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            pytest.fail(f"the run ended (exit {process.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)

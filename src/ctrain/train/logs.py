@@ -48,6 +48,8 @@ class PrefixedWriter(io.TextIOBase):
         self._at_line_start = True
 
     def write(self, text: str) -> int:
+        if not isinstance(text, str):  # click probes streams with b"" to tell text from binary ones
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         if not text:
             return 0
         out = []

@@ -153,7 +153,7 @@ class TrainingSettings:
     output_dir: str | None = None
     engine: Literal["auto", "hf", "fast"] = "auto"
     global_batch_size: int = 64
-    per_device_batch_size: int | None = None
+    max_per_device_batch_size: int | None = None
     max_steps: int | None = None
     epochs: float = 1.0
     learning_rate: float = 2e-5
@@ -175,7 +175,7 @@ class TrainingSettings:
     resume: str = "auto"
     preemption_signals: list[str] = field(default_factory=lambda: ["SIGUSR1", "SIGTERM"])
     deepspeed: str | None = None
-    fsdp: str | None = None
+    fsdp: bool = False
     fsdp_config: dict[str, Any] = field(default_factory=dict)
     dataloader_workers: int | None = None
     ddp_timeout_minutes: int = 30
@@ -188,17 +188,12 @@ class TrainingSettings:
             "save_steps": self.save_steps,
             "ddp_timeout_minutes": self.ddp_timeout_minutes,
         }
-        for name in ("per_device_batch_size", "max_steps", "eval_steps", "save_total_limit"):
+        for name in ("max_per_device_batch_size", "max_steps", "eval_steps", "save_total_limit"):
             if getattr(self, name) is not None:
                 positive[name] = getattr(self, name)
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(f"training.{name} is {value}; it must be at least 1")
-        if self.per_device_batch_size is not None and self.per_device_batch_size > self.global_batch_size:
-            raise ConfigError(
-                f"training.per_device_batch_size ({self.per_device_batch_size}) is larger than "
-                f"training.global_batch_size ({self.global_batch_size})"
-            )
         if self.max_steps is None and self.epochs <= 0:
             raise ConfigError(f"training.epochs is {self.epochs}; it must be positive (or set training.max_steps)")
         if self.learning_rate <= 0:
@@ -359,12 +354,12 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 # --- batch layout ---------------------------------------------------------------------------------
 
 
-def batch_layout(training: TrainingSettings, world_size: int) -> tuple[int, int]:
+def batch_layout(training: TrainingSettings, world_size: int, cap: int | None = None) -> tuple[int, int]:
     """(per-device batch, gradient accumulation steps) giving ``global_batch_size`` on ``world_size`` processes.
 
-    Without ``per_device_batch_size`` each process takes an equal share and nothing accumulates;
-    with it, accumulation makes up the rest. Either way the global batch, hence the schedule and
-    the result, stays the same from one process to 2 nodes x 8 GPUs.
+    Each process takes an equal share of the global batch, in micro-batches of at most
+    ``max_per_device_batch_size`` (and ``cap``) rows; accumulation makes up the rest. The global
+    batch, hence the schedule and the result, stays the same from one process to 16 nodes.
     """
     total = training.global_batch_size
     if world_size < 1:
@@ -374,13 +369,10 @@ def batch_layout(training: TrainingSettings, world_size: int) -> tuple[int, int]
             f"training.global_batch_size ({total}) does not divide among {world_size} processes: "
             f"make it a multiple of {world_size}"
         )
-    per_device = training.per_device_batch_size or total // world_size
-    if total % (per_device * world_size):
-        raise ConfigError(
-            f"training.global_batch_size ({total}) is not a multiple of per_device_batch_size x processes "
-            f"({per_device} x {world_size} = {per_device * world_size})"
-        )
-    return per_device, total // (per_device * world_size)
+    share = total // world_size
+    limit = min(x for x in (share, training.max_per_device_batch_size, cap) if x is not None)
+    per_device = max(d for d in range(1, limit + 1) if share % d == 0)
+    return per_device, share // per_device
 
 
 # --- sources --------------------------------------------------------------------------------------

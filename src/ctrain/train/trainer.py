@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -68,14 +69,6 @@ def _precision(recipe: Recipe, device_type: str) -> str:
     return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
 
 
-def _fast_batch(recipe: Recipe, per_device: int) -> int:
-    """The fast path's rows per device (``fast.tokens_per_device``), as the largest divisor of ``per_device``."""
-    if not recipe.fast.tokens_per_device:
-        return per_device
-    wanted = max(1, recipe.fast.tokens_per_device // recipe.data.max_length)
-    return max(d for d in range(1, per_device + 1) if per_device % d == 0 and d <= wanted)
-
-
 def plan(recipe: Recipe) -> Layout:
     """Device, precision, engine and batch layout for this process (raises ConfigError on impossible ones)."""
     import torch
@@ -85,13 +78,17 @@ def plan(recipe: Recipe) -> Layout:
     engine = recipe.training.engine
     if engine == "auto":
         engine = "fast" if device_type == "cuda" and recipe.task == "sft" else "hf"
-    per_device, accumulation = batch_layout(recipe.training, world)
-    if engine == "fast":
-        if recipe.fast.batching == "packed" and not recipe.data.packing:
-            raise ConfigError("fast.batching: packed needs data.packing: true (or set fast.batching: padded)")
-        if recipe.training.per_device_batch_size is None:
-            rows = _fast_batch(recipe, per_device)
-            per_device, accumulation = rows, accumulation * (per_device // rows)
+    # The fast path sizes micro-batches in tokens (fast.tokens_per_device): rows of max_length each.
+    tokens = recipe.fast.tokens_per_device if engine == "fast" else None
+    per_device, accumulation = batch_layout(
+        recipe.training, world, cap=max(1, tokens // recipe.data.max_length) if tokens else None
+    )
+    if recipe.training.fsdp and device_type != "cuda":
+        raise ConfigError(
+            "training.fsdp shards the model over GPUs and this process has none (use DDP or DeepSpeed on CPU)"
+        )
+    if engine == "fast" and recipe.fast.batching == "packed" and not recipe.data.packing:
+        raise ConfigError("fast.batching: packed needs data.packing: true (or set fast.batching: padded)")
     return Layout(rank, world, device_type, _precision(recipe, device_type), engine, per_device, accumulation)
 
 
@@ -166,8 +163,8 @@ def training_arguments(recipe: Recipe, layout: Layout, output_dir: Path, report_
         "run_name": recipe.logging.run_name or recipe.run_name,
         "seed": recipe.seed,
         "deepspeed": str(expand_path(training.deepspeed)) if training.deepspeed else None,
-        "fsdp": training.fsdp or None,
-        "fsdp_config": training.fsdp_config or None,
+        "fsdp": training.fsdp,
+        "fsdp_config": training.fsdp_config if training.fsdp else None,
         "dataloader_num_workers": workers,
         "ddp_timeout": training.ddp_timeout_minutes * 60,
         "ddp_find_unused_parameters": False,
@@ -369,12 +366,6 @@ def run(recipe: Recipe) -> int:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / RECIPE_COPY).write_text(recipe.to_yaml())
         (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
-        log.info(
-            "training %s (%s, engine %s) on %d process(es), %s, %s: global batch %d = %d per device x %d "
-            "accumulation x %d; output %s",
-            recipe.run_name, recipe.task, layout.engine, world, layout.device_type, layout.precision,
-            recipe.training.global_batch_size, layout.per_device_batch, layout.accumulation, world, output_dir,
-        )  # fmt: skip
     preemption = Preemption(signals, args.device)
     callbacks = [
         CompleteCheckpoints(output_dir, recipe.training.save_total_limit, world),
@@ -388,6 +379,14 @@ def run(recipe: Recipe) -> int:
     # Trainer's printing of raw log dictionaries.
     trainer.callback_handler.callbacks.insert(0, progress)
     trainer.remove_callback(PrinterCallback)
+    if rank == 0:
+        log.info(
+            "training %s (%s, engine %s, %s) on %d process(es), %s, %s: global batch %d = %d per device x %d "
+            "accumulation x %d; output %s",
+            recipe.run_name, recipe.task, layout.engine, trainer.accelerator.distributed_type.value, world,
+            layout.device_type, layout.precision, recipe.training.global_batch_size, layout.per_device_batch,
+            layout.accumulation, world, output_dir,
+        )  # fmt: skip
     logs.rebind_handlers()
     try:
         trainer.train(resume_from_checkpoint=resume)
@@ -401,7 +400,7 @@ def run(recipe: Recipe) -> int:
                 {
                     "step": stopped,
                     "checkpoint": str(output_dir / f"checkpoint-{stopped}"),
-                    "signal": preemption.received,
+                    "signal": signal.Signals(preemption.received).name if preemption.received else None,
                     "exit_code": PREEMPTED_EXIT_CODE,
                 },
             )

@@ -1,0 +1,231 @@
+"""`ctrain train / prepare / eval` for real: one process and torchrun (gloo, CPU), killed, preempted, resumed.
+
+Everything but the demo test uses the tiny recipe (tests/plugins/train.py): the demo's data and
+trainer at a size that trains in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ctrain.train.recipe import COMPLETE_MARKER, PREEMPTED_EXIT_CODE, PREEMPTED_FILE
+from tests.plugins.train import REPO, TORCHRUN, start, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def losses(output_dir: Path) -> dict[str, dict[int, float]]:
+    """Training loss per step, per run (a resumed run appends to metrics.jsonl under its own run id)."""
+    runs: dict[str, dict[int, float]] = {}
+    for line in (output_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "loss" in record:
+            runs.setdefault(record["run"], {})[record["step"]] = record["loss"]
+    return runs
+
+
+def complete(directory: Path) -> bool:
+    return (directory / COMPLETE_MARKER).is_file()
+
+
+# --- errors before any work -----------------------------------------------------------------------
+
+
+BAD = [
+    ("unknown key", ["training.max_step=5"], {}, "unknown key 'training.max_step' (did you mean 'max_steps'?)"),
+    ("missing path", ["data.source=./missing.jsonl"], {}, "data.source: ./missing.jsonl does not exist"),
+    ("missing column", ["data.source=qa.jsonl"], {}, "has columns question, answer; an sft recipe needs"),
+    ("too long", ["data.max_length=128"], {}, "data.max_length (128) is larger than the model's"),
+    ("batch 0", ["training.global_batch_size=0"], {}, "training.global_batch_size is 0"),
+    ("world size", [], {"WORLD_SIZE": "3"}, "global_batch_size (16) does not divide among 3 processes"),
+    ("model field", ["model.config_overrides.hiden_size=8"], {}, "llama configs have no field 'hiden_size'"),
+    ("unreadable", ["training.deepspeed=broken.json"], {}, "broken.json is not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "env", "message"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_recipe_is_one_error_and_no_training(tiny_recipe: Path, overrides: list[str], env: dict[str, str],
+                                                 message: str) -> None:  # fmt: skip
+    work = tiny_recipe.parent
+    (work / "qa.jsonl").write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")
+    (work / "broken.json").write_text('{"zero_optimization": ')
+    result = subprocess.run(
+        [sys.executable, "-m", "ctrain", "train", tiny_recipe.name, *overrides],
+        cwd=work, env={**os.environ, **env}, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert "error: " in output and message in output, output
+    assert "Traceback" not in output
+    assert "step " not in output
+    assert not (work / "outputs").exists(), "an output directory was written for a recipe that cannot train"
+
+
+# --- data -----------------------------------------------------------------------------------------
+
+
+def test_prepare_then_train_uses_the_same_data(tiny_recipe: Path, ctrain) -> None:
+    import datasets
+
+    work = tiny_recipe.parent
+    prepared = ctrain("prepare", tiny_recipe.name)
+    assert prepared.returncode == 0, prepared.stderr
+    assert "train: 1024 rows" in prepared.stdout and "eval: 64 rows" in prepared.stdout
+    on_the_fly = ctrain("train", tiny_recipe.name, "training.output_dir=outputs/fly", "training.max_steps=2")
+    assert on_the_fly.returncode == 0, on_the_fly.stderr
+    assert "no prepared data in outputs/fly/prepared: preparing it now" in on_the_fly.stderr
+    for split in ("train", "eval"):
+        a = datasets.load_from_disk(str(work / "outputs/tiny/prepared" / split))
+        b = datasets.load_from_disk(str(work / "outputs/fly/prepared" / split))
+        assert a.column_names == b.column_names == ["input_ids", "labels"]
+        assert a[:] == b[:], f"{split}: prepared and on-the-fly rows differ"
+    vocab = [json.loads((work / d / "tokenizer/tokenizer.json").read_text())["model"]["vocab"]
+             for d in ("outputs/tiny/prepared", "outputs/fly/prepared")]  # fmt: skip
+    assert vocab[0] == vocab[1]
+
+    trained = ctrain("train", tiny_recipe.name, "training.max_steps=2")
+    assert trained.returncode == 0, trained.stderr
+    assert "using prepared data in outputs/tiny/prepared" in trained.stderr
+    assert "tokenizing" not in trained.stderr.lower()
+
+    stale = ctrain("train", tiny_recipe.name, "training.output_dir=outputs/stale",
+                   "data.prepared_dir=outputs/tiny/prepared", "data.max_length=48")  # fmt: skip
+    assert stale.returncode == 2, stale.stderr
+    assert not (work / "outputs/stale").exists()
+    assert "does not match the recipe (max_length: prepared 64, recipe 48)" in stale.stderr
+    assert "ctrain prepare --force" in stale.stderr
+
+
+# --- checkpoints, kills, preemption ---------------------------------------------------------------
+
+
+def test_killed_run_resumes_from_the_last_complete_checkpoint(tiny_recipe: Path, ctrain) -> None:
+    work = tiny_recipe.parent
+    common = [tiny_recipe.name, "training.max_steps=150", "data.prepared_dir=prepared"]
+    reference = ctrain("train", *common, "training.output_dir=outputs/whole")
+    assert reference.returncode == 0, reference.stderr
+    (whole,) = losses(work / "outputs/whole").values()
+
+    killed_dir = work / "outputs/killed"
+    process = start(["train", *common, f"training.output_dir={killed_dir}"], work, work / "killed.log")
+    wait_for(lambda: complete(killed_dir / "checkpoint-10"), process, "the first checkpoint")
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not complete(killed_dir / "final"), "the run finished before it could be killed"
+    resumed_from = max(int(p.name.split("-")[1]) for p in killed_dir.glob("checkpoint-*") if complete(p))
+    torn = killed_dir / "checkpoint-140"  # as a kill during its save leaves it
+    torn.mkdir(exist_ok=True)
+    (torn / "model.safetensors").write_bytes(b"\0" * 100)
+
+    again = ctrain("train", *common, f"training.output_dir={killed_dir}")
+    assert again.returncode == 0, again.stderr
+    assert f"resuming from {killed_dir}/checkpoint-{resumed_from} " in again.stderr
+    assert f"ignoring {torn}: no {COMPLETE_MARKER}" in again.stderr
+    runs = losses(killed_dir)
+    second = runs[max(runs)]
+    assert min(second) == resumed_from + 1, "the resumed run did not continue at the checkpoint's step"
+    assert sorted(second) == list(range(resumed_from + 1, 151))
+    for step, loss in second.items():
+        assert loss == pytest.approx(whole[step], rel=1e-4, abs=1e-5), f"step {step}"
+    assert complete(killed_dir / "final")
+
+
+def test_preempted_run_checkpoints_exits_75_and_resumes(tiny_recipe: Path, ctrain) -> None:
+    work = tiny_recipe.parent
+    output = work / "outputs/tiny"
+    args = ["train", tiny_recipe.name, "training.max_steps=1000", "training.save_steps=5000"]
+    process = start(args, work, work / "preempt.log")
+    log = work / "preempt.log"
+    wait_for(lambda: "step 5/1000" in log.read_text(), process, "step 5")
+    process.send_signal(signal.SIGUSR1)
+    assert process.wait(timeout=300) == PREEMPTED_EXIT_CODE, log.read_text()
+    info = json.loads((output / PREEMPTED_FILE).read_text())
+    assert info["signal"] == "SIGUSR1" and info["exit_code"] == PREEMPTED_EXIT_CODE
+    step = info["step"]
+    assert 5 <= step < 1000
+    assert complete(output / f"checkpoint-{step}")
+    assert "preemption (SIGUSR1): saving a complete checkpoint" in log.read_text()
+
+    again = ctrain(*args, "training.max_steps=1000")
+    assert again.returncode == 0, again.stderr
+    assert f"resuming from outputs/tiny/checkpoint-{step} " in again.stderr
+    assert not (output / PREEMPTED_FILE).exists()
+    assert json.loads((output / "final" / COMPLETE_MARKER).read_text())["step"] == 1000
+
+
+def _worker(launcher: subprocess.Popen[bytes], rank: int) -> int:
+    import psutil
+
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank) and "ctrain" in " ".join(child.cmdline()):
+                return child.pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no worker with RANK={rank} under torchrun")
+
+
+def test_torchrun_two_processes_agree_on_preemption_and_save_once(tiny_recipe: Path, ctrain) -> None:
+    work = tiny_recipe.parent
+    output = work / "outputs/tiny"
+    args = ["train", tiny_recipe.name, "training.max_steps=300", "training.save_steps=5000"]
+    log = work / "ddp.log"
+    launcher = start(args, work, log, launcher=TORCHRUN)
+    wait_for(lambda: "step 5/300" in log.read_text(), launcher, "step 5")
+    os.kill(_worker(launcher, 1), signal.SIGUSR1)  # one rank only: the ranks must agree among themselves
+    launcher.wait(timeout=300)
+    text = log.read_text()
+    assert "[rank 1 host" in text and "exitcode  : 75" in text, text
+    assert "preemption (another rank's signal)" in text and "preemption (SIGUSR1)" in text
+    step = json.loads((output / PREEMPTED_FILE).read_text())["step"]
+    assert complete(output / f"checkpoint-{step}")
+    assert sorted(p.name for p in (output / f"checkpoint-{step}").glob("rng_state_*")) == [
+        "rng_state_0.pth",
+        "rng_state_1.pth",
+    ]
+
+    again = ctrain(*args, launcher=TORCHRUN)
+    assert again.returncode == 0, again.stderr
+    saves = [line for line in again.stderr.splitlines() if "saved the final model" in line]
+    assert len(saves) == 1 and saves[0].startswith("[rank 0 host "), saves
+    assert f"resuming from outputs/tiny/checkpoint-{step} " in again.stderr
+    assert "on 2 process(es)" in again.stderr and "8 per device" in again.stderr
+    marker = json.loads((output / "final" / COMPLETE_MARKER).read_text())
+    assert marker["step"] == 300 and marker["world_size"] == 2
+    second = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    last_run = [r["step"] for r in second if r["run"] == second[-1]["run"] and "loss" in r]
+    assert len(last_run) == len(set(last_run)), "metrics were written by more than one rank"
+
+
+# --- the demo -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_demo_learns_addition_and_the_saved_model_answers(tmp_path: Path, ctrain) -> None:
+    recipe = str(REPO / "recipes/demo-addition.yaml")
+    output = tmp_path / "outputs/demo"
+    trained = ctrain("train", recipe, f"training.output_dir={output}", timeout=1500)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert list((output / "runs").rglob("events.out.tfevents.*")), "no TensorBoard logs"
+    evaluated = ctrain("eval", recipe, f"training.output_dir={output}", "--min-accuracy", "0.9")
+    assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
+    result = json.loads((output / "eval.json").read_text())
+    assert result["accuracy"] >= 0.9 and result["total"] == 500
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(output / "final")
+    model = AutoModelForCausalLM.from_pretrained(output / "final").eval()
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 58 + 27?"}], tokenize=False, add_generation_prompt=True
+    )
+    batch = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    answer = model.generate(**batch, max_new_tokens=5, do_sample=False)[0, batch["input_ids"].shape[1] :]
+    assert tokenizer.decode(answer, skip_special_tokens=True).strip() == "85"

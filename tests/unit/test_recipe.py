@@ -1,0 +1,249 @@
+"""Recipes: schema, overrides, batch layout and the torch-free checks a login node runs before queueing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ctrain.errors import ConfigError
+from ctrain.train.recipe import (
+    Recipe,
+    batch_layout,
+    check_recipe,
+    load_recipe,
+    prepared_settings,
+    recipe_keys,
+    resolve_source,
+    settings_differences,
+)
+from tests.plugins.train import REPO, TINY_RECIPE
+
+
+def write(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+MINIMAL = "model:\n  path: {model}\ndata:\n  source: {source}\n"
+
+
+def test_unknown_key_lists_the_valid_ones(tmp_path: Path) -> None:
+    path = write(tmp_path, TINY_RECIPE.replace("  max_steps: 40", "  max_step: 40"))
+    with pytest.raises(ConfigError) as err:
+        load_recipe(path)
+    text = str(err.value)
+    assert "unknown key 'training.max_step'" in text and "did you mean 'max_steps'" in text
+    assert "global_batch_size" in text and "save_steps" in text
+
+
+def test_overrides_apply_on_top_and_are_checked(tmp_path: Path) -> None:
+    path = write(tmp_path, TINY_RECIPE)
+    recipe = load_recipe(path, ["training.max_steps=7", "data.max_length=32", "model.config_overrides.hidden_size=64"])
+    assert recipe.training.max_steps == 7
+    assert recipe.data.max_length == 32
+    assert recipe.model.config_overrides["hidden_size"] == 64
+    with pytest.raises(ConfigError, match="'training.global_batch_size' must be an integer"):
+        load_recipe(path, ["training.global_batch_size=many"])
+    with pytest.raises(ConfigError, match="training.global_batch_size is 0; it must be at least 1"):
+        load_recipe(path, ["training.global_batch_size=0"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.path=gpt2"], "set exactly one of model.path"),
+        (["data.max_length=1"], "data.max_length is 1"),
+        (["data.max_length=128"], r"data.max_length \(128\) is larger than the model's max_position_embeddings \(64"),
+        (["data.eval_split=test"], "set at most one of data.eval_split"),
+        (["training.learning_rate=0"], "training.learning_rate is 0.0"),
+        (["training.preemption_signals=[SIGKILL]"], "'SIGKILL' is not a signal a process can catch"),
+        (["training.save_steps=0"], "training.save_steps is 0"),
+        (["tokenizer.train.vocab_size=100"], "vocab_size is 100"),
+        (["data.streaming=true"], "data.streaming is for causal-LM pretraining"),
+        (["task=clm", "training.engine=fast"], "training.engine: fast is the SFT fast path"),
+        (["training.deepspeed=ds.json", "training.fsdp=true"], "at most one of training.deepspeed and training.fsdp"),
+    ],
+)
+def test_impossible_settings_are_one_clear_error(tmp_path: Path, overrides: list[str], message: str) -> None:
+    path = write(tmp_path, TINY_RECIPE)
+    with pytest.raises(ConfigError, match=message):
+        load_recipe(path, overrides)
+
+
+def test_from_scratch_needs_a_tokenizer(tmp_path: Path) -> None:
+    text = TINY_RECIPE.replace("tokenizer:\n  train:\n    vocab_size: 300\n", "")
+    with pytest.raises(ConfigError, match="needs tokenizer.path, or tokenizer.train"):
+        load_recipe(write(tmp_path, text))
+
+
+@pytest.mark.parametrize(
+    ("world", "cap", "expected"),
+    [(1, None, (64, 1)), (2, None, (32, 1)), (4, None, (16, 1)), (4, 8, (8, 2)), (16, 3, (2, 2)), (1, 5, (4, 16))],
+)
+def test_batch_layout_keeps_the_global_batch(world: int, cap: int | None, expected: tuple[int, int]) -> None:
+    recipe = Recipe()
+    recipe.training.global_batch_size = 64
+    recipe.training.max_per_device_batch_size = cap
+    per_device, accumulation = batch_layout(recipe.training, world)
+    assert (per_device, accumulation) == expected
+    assert per_device * accumulation * world == 64
+
+
+def test_batch_that_does_not_divide_among_processes(tmp_path: Path) -> None:
+    recipe = load_recipe(write(tmp_path, TINY_RECIPE))
+    with pytest.raises(ConfigError, match=r"global_batch_size \(16\) does not divide among 3 processes"):
+        check_recipe(recipe, world_size=3)
+    assert check_recipe(recipe, world_size=4) == []
+
+
+def test_shipped_recipes_validate_offline() -> None:
+    recipes = sorted((REPO / "recipes").glob("*.yaml"))
+    assert {p.name for p in recipes} >= {"demo-addition.yaml", "llama-3.1-8b-sft-zero3.yaml", "gpt2-clm-wikitext.yaml"}
+    for path in recipes:
+        recipe = load_recipe(path)
+        for world in (1, 2, 4, 16):
+            notes = check_recipe(recipe, world_size=world)
+        if recipe.training.deepspeed:
+            assert (REPO / recipe.training.deepspeed).is_file()
+        if recipe.model.path:
+            assert any("hub name" in note for note in notes), notes
+    big = load_recipe(REPO / "recipes/llama-3.1-8b-sft-zero3.yaml")
+    assert big.training.deepspeed == "configs/deepspeed/zero3.json"
+    assert batch_layout(big.training, 16) == (2, 4)
+
+
+def test_shipped_configs_parse() -> None:
+    import yaml
+
+    for path in (REPO / "configs/deepspeed").glob("*.json"):
+        config = json.loads(path.read_text())
+        assert config["train_micro_batch_size_per_gpu"] == "auto", path
+        assert config["zero_optimization"]["stage"] in (2, 3), path
+    for path in (REPO / "configs/accelerate").glob("*.yaml"):
+        config = yaml.safe_load(path.read_text())
+        assert "num_processes" not in config and "num_machines" not in config, f"{path} states a size"
+        ds = (config.get("deepspeed_config") or {}).get("deepspeed_config_file")
+        if ds:
+            assert (REPO / ds).is_file()
+
+
+def test_recipe_module_needs_no_torch() -> None:
+    code = (
+        "import sys; from ctrain.train.recipe import load_recipe, check_recipe; "
+        f"r = load_recipe({str(REPO / 'recipes/demo-addition.yaml')!r}); check_recipe(r, world_size=4); "
+        "heavy = [m for m in ('torch', 'transformers', 'datasets', 'trl') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# --- what a recipe points at ----------------------------------------------------------------------
+
+
+def test_missing_paths(tmp_path: Path) -> None:
+    recipe = load_recipe(write(tmp_path, MINIMAL.format(model="./no-model", source="data/train.jsonl")))
+    with pytest.raises(ConfigError, match="model.path: ./no-model does not exist"):
+        check_recipe(recipe)
+    (tmp_path / "m").mkdir()
+    recipe = load_recipe(write(tmp_path, MINIMAL.format(model=tmp_path / "m", source=tmp_path / "train.jsonl")))
+    with pytest.raises(ConfigError, match="data.source: .*train.jsonl does not exist"):
+        check_recipe(recipe)
+    recipe = load_recipe(write(tmp_path, MINIMAL.format(model=tmp_path / "m", source=tmp_path / "*.parquet")))
+    with pytest.raises(ConfigError, match=r"no files match .*\*.parquet"):
+        check_recipe(recipe)
+
+
+def test_missing_columns_name_what_is_there(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    data = jsonl(tmp_path / "d.jsonl", [{"question": "hi", "answer": "ho"}])
+    recipe = load_recipe(write(tmp_path, MINIMAL.format(model=tmp_path / "m", source=data)))
+    with pytest.raises(ConfigError) as err:
+        check_recipe(recipe)
+    assert "has columns question, answer" in str(err.value) and "'messages'" in str(err.value)
+    recipe = load_recipe(
+        write(tmp_path, MINIMAL.format(model=tmp_path / "m", source=data)),
+        ["data.prompt_column=question", "data.completion_column=answer"],
+    )
+    assert check_recipe(recipe) == []
+    csv_file = tmp_path / "d.csv"
+    csv_file.write_text("title,body\na,b\n")
+    recipe = load_recipe(write(tmp_path, "task: clm\n" + MINIMAL.format(model=tmp_path / "m", source=csv_file)))
+    with pytest.raises(ConfigError, match="no column 'text' .*columns: title, body"):
+        check_recipe(recipe)
+
+
+def test_bad_json_lines_are_reported_with_the_line(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n{not json}\n")
+    recipe = load_recipe(write(tmp_path, MINIMAL.format(model=tmp_path / "m", source=data)))
+    with pytest.raises(ConfigError, match="line 2 is not valid JSON"):
+        check_recipe(recipe)
+
+
+def test_sequence_longer_than_the_model(tmp_path: Path) -> None:
+    model = tmp_path / "gpt2"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_positions": 1024}))
+    data = jsonl(tmp_path / "d.jsonl", [{"text": "a"}])
+    recipe = load_recipe(write(tmp_path, MINIMAL.format(model=model, source=data)), ["data.max_length=2048"])
+    with pytest.raises(ConfigError, match=r"data.max_length \(2048\) is larger .* \(1024, .*config.json\)"):
+        check_recipe(recipe)
+
+
+def test_deepspeed_config_must_exist_and_parse(tmp_path: Path) -> None:
+    path = write(tmp_path, TINY_RECIPE)
+    with pytest.raises(ConfigError, match="training.deepspeed: zero9.json does not exist"):
+        check_recipe(load_recipe(path, ["training.deepspeed=zero9.json"]))
+    broken = tmp_path / "ds.json"
+    broken.write_text("{stage: 3")
+    with pytest.raises(ConfigError, match="is not valid JSON"):
+        check_recipe(load_recipe(path, [f"training.deepspeed={broken}"]))
+
+
+def test_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    recipe = Recipe()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DATA_ROOT", str(tmp_path))
+    jsonl(tmp_path / "a.jsonl", [{"text": "x"}])
+    jsonl(tmp_path / "b.jsonl", [{"text": "y"}])
+    recipe.data.source = "$DATA_ROOT/*.jsonl"
+    source = resolve_source(recipe.data)
+    assert (source.kind, source.format, len(source.files)) == ("files", "json", 2)
+    recipe.data.source = "HuggingFaceH4/ultrachat_200k"
+    assert resolve_source(recipe.data).kind == "hub"
+    recipe.data.source = "builtin:addition"
+    assert resolve_source(recipe.data).kind == "builtin"
+    recipe.data.source = "builtin:multiplication"
+    with pytest.raises(ConfigError, match="unknown builtin 'multiplication'; builtins: addition"):
+        resolve_source(recipe.data)
+    disk = tmp_path / "saved"
+    disk.mkdir()
+    (disk / "dataset_info.json").write_text(json.dumps({"features": {"messages": {}}}))
+    recipe.data.source = str(disk)
+    assert resolve_source(recipe.data).kind == "disk"
+
+
+def test_prepared_settings_notice_what_changes_the_data(tmp_path: Path) -> None:
+    path = write(tmp_path, TINY_RECIPE)
+    base = prepared_settings(load_recipe(path))
+    assert settings_differences(base, prepared_settings(load_recipe(path, ["training.max_steps=5"]))) == []
+    changed = settings_differences(base, prepared_settings(load_recipe(path, ["data.max_length=32"])))
+    assert changed == ["max_length: prepared 64, recipe 32"]
+    assert settings_differences(base, prepared_settings(load_recipe(path, ["tokenizer.train.vocab_size=400"])))
+
+
+def test_docs_describe_every_recipe_key() -> None:
+    text = (REPO / "docs/training.md").read_text()
+    missing = [key for key in recipe_keys() if f"`{key}`" not in text]
+    assert not missing, f"docs/training.md does not describe: {', '.join(missing)}"

@@ -1,0 +1,105 @@
+"""Training pieces that need no training: log prefixes, checkpoint markers, tokenizer and tokenization."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from ctrain.train import checkpoint
+from ctrain.train.demo import addition_chat, builtin_rows
+from ctrain.train.logs import PrefixedWriter
+from ctrain.train.recipe import COMPLETE_MARKER
+
+
+def test_every_line_gets_the_rank_prefix() -> None:
+    out = io.StringIO()
+    writer = PrefixedWriter(out, "[rank 1 host n2] ")
+    writer.write("first\nsecond ")
+    writer.write("half\n\nprogress 10%\rprogress 20%\r")
+    assert out.getvalue() == (
+        "[rank 1 host n2] first\n[rank 1 host n2] second half\n\n"
+        "[rank 1 host n2] progress 10%\r[rank 1 host n2] progress 20%\r"
+    )
+
+
+def _checkpoint(root: Path, step: int, complete: bool) -> Path:
+    directory = root / f"checkpoint-{step}"
+    directory.mkdir(parents=True)
+    (directory / "model.safetensors").write_bytes(b"x" * 10)
+    if complete:
+        checkpoint.write_marker(directory, {"step": step})
+    return directory
+
+
+def test_resume_takes_the_newest_complete_checkpoint(tmp_path: Path) -> None:
+    _checkpoint(tmp_path, 10, True)
+    twenty = _checkpoint(tmp_path, 20, True)
+    torn = _checkpoint(tmp_path, 30, False)
+    wrong = _checkpoint(tmp_path, 40, False)
+    (wrong / COMPLETE_MARKER).write_text(json.dumps({"step": 39}))  # copied from elsewhere: not this one's
+    found = checkpoint.scan(tmp_path)
+    assert found.latest == twenty
+    assert found.torn == [wrong, torn]
+    lines = checkpoint.explain(found)
+    assert lines[0].startswith(f"resuming from {twenty}")
+    assert any(str(torn) in line and "not finished" in line for line in lines)
+    marker = json.loads((twenty / COMPLETE_MARKER).read_text())
+    assert marker["step"] == 20 and marker["files"] == 1 and marker["bytes"] == 10
+    assert not list(twenty.glob(".*tmp"))
+
+
+def test_rotation_keeps_the_newest_complete_checkpoints(tmp_path: Path) -> None:
+    for step in (5, 10, 15):
+        _checkpoint(tmp_path, step, True)
+    torn = _checkpoint(tmp_path, 20, False)
+    removed = checkpoint.rotate(tmp_path, 2)
+    assert [p.name for p in removed] == ["checkpoint-5"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-15", torn.name]
+    assert checkpoint.rotate(tmp_path, None) == []
+
+
+def test_addition_data_is_every_problem_once_in_a_seeded_order() -> None:
+    rows = builtin_rows("addition", 1)
+    assert len(rows) == 90 * 90
+    assert rows == builtin_rows("addition", 1) and rows != builtin_rows("addition", 2)
+    assert addition_chat(47, 38)[1] == {"role": "assistant", "content": "85"}
+
+
+@pytest.fixture(scope="module")
+def trained_tokenizer():
+    from ctrain.train.recipe import TokenizerTraining
+    from ctrain.train.tokenizer import train_tokenizer
+
+    texts = [m["content"] for row in builtin_rows("addition", 0)[:2000] for m in row["messages"]]
+    return train_tokenizer(texts, TokenizerTraining(vocab_size=300))
+
+
+def test_trained_tokenizer_reads_digits_one_by_one(trained_tokenizer) -> None:
+    tokens = trained_tokenizer.tokenize("What is 47 + 38?")
+    assert [t for t in tokens if t.strip("Ġ").isdigit()] == ["4", "7", "3", "8"]
+    assert trained_tokenizer.decode(trained_tokenizer("What is 47 + 38?")["input_ids"]) == "What is 47 + 38?"
+
+
+def test_loss_only_on_what_the_assistant_says(trained_tokenizer) -> None:
+    from ctrain.train.data import tokenize_sft_example
+
+    columns = {"messages": "messages", "prompt": "prompt", "completion": "completion", "text": "text"}
+    row = tokenize_sft_example({"messages": addition_chat(47, 38)}, trained_tokenizer, "messages", columns, True, None)
+    learned = [t for t, label in zip(row["input_ids"], row["labels"]) if label != -100]
+    assert trained_tokenizer.decode(learned) == "85<|end|>"
+    assert row["input_ids"][0] == trained_tokenizer.bos_token_id
+    text = tokenize_sft_example({"prompt": "2+2=", "completion": "4"}, trained_tokenizer, "prompt_completion",
+                                columns, True, None)  # fmt: skip
+    learned = [t for t, label in zip(text["input_ids"], text["labels"]) if label != -100]
+    assert trained_tokenizer.decode(learned) == "4<|end|>"
+
+
+def test_causal_lm_blocks_like_run_clm() -> None:
+    from ctrain.train.data import _group_blocks
+
+    out = _group_blocks({"input_ids": [[1, 2, 3], [4, 5], [6, 7, 8, 9]]}, 4)
+    assert out["input_ids"] == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    assert out["labels"] == out["input_ids"]
