@@ -17,11 +17,14 @@
 
 # --- settings -------------------------------------------------------------------------------------
 
+# Where the image expects the project: mounted there, and the working directory (containers/Dockerfile).
+CTRAIN_WORKDIR=/workspace
+
 # ctrain_settings RUNTIME [RECIPE] [KEY=VALUE ...]
 ctrain_settings() {
     CTRAIN_RUNTIME=$1
     shift
-    : "${CTRAIN_PROJECT_DIR:=${SLURM_SUBMIT_DIR:-$PWD}}" # mounted at /workspace, the working directory
+    : "${CTRAIN_PROJECT_DIR:=${SLURM_SUBMIT_DIR:-$PWD}}" # mounted at CTRAIN_WORKDIR
     case $CTRAIN_RUNTIME in
         apptainer) : "${CTRAIN_IMAGE:=${IMAGE:-images/ctrain-latest.sif}}" ;;
         pyxis) : "${CTRAIN_IMAGE:=${IMAGE:-images/ctrain-latest.sqsh}}" ;; # or a registry reference
@@ -58,7 +61,7 @@ ctrain_settings() {
         shift
     fi
     CTRAIN_OVERRIDES=("$@")
-    # The project directory is /workspace in the container: recipes inside it are given relative.
+    # The project directory is the container's working directory: recipes in it are given relative.
     if [[ $CTRAIN_RECIPE == "$CTRAIN_PROJECT_DIR"/* ]]; then
         CTRAIN_RECIPE=${CTRAIN_RECIPE#"$CTRAIN_PROJECT_DIR"/}
     fi
@@ -100,6 +103,14 @@ ctrain_environment() {
     # them to save a checkpoint and exit; Slurm's own time limit is the hard bound anyway.
     export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-600}
     local forced=(PYTHONUNBUFFERED PYTHONNOUSERSITE OMP_NUM_THREADS)
+    if [[ $CTRAIN_MOUNT_HOME != 1 ]]; then
+        # No home directory in the container: what tools cache under ~ goes to the project's
+        # .cache/ instead (kept between jobs, shared by the nodes): extensions DeepSpeed and torch
+        # compile on first use, Triton's kernels.
+        export XDG_CACHE_HOME=$CTRAIN_WORKDIR/.cache
+        export TORCH_EXTENSIONS_DIR=$XDG_CACHE_HOME/torch_extensions TRITON_CACHE_DIR=$XDG_CACHE_HOME/triton
+        forced+=(XDG_CACHE_HOME TORCH_EXTENSIONS_DIR TRITON_CACHE_DIR)
+    fi
     if [[ $CTRAIN_LAUNCHER == accelerate && ${SLURM_GPUS_ON_NODE:-0} -eq 0 ]]; then
         # Without this accelerate's workers stay single-process on CPU-only nodes.
         export ACCELERATE_USE_CPU=true
@@ -125,7 +136,7 @@ ctrain_environment() {
 
 # Host directory -> image mount target (containers/Dockerfile names the targets).
 ctrain_mounts() {
-    CTRAIN_MOUNT_LIST=("$CTRAIN_PROJECT_DIR:/workspace" "$CTRAIN_HF_CACHE:/hf_home" "$CTRAIN_OUTPUTS:/outputs")
+    CTRAIN_MOUNT_LIST=("$CTRAIN_PROJECT_DIR:$CTRAIN_WORKDIR" "$CTRAIN_HF_CACHE:/hf_home" "$CTRAIN_OUTPUTS:/outputs")
     [[ -z $CTRAIN_DATA ]] || CTRAIN_MOUNT_LIST+=("$CTRAIN_DATA:/data:ro")
     if [[ -n $CTRAIN_MOUNTS ]]; then
         local IFS=,
@@ -153,7 +164,7 @@ ctrain_container_apptainer() {
     for mount in "${CTRAIN_MOUNT_LIST[@]}"; do
         CTRAIN_CONTAINER+=(--bind "$mount")
     done
-    CTRAIN_CONTAINER+=(--pwd /workspace "$CTRAIN_IMAGE")
+    CTRAIN_CONTAINER+=(--pwd "$CTRAIN_WORKDIR" "$CTRAIN_IMAGE")
     # Host variables reach the container, but the image's own values win unless set this way.
     local name
     for name in "${CTRAIN_FORCED_ENV[@]}"; do
@@ -168,7 +179,7 @@ ctrain_container_pyxis() {
     CTRAIN_SRUN_CONTAINER=(
         --container-image="$CTRAIN_IMAGE" # a .sqsh file, or a registry reference (nvcr.io#nvidia/pytorch:TAG)
         --container-mounts="$mounts"
-        --container-workdir=/workspace
+        --container-workdir="$CTRAIN_WORKDIR"
         --no-container-remap-root # run as the user, not as a fake root
         --no-container-entrypoint # the image's entrypoint is `ctrain`; run the launcher directly
     )

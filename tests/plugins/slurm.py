@@ -115,6 +115,7 @@ def pyxis_double(testbed) -> Path:
     real = shutil.which("srun")
     assert real, "srun not found"
     hook = "\n".join(f"export APPTAINERENV_{k}={v}" for k, v in HOOK_VALUES.items())
+    hook += "\necho 'pyxis double: planted " + " ".join(f"{k}={v}" for k, v in HOOK_VALUES.items()) + "' >&2"
     directory = Path(testbed.shared_dir) / "pyxis-double"
     directory.mkdir(exist_ok=True)
     double = directory / "srun"

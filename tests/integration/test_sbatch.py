@@ -1,0 +1,186 @@
+"""The sbatch scripts for real on the testbed: Slurm, Apptainer as the job user, the CPU training image.
+
+One multi-node demo run is shared by the assertions about it; the single-node, launcher, pyxis and
+requeue runs are short (a few steps each). Every job costs about a minute of start-up on 2 cores
+(four Python processes importing the training stack), so there are as few as the issue asks for.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ctrain.cli import main
+from tests.plugins.slurm import HOOK_VALUES, Project
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+DEMO = "recipes/demo-addition.yaml"
+DEMO_ACCURACY = 0.9  # the demo's bar: at least 0.9 exact-match accuracy on held-out problems
+JOB_TIMEOUT = 1200
+# A few steps, then the final model: enough to see every process train together and save once.
+SHORT = ("training.max_steps=4", "training.logging_steps=2", "training.save_steps=1000")
+
+
+def finish(project: Project, job_id: str) -> str:
+    """Wait for the job to end; its log, after checking it completed."""
+    state = project.testbed.wait(job_id, timeout=JOB_TIMEOUT)
+    log = project.log(job_id)
+    assert state == "COMPLETED", f"job {job_id} ended {state}:\n{log[-8000:]}"
+    return log
+
+
+def launcher_line(log: str, task: int, node: str) -> str:
+    """The launcher command node ``node`` ran (printed by each srun task)."""
+    match = re.search(rf"^{task}: ctrain: {node}: (.*)$", log, re.M)
+    assert match, f"no launcher line from {node}:\n{log[-6000:]}"
+    return match.group(1)
+
+
+def submit(project: Project, *args: str, image: Path, **options: object) -> str:
+    """`ctrain submit --write-script` on the login node (here: as root), then sbatch as the user."""
+    script = project.path / "logs" / f"submitted-{time.monotonic_ns()}.sbatch"
+    flags = [f"--{name.replace('_', '-')}={value}" for name, value in options.items()]
+    result = CliRunner().invoke(main, ["--config", str(project.path / "ctrain.yaml"), "submit", f"--image={image}",
+                                       *flags, f"--write-script={script}", *args])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    project.own(script)
+    return project.sbatch(str(script))
+
+
+@pytest.fixture(scope="module")
+def project(sbatch_project: Project) -> Project:
+    """The user's project with a ctrain.yaml for the testbed: CPU nodes, 2 processes on each."""
+    (sbatch_project.path / "ctrain.yaml").write_text("slurm:\n  ntasks_per_node: 2\n")
+    sbatch_project.own(sbatch_project.path / "ctrain.yaml")
+    return sbatch_project
+
+
+# --- the demo on 2 nodes x 2 processes, with plain sbatch ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo(project: Project, cpu_sif: Path) -> tuple[str, str]:
+    """`sbatch sbatch/apptainer_multinode.sbatch` of the demo recipe, as a user types it: job id, log."""
+    job_id = project.sbatch("--ntasks-per-node=2", "sbatch/apptainer_multinode.sbatch", DEMO, env={"IMAGE": str(cpu_sif)})
+    return job_id, finish(project, job_id)
+
+
+def test_demo_trains_across_two_nodes(demo: tuple[str, str]) -> None:
+    job_id, log = demo
+    assert "on 2 node(s) [node[1-2]] x 2 process(es)" in log
+    port = int(job_id) % 4536 + 61000
+    for task, node in ((0, "node1"), (1, "node2")):
+        assert launcher_line(log, task, node) == (
+            f"torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=node1:{port} "
+            f"--rdzv-id={job_id} -m ctrain train {DEMO}"
+        )
+    # The trainer's own prefixes: four ranks, two on each node.
+    ranks = set(re.findall(r"^\d: \[rank (\d) host (node\d)\]", log, re.M))
+    assert ranks == {("0", "node1"), ("1", "node1"), ("2", "node2"), ("3", "node2")}, sorted(ranks)
+    assert re.search(r"on 4 process\(es\)", log), log[-4000:]
+    assert "saved the final model and tokenizer to /outputs/demo-addition/final" in log
+
+
+def test_demo_passes_the_accuracy_bar(demo: tuple[str, str], project: Project) -> None:
+    final = project.path / "outputs" / "demo-addition" / "final"
+    result = subprocess.run([sys.executable, "-m", "ctrain", "eval", str(project.path / DEMO), "--model", str(final),
+                             "--min-accuracy", str(DEMO_ACCURACY)], capture_output=True, text=True, cwd=project.path)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    accuracy = float(re.search(r"^accuracy: ([0-9.]+)", result.stdout, re.M).group(1))
+    assert accuracy >= DEMO_ACCURACY
+
+
+def test_status_and_logs_of_the_finished_demo(demo: tuple[str, str]) -> None:
+    job_id, log = demo
+    status = CliRunner().invoke(main, ["status", job_id])
+    assert re.search(rf"^{job_id}\s+ctrain\s+COMPLETED\s", status.output, re.M), status.output
+    assert CliRunner().invoke(main, ["logs", job_id]).output == log
+
+
+# --- one node, through ctrain submit ----------------------------------------------------------------
+
+
+def test_single_node_apptainer(project: Project, cpu_sif: Path) -> None:
+    job_id = submit(project, DEMO, *SHORT, "training.output_dir=/outputs/single", image=cpu_sif, nodes=1,
+                    job_name="single")  # fmt: skip
+    log = finish(project, job_id)
+    assert launcher_line(log, 0, "node1").startswith("torchrun --nnodes=1 --nproc-per-node=2 ")
+    assert not re.search(r"^1: ", log, re.M)  # one task, one node
+    assert (project.path / "outputs" / "single" / "final" / "config.json").is_file()
+
+
+# --- accelerate and DeepSpeed, one multi-node job each ------------------------------------------------
+
+
+@pytest.mark.parametrize("launcher", ["accelerate", "deepspeed"])
+def test_launcher_on_two_nodes(launcher: str, project: Project, cpu_sif: Path) -> None:
+    job_id = submit(project, DEMO, *SHORT, f"training.output_dir=/outputs/{launcher}", image=cpu_sif, nodes=2,
+                    launcher=launcher, job_name=launcher)  # fmt: skip
+    log = finish(project, job_id)
+    for task, node in ((0, "node1"), (1, "node2")):
+        line = launcher_line(log, task, node)
+        if launcher == "accelerate":
+            assert line.startswith(f"accelerate launch --machine_rank={task} --multi_gpu --num_machines=2 --num_processes=4 ")
+        else:
+            assert line.startswith("torchrun --nnodes=2 --nproc-per-node=2 ")
+            assert line.endswith("training.deepspeed=configs/deepspeed/zero2.json")
+    assert re.search(r"on 4 process\(es\)", log), log[-4000:]
+    assert (project.path / "outputs" / launcher / "final" / "config.json").is_file()
+
+
+# --- the time-limit warning: checkpoint, requeue, resume, finish -------------------------------------
+
+
+def test_time_limit_warning_requeues_and_resumes(project: Project, cpu_sif: Path) -> None:
+    # Long enough (about two minutes on 2 cores) to be warned mid-run; saves only when warned.
+    steps = ("training.max_steps=400", "training.logging_steps=10", "training.save_steps=1000",
+             "training.output_dir=/outputs/requeue")  # fmt: skip
+    job_id = project.sbatch("--ntasks-per-node=2", "--job-name=requeue", "sbatch/apptainer_multinode.sbatch", DEMO,
+                            *steps, env={"IMAGE": str(cpu_sif)})  # fmt: skip
+    project.wait_for_log(job_id, r"step [1-9]\d+/400, loss", timeout=JOB_TIMEOUT)
+    # What `#SBATCH --signal=B:USR1@300` does near the time limit: USR1 to the batch shell only.
+    project.testbed.slurm(["scancel", "--batch", "--signal=USR1", job_id])
+    project.wait_for_log(job_id, r"^ctrain: requeueing job", timeout=600)
+    deadline = time.monotonic() + 120
+    while "Restarts=1" not in (record := project.testbed.slurm(["scontrol", "show", "job", "-o", job_id]).stdout):
+        assert time.monotonic() < deadline, record
+        time.sleep(1)
+    # Slurm holds a requeued job for about two minutes before it may start: start it now.
+    project.testbed.slurm(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    log = finish(project, job_id)
+    first, _, second = log.partition("ctrain: requeueing job")
+    stopped = int(re.search(r"saving a complete checkpoint at step (\d+)", first).group(1))
+    assert f"checkpoint /outputs/requeue/checkpoint-{stopped} complete" in first
+    assert "step exited with" in first and "after SIGUSR1" in first
+    assert "Bus error" not in first  # the image's files stayed (squashfuse not signalled)
+    assert "restart 1 on 2 node(s)" in second
+    assert f"resuming from /outputs/requeue/checkpoint-{stopped} " in second
+    resumed_steps = [int(n) for n in re.findall(r"step (\d+)/400, loss", second)]
+    assert resumed_steps and min(resumed_steps) > stopped, resumed_steps  # it went on, it did not start over
+    assert "saved the final model and tokenizer to /outputs/requeue/final" in second
+    assert (project.path / "outputs" / "requeue" / "final" / "config.json").is_file()
+
+
+# --- pyxis, to the boundary: the payload in the squashfs, through the pyxis double ----------------------
+
+
+def test_pyxis_payload_runs_in_the_squashfs(project: Project, cpu_sqsh: Path, pyxis_double: Path) -> None:
+    """pyxis_multinode.sbatch through the double: enroot's squashfs under Apptainer, 2 nodes x 2, with
+    the PyTorch hook's variables planted wrong; training still runs as 4 processes with torchrun's values."""
+    env = {"IMAGE": str(cpu_sqsh), "PATH": f"{pyxis_double}:/usr/local/bin:/usr/bin:/bin"}
+    job_id = project.sbatch("--ntasks-per-node=2", "--job-name=pyxis", "sbatch/pyxis_multinode.sbatch", DEMO, *SHORT,
+                            "training.output_dir=/outputs/pyxis", env=env)  # fmt: skip
+    log = finish(project, job_id)
+    assert "pyxis double: " in log and str(cpu_sqsh) in log
+    planted = " ".join(f"{name}={value}" for name, value in HOOK_VALUES.items())
+    assert f"pyxis double: planted {planted}" in log
+    assert launcher_line(log, 1, "node2").startswith("torchrun --nnodes=2 --nproc-per-node=2 ")
+    assert re.search(r"on 4 process\(es\)", log)
+    assert (project.path / "outputs" / "pyxis" / "final" / "config.json").is_file()
