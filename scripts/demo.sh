@@ -54,4 +54,4 @@ if [[ $state != COMPLETED ]]; then
 fi
 
 step "accuracy of the trained model on held-out problems"
-ctrain eval "$project/outputs/demo-addition"
+(cd "$project" && ctrain eval recipes/demo-addition.yaml --model outputs/demo-addition/final)

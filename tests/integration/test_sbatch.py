@@ -139,12 +139,12 @@ def test_launcher_on_two_nodes(launcher: str, project: Project, cpu_sif: Path) -
 
 
 def test_time_limit_warning_requeues_and_resumes(project: Project, cpu_sif: Path) -> None:
-    # Long enough (about two minutes on 2 cores) to be warned mid-run; saves only when warned.
-    steps = ("training.max_steps=400", "training.logging_steps=10", "training.save_steps=1000",
+    # Long enough (under a minute on 2 cores) to be warned mid-run; saves only when warned.
+    steps = ("training.max_steps=150", "training.logging_steps=10", "training.save_steps=1000",
              "training.output_dir=/outputs/requeue")  # fmt: skip
     job_id = project.sbatch("--ntasks-per-node=2", "--job-name=requeue", "sbatch/apptainer_multinode.sbatch", DEMO,
                             *steps, env={"IMAGE": str(cpu_sif)})  # fmt: skip
-    project.wait_for_log(job_id, r"step [1-9]\d+/400, loss", timeout=JOB_TIMEOUT)
+    project.wait_for_log(job_id, r"step [1-9]\d+/150, loss", timeout=JOB_TIMEOUT)
     # What `#SBATCH --signal=B:USR1@300` does near the time limit: USR1 to the batch shell only.
     project.testbed.slurm(["scancel", "--batch", "--signal=USR1", job_id])
     project.wait_for_log(job_id, r"^ctrain: requeueing job", timeout=600)
@@ -162,7 +162,7 @@ def test_time_limit_warning_requeues_and_resumes(project: Project, cpu_sif: Path
     assert "Bus error" not in first  # the image's files stayed (squashfuse not signalled)
     assert "restart 1 on 2 node(s)" in second
     assert f"resuming from /outputs/requeue/checkpoint-{stopped} " in second
-    resumed_steps = [int(n) for n in re.findall(r"step (\d+)/400, loss", second)]
+    resumed_steps = [int(n) for n in re.findall(r"step (\d+)/150, loss", second)]
     assert resumed_steps and min(resumed_steps) > stopped, resumed_steps  # it went on, it did not start over
     assert "saved the final model and tokenizer to /outputs/requeue/final" in second
     assert (project.path / "outputs" / "requeue" / "final" / "config.json").is_file()
