@@ -7,4 +7,6 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 # A missing prerequisite fails the run instead of skipping tests.
 export CTRAIN_STRICT=1
-exec .venv/bin/python -m pytest "${@:-tests}"
+# Fast unit tests first, so a broken build fails in minutes; then the integration tests.
+if [ "$#" -eq 0 ]; then set -- tests/unit tests/integration --durations=20; fi
+exec .venv/bin/python -m pytest "$@"
