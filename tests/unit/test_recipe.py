@@ -247,3 +247,25 @@ def test_docs_describe_every_recipe_key() -> None:
     text = (REPO / "docs/training.md").read_text()
     missing = [key for key in recipe_keys() if f"`{key}`" not in text]
     assert not missing, f"docs/training.md does not describe: {', '.join(missing)}"
+
+
+def test_docs_state_the_defaults_the_code_has() -> None:
+    import re
+
+    import yaml
+
+    from ctrain.settings import to_mapping
+    from ctrain.train.recipe import TokenizerTraining
+
+    actual = to_mapping(Recipe())
+    actual["tokenizer"]["train"] = to_mapping(TokenizerTraining())
+    rows = re.findall(r"^\| `([\w.]+)` \| `([^`]*)` \|", (REPO / "docs/training.md").read_text(), re.MULTILINE)
+    assert len(rows) > 50
+    for key, documented in rows:
+        value = actual
+        for part in key.split("."):
+            value = value[part]
+        if key == "tokenizer.train":
+            value = None
+        rendered = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+        assert documented == rendered, f"docs/training.md says {key} defaults to {documented}, the code {rendered}"
