@@ -197,7 +197,9 @@ def job_from_record(record: dict[str, str]) -> Job:
         state = record["JobState"]
         job_id = record["JobId"]
     except KeyError as exc:
-        raise ParseError(f"scontrol show job output (no {exc.args[0]}=)", " ".join(f"{k}={v}" for k, v in record.items())) from exc
+        raise ParseError(
+            f"scontrol show job output (no {exc.args[0]}=)", " ".join(f"{k}={v}" for k, v in record.items())
+        ) from exc
     where = record.get("NodeList", "") if state not in ("PENDING", "REQUEUED") else record.get("Reason", "")
     return Job(
         job_id,
@@ -244,7 +246,9 @@ def status_table(jobs: list[Job]) -> str:
     return table(["job", "name", "state", "time", "limit", "nodes", "nodelist / reason", "exit"], rows)
 
 
-def wait(job_id: str, *, timeout: float | None = None, poll: float = 2.0, on_change: Callable[[Job], None] | None = None) -> Job:
+def wait(
+    job_id: str, *, timeout: float | None = None, poll: float = 2.0, on_change: Callable[[Job], None] | None = None
+) -> Job:
     """Block until the job reaches a final state; return it. Raises on ``timeout`` seconds."""
     deadline = None if timeout is None else time.monotonic() + timeout
     last = None
@@ -279,7 +283,9 @@ def log_path(job_id: str, *, search: Iterable[Path] = (Path("logs"),)) -> Path:
     raise CtrainError(f"no log for job {job_id}: Slurm no longer knows it and there is no *-{job_id}.out in {where}")
 
 
-def follow(job_id: str, *, emit: Callable[[str], None], poll: float = 1.0, search: Iterable[Path] = (Path("logs"),)) -> Job | None:
+def follow(
+    job_id: str, *, emit: Callable[[str], None], poll: float = 1.0, search: Iterable[Path] = (Path("logs"),)
+) -> Job | None:
     """Print the job's log as it grows until the job ends (``tail -f`` that stops); return the final job.
 
     Waits for the file while the job is pending. A requeued job keeps appending to the same file

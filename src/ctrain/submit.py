@@ -28,7 +28,7 @@ from ctrain.errors import ConfigError, CtrainError
 LIB = Path("sbatch/lib/ctrain.sh")
 # How every script in sbatch/ loads the library (the line `ctrain submit` replaces by the library).
 SOURCE_LINE = 'source "${CTRAIN_SBATCH_LIB:-$SLURM_SUBMIT_DIR/sbatch/lib/ctrain.sh}" || exit 2'
-_MAIN_LINE = re.compile(r"^ctrain_main (\w+) \"\$@\"$", re.M)
+_MAIN_LINE = re.compile(r"^ctrain_main (\w+) \"\$@\"$", re.MULTILINE)
 
 # sbatch options ctrain.yaml can set (field -> option); short forms users write in their own scripts.
 OPTIONS = {
@@ -53,11 +53,20 @@ _SBATCH_LINE = re.compile(r"^#SBATCH\s+(-{1,2})([A-Za-z][\w-]*)(?:[=\s]\s*(\S+))
 # Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; or UNLIMITED/INFINITE.
 _TIME = re.compile(r"(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SECRET = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|CREDENTIAL", re.I)
+_SECRET = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|CREDENTIAL", re.IGNORECASE)
 _MOUNT = re.compile(r"[^:,]+:/[^:,]*(?::(?:ro|rw))?")
 
 # Container image references.
-_URI_SCHEMES = ("docker://", "oras://", "library://", "shub://", "http://", "https://", "docker-archive:", "oci-archive:")
+_URI_SCHEMES = (
+    "docker://",
+    "oras://",
+    "library://",
+    "shub://",
+    "http://",
+    "https://",
+    "docker-archive:",
+    "oci-archive:",
+)
 _ENROOT_REF = re.compile(r"(?:[\w.-]+@)?(?:[\w.-]+(?::\d+)?#)?[a-z0-9][\w./-]*(?::[\w.-]+|@sha256:[0-9a-f]{64})?")
 _SQUASHFS_MAGIC = b"hsqs"
 _SIF_MAGIC = b"SIF_MAGIC"
@@ -141,10 +150,7 @@ class Job:
 
     def describe(self) -> str:
         """The sbatch command and the script, as --dry-run prints them."""
-        return (
-            f"# in {self.project}:\n{shlex.join(self.command)} <<'CTRAIN_SCRIPT'\n"
-            f"{self.text}CTRAIN_SCRIPT\n"
-        )
+        return f"# in {self.project}:\n{shlex.join(self.command)} <<'CTRAIN_SCRIPT'\n{self.text}CTRAIN_SCRIPT\n"
 
     @property
     def world_size(self) -> int:
@@ -250,7 +256,10 @@ def settings_env(c: SlurmConfig, config: ProjectConfig, project: Path, runtime: 
         env["CTRAIN_IMAGE"] = str(default_output(config.resolve(config.convert.output_dir), config.image.ref, suffix))
     if c.launcher:
         env["CTRAIN_LAUNCHER"] = c.launcher
-    for name, var in (("deepspeed_config", "CTRAIN_DEEPSPEED_CONFIG"), ("accelerate_config", "CTRAIN_ACCELERATE_CONFIG")):
+    for name, var in (
+        ("deepspeed_config", "CTRAIN_DEEPSPEED_CONFIG"),
+        ("accelerate_config", "CTRAIN_ACCELERATE_CONFIG"),
+    ):
         value = getattr(c, name)
         if value is not None:
             env[var] = str(_inside(config.resolve(value), project, f"slurm.{name}"))
@@ -274,8 +283,10 @@ def settings_env(c: SlurmConfig, config: ProjectConfig, project: Path, runtime: 
 
 def _image_setting(image: str, config: ProjectConfig) -> str:
     """A file path made absolute against the config; registry references and URIs as they are."""
-    if image.startswith(_URI_SCHEMES) or "#" in image or not (
-        "/" in image or image.endswith((".sif", ".sqsh", ".squashfs"))
+    if (
+        image.startswith(_URI_SCHEMES)
+        or "#" in image
+        or not ("/" in image or image.endswith((".sif", ".sqsh", ".squashfs")))
     ):
         return image
     return str(config.resolve(image))
@@ -292,7 +303,9 @@ def _inside(path: Path, project: Path, what: str) -> Path:
         ) from None
 
 
-def resolve_settings(lib: Path, runtime: str, arguments: list[str], env: dict[str, str], project: Path) -> dict[str, str]:
+def resolve_settings(
+    lib: Path, runtime: str, arguments: list[str], env: dict[str, str], project: Path
+) -> dict[str, str]:
     """CTRAIN_* values as the script library resolves them from ``env`` and ``arguments``."""
     snippet = (
         'source "$0" && ctrain_settings "$@" && '
@@ -331,12 +344,18 @@ def render(template: Path, lib_text: str, header_pairs: list[tuple[str, str | No
     settings = ["", "# --- settings from ctrain.yaml and the command line (ctrain submit) ---"]
     settings += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
     settings.append(shlex.join(["set", "--", *arguments]))
-    inlined = [f"# --- {LIB}, inlined by ctrain submit ---", *lib_text.rstrip("\n").splitlines(), f"# --- end of {LIB} ---"]
+    inlined = [
+        f"# --- {LIB}, inlined by ctrain submit ---",
+        *lib_text.rstrip("\n").splitlines(),
+        f"# --- end of {LIB} ---",
+    ]
     body = body[:comment_start] + inlined + body[source_at + 1 :]
     return "\n".join(header + settings + body) + "\n", options
 
 
-def prepare(config: ProjectConfig, *, recipe: str | None = None, overrides: tuple[str, ...] = (), **changes: object) -> Job:
+def prepare(
+    config: ProjectConfig, *, recipe: str | None = None, overrides: tuple[str, ...] = (), **changes: object
+) -> Job:
     """Render the job for ``config.slurm`` with command-line ``changes`` (nodes=, time=, image=, ...)."""
     c = replace(config.slurm, **{k: v for k, v in changes.items() if v is not None})
     check_slurm_config(c)
@@ -381,7 +400,7 @@ def check(job: Job) -> list[str]:
 def check_image(image: str, runtime: str) -> None:
     """The image exists and suits the runtime: a local file, or a well-formed reference."""
     if runtime == "pyxis":
-        if image.startswith("/") or image.startswith("."):
+        if image.startswith(("/", ".")):
             kind = _image_kind(Path(image))
             if kind != "squashfs":
                 raise ConfigError(
@@ -392,7 +411,9 @@ def check_image(image: str, runtime: str) -> None:
         ref = image.removeprefix("docker://")
         first = ref.split("#", 1)[0].split("/", 1)[0] if "#" not in ref else ""
         if not _ENROOT_REF.fullmatch(ref):
-            raise ConfigError(f"{image!r} is neither a .sqsh path nor an image reference like nvcr.io#nvidia/pytorch:24.10-py3")
+            raise ConfigError(
+                f"{image!r} is neither a .sqsh path nor an image reference like nvcr.io#nvidia/pytorch:24.10-py3"
+            )
         if "/" in ref and "#" not in ref and ("." in first or ":" in first or first == "localhost"):
             fixed = ref.replace("/", "#", 1)
             raise ConfigError(
@@ -404,7 +425,9 @@ def check_image(image: str, runtime: str) -> None:
         return
     kind = _image_kind(Path(image))
     if kind not in ("SIF", "squashfs", "a sandbox directory"):
-        raise ConfigError(f"Apptainer cannot run {image}: it is {kind} (expected a .sif from `ctrain convert --to sif`)")
+        raise ConfigError(
+            f"Apptainer cannot run {image}: it is {kind} (expected a .sif from `ctrain convert --to sif`)"
+        )
 
 
 def _image_kind(path: Path) -> str:
@@ -487,8 +510,8 @@ def check_gpus(job: Job) -> list[str]:
             )
         return []
     if have:
-        return [f"no GPUs requested although {where} has nodes with {have}: training runs on CPU "
-                "(set slurm.gpus_per_node or --gpus-per-node)"]  # fmt: skip
+        advice = "set slurm.gpus_per_node or --gpus-per-node"
+        return [f"no GPUs requested although {where} has nodes with {have}: training runs on CPU ({advice})"]
     return []
 
 

@@ -44,7 +44,7 @@ def test_status_logs_cancel(testbed, workdir: Path) -> None:
 
     result = CliRunner().invoke(main, ["status", job_id])
     assert result.exit_code == 0, result.output
-    assert re.search(rf"^{job_id}\s+statusprobe\s+RUNNING\s", result.output, re.M), result.output
+    assert re.search(rf"^{job_id}\s+statusprobe\s+RUNNING\s", result.output, re.MULTILINE), result.output
 
     path = slurm.log_path(job_id)
     assert path == workdir / "logs" / f"statusprobe-{job_id}.out"
@@ -55,7 +55,9 @@ def test_status_logs_cancel(testbed, workdir: Path) -> None:
     assert f"started on {running.where}" in text
 
     followed: list[str] = []
-    follower = threading.Thread(target=lambda: followed.append(str(slurm.follow(job_id, emit=followed.append, poll=0.5))))
+    follower = threading.Thread(
+        target=lambda: followed.append(str(slurm.follow(job_id, emit=followed.append, poll=0.5)))
+    )
     follower.start()
     result = CliRunner().invoke(main, ["cancel", job_id])
     assert result.exit_code == 0 and f"job {job_id}: cancelled" in result.output
@@ -64,7 +66,7 @@ def test_status_logs_cancel(testbed, workdir: Path) -> None:
     assert f"started on {running.where}" in followed and "CANCELLED" in followed[-1]
 
     result = CliRunner().invoke(main, ["status", job_id])
-    assert re.search(rf"^{job_id}\s+statusprobe\s+CANCELLED\s", result.output, re.M), result.output
+    assert re.search(rf"^{job_id}\s+statusprobe\s+CANCELLED\s", result.output, re.MULTILINE), result.output
 
 
 def test_signal_goes_to_the_batch_script_only(testbed, workdir: Path) -> None:
@@ -94,7 +96,11 @@ def test_unknown_and_malformed_jobs(testbed) -> None:
 @pytest.mark.parametrize("script", ["pyxis", "pyxis_multinode", "apptainer", "apptainer_multinode"])
 def test_scripts_pass_sbatch_test_only(testbed, sbatch_project, script: str) -> None:
     """Slurm accepts every script's #SBATCH header as the job user would submit it (nothing queued)."""
-    out = testbed.run_as_user(["sbatch", "--test-only", f"sbatch/{script}.sbatch"], cwd=sbatch_project.path, check=False)
+    out = testbed.run_as_user(
+        ["sbatch", "--test-only", f"sbatch/{script}.sbatch"], cwd=sbatch_project.path, check=False
+    )
     assert out.returncode == 0, out.stderr
     nodes = "node1" if script in ("pyxis", "apptainer") else "node[1-2]"
-    assert re.search(rf"Job \d+ to start at \S+ using \d+ processors on nodes {re.escape(nodes)} in partition", out.stderr), out.stderr
+    assert re.search(
+        rf"Job \d+ to start at \S+ using \d+ processors on nodes {re.escape(nodes)} in partition", out.stderr
+    ), out.stderr

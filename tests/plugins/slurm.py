@@ -78,7 +78,7 @@ class Project:
         """Wait until the job's log matches ``pattern`` (while it runs); the match."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            match = re.search(pattern, self.log(job_id), re.M)
+            match = re.search(pattern, self.log(job_id), re.MULTILINE)
             if match:
                 return match
             if self.testbed.job_state(job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
@@ -119,6 +119,8 @@ def pyxis_double(testbed) -> Path:
     directory = Path(testbed.shared_dir) / "pyxis-double"
     directory.mkdir(exist_ok=True)
     double = directory / "srun"
-    double.write_text(_DOUBLE.replace("HOOK", "# the PyTorch hook's variables, wrong on purpose\n" + hook).replace("REAL_SRUN", real))
+    double.write_text(
+        _DOUBLE.replace("HOOK", "# the PyTorch hook's variables, wrong on purpose\n" + hook).replace("REAL_SRUN", real)
+    )
     double.chmod(0o755)
     return directory

@@ -62,7 +62,9 @@ def allocation(nodes: int, *, gpus: int = 8, tasks_per_node: int = 1, cpus: int 
     return env
 
 
-def dry_run(script: str, *args: str, env: dict[str, str], slurm_conf: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+def dry_run(
+    script: str, *args: str, env: dict[str, str], slurm_conf: Path, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """Run sbatch/SCRIPT.sbatch under bash as Slurm would, printing instead of launching."""
     base = {
         "PATH": os.environ["PATH"],
@@ -72,7 +74,7 @@ def dry_run(script: str, *args: str, env: dict[str, str], slurm_conf: Path, chec
         "CTRAIN_SBATCH_LIB": str(LIB),
     }
     result = subprocess.run(["bash", str(SBATCH / f"{script}.sbatch"), *args], env={**base, **env},
-                            capture_output=True, text=True, cwd="/")  # fmt: skip
+                            capture_output=True, text=True, cwd="/", check=False)  # fmt: skip
     if check:
         assert result.returncode == 0, result.stderr + result.stdout
     return result
@@ -91,7 +93,9 @@ def srun_words(output: str) -> list[str]:
 @pytest.mark.parametrize("runtime", ["apptainer", "pyxis"])
 def test_srun_command_golden(runtime: str, nodes: int, slurm_conf: Path) -> None:
     script = runtime if nodes == 1 else f"{runtime}_multinode"
-    result = dry_run(script, "recipes/demo-addition.yaml", "training.max_steps=50", env=allocation(nodes), slurm_conf=slurm_conf)
+    result = dry_run(
+        script, "recipes/demo-addition.yaml", "training.max_steps=50", env=allocation(nodes), slurm_conf=slurm_conf
+    )
     golden(f"{runtime}-{nodes}node.txt", result.stdout)
 
 
@@ -109,7 +113,9 @@ def test_same_script_any_size(slurm_conf: Path) -> None:
 def test_processes_per_node_follow_gpus_else_tasks(slurm_conf: Path) -> None:
     gpus = srun_words(dry_run("apptainer_multinode", env=allocation(2, gpus=4), slurm_conf=slurm_conf).stdout)
     assert "--nproc-per-node=4" in gpus and "--nv" in gpus
-    cpu = srun_words(dry_run("apptainer_multinode", env=allocation(2, gpus=0, tasks_per_node=3), slurm_conf=slurm_conf).stdout)
+    cpu = srun_words(
+        dry_run("apptainer_multinode", env=allocation(2, gpus=0, tasks_per_node=3), slurm_conf=slurm_conf).stdout
+    )
     assert "--nproc-per-node=3" in cpu and "--nv" not in cpu
 
 
@@ -119,7 +125,7 @@ def test_rendezvous_from_first_node_and_job_id(slurm_conf: Path) -> None:
     port = 123456 % 4536 + 61000
     assert f"--rdzv-endpoint=gpu007:{port}" in words
     assert "--rdzv-id=123456" in words and "--rdzv-backend=c10d" in words
-    assert 32768 <= 60999 < port <= 65535  # above Linux's ephemeral ports
+    assert 60999 < port <= 65535  # above Linux's ephemeral ports (32768-60999)
 
 
 def test_one_task_per_node_kill_on_bad_exit_labels(slurm_conf: Path) -> None:
@@ -129,7 +135,9 @@ def test_one_task_per_node_kill_on_bad_exit_labels(slurm_conf: Path) -> None:
 
 def test_recipe_and_overrides_reach_the_trainer(slurm_conf: Path) -> None:
     env = {**allocation(2), "CTRAIN_LAUNCHER": "deepspeed", "CTRAIN_DEEPSPEED_CONFIG": "configs/z3.json"}
-    words = srun_words(dry_run("pyxis_multinode", "/project/recipes/r.yaml", "a.b=1", env=env, slurm_conf=slurm_conf).stdout)
+    words = srun_words(
+        dry_run("pyxis_multinode", "/project/recipes/r.yaml", "a.b=1", env=env, slurm_conf=slurm_conf).stdout
+    )
     assert words[-6:] == ["-m", "ctrain", "train", "recipes/r.yaml", "a.b=1", "training.deepspeed=configs/z3.json"]
     assert words[words.index("ctrain-task") + 1] == "torchrun"
 
@@ -145,7 +153,7 @@ def test_accelerate_machine_rank_per_node(slurm_conf: Path, tmp_path: Path) -> N
     task = words[words.index("-c") + 1]
     shown = subprocess.run(["sh", "-c", task.replace('exec "$@"', "true"), "ctrain-task", *launch], cwd=tmp_path,
                            env={"SLURM_NODEID": "1", "PATH": os.environ["PATH"], "CTRAIN_PIDS": "."},
-                           capture_output=True, text=True)  # fmt: skip
+                           capture_output=True, text=True, check=True)  # fmt: skip
     assert f"ctrain: {os.uname().nodename}: accelerate launch --machine_rank=1 --multi_gpu" in shown.stdout
 
 
@@ -158,11 +166,14 @@ def test_task_script_drops_hook_variables_records_pid_ignores_usr1(slurm_conf: P
     launcher = 'kill -USR1 $$; sleep 0.2; env; echo "pid $$"'  # a USR1 it did not ignore would end it first
     (tmp_path / "pids").mkdir()
     probe = subprocess.run(["sh", "-c", task, "ctrain-task", "sh", "-c", launcher], cwd=tmp_path,
-                           env={"PATH": os.environ["PATH"], "CTRAIN_PIDS": "pids", **hook}, capture_output=True, text=True)  # fmt: skip
-    seen = dict(line.split("=", 1) for line in probe.stdout.splitlines() if "=" in line and not line.startswith("ctrain:"))
+                           env={"PATH": os.environ["PATH"], "CTRAIN_PIDS": "pids", **hook}, capture_output=True, text=True,
+                           check=False)  # fmt: skip
+    seen = dict(
+        line.split("=", 1) for line in probe.stdout.splitlines() if "=" in line and not line.startswith("ctrain:")
+    )
     assert probe.returncode == 0, probe.stderr
     assert not set(hook) & set(seen), seen
-    pid = re.search(r"^pid (\d+)$", probe.stdout, re.M).group(1)
+    pid = re.search(r"^pid (\d+)$", probe.stdout, re.MULTILINE).group(1)
     assert (tmp_path / "pids" / f"{os.uname().nodename}.pid").read_text().strip() == pid
 
 
@@ -200,13 +211,20 @@ def test_pyxis_container_options(slurm_conf: Path) -> None:
     assert options["--container-workdir"] == "/workspace"
     assert options["--container-mounts"].split(",")[0] == "/project:/workspace"
     assert "--no-container-mount-home" in options and "--no-container-entrypoint" in options
-    assert set(options["--container-env"].split(",")) >= {"PYTHONUNBUFFERED", "OMP_NUM_THREADS", "FI_PROVIDER", "NCCL_SOCKET_IFNAME"}
+    assert set(options["--container-env"].split(",")) >= {
+        "PYTHONUNBUFFERED",
+        "OMP_NUM_THREADS",
+        "FI_PROVIDER",
+        "NCCL_SOCKET_IFNAME",
+    }
     assert "apptainer" not in words
 
 
 def test_local_sqsh_becomes_an_absolute_path(slurm_conf: Path) -> None:
     """pyxis reads a relative path as a registry reference, so files are made absolute."""
-    words = srun_words(dry_run("pyxis", env={**allocation(1), "IMAGE": "images/ctrain.sqsh"}, slurm_conf=slurm_conf).stdout)
+    words = srun_words(
+        dry_run("pyxis", env={**allocation(1), "IMAGE": "images/ctrain.sqsh"}, slurm_conf=slurm_conf).stdout
+    )
     assert "--container-image=/project/images/ctrain.sqsh" in words
 
 
@@ -217,8 +235,13 @@ def test_outside_an_allocation_is_a_clear_error(slurm_conf: Path) -> None:
 
 
 def test_bad_launcher_is_a_clear_error(slurm_conf: Path) -> None:
-    result = dry_run("apptainer", env={**allocation(1), "CTRAIN_LAUNCHER": "deepspeed-pdsh"}, slurm_conf=slurm_conf, check=False)
-    assert result.returncode == 2 and "CTRAIN_LAUNCHER is 'deepspeed-pdsh'; valid: torchrun, accelerate, deepspeed" in result.stderr
+    result = dry_run(
+        "apptainer", env={**allocation(1), "CTRAIN_LAUNCHER": "deepspeed-pdsh"}, slurm_conf=slurm_conf, check=False
+    )
+    assert (
+        result.returncode == 2
+        and "CTRAIN_LAUNCHER is 'deepspeed-pdsh'; valid: torchrun, accelerate, deepspeed" in result.stderr
+    )
 
 
 # --- pyxis: every container flag is one pyxis documents -------------------------------------------
@@ -238,7 +261,13 @@ def pyxis_options() -> dict[str, bool]:
 @pytest.mark.parametrize("script", ["pyxis", "pyxis_multinode"])
 def test_pyxis_flags_are_documented_pyxis_options(script: str, mount_home: str, slurm_conf: Path) -> None:
     documented = pyxis_options()
-    env = {**allocation(2), "CTRAIN_MOUNT_HOME": mount_home, "CTRAIN_EFA": "1", "CTRAIN_DATA": "/d", "CTRAIN_MOUNTS": "/a:/b"}
+    env = {
+        **allocation(2),
+        "CTRAIN_MOUNT_HOME": mount_home,
+        "CTRAIN_EFA": "1",
+        "CTRAIN_DATA": "/d",
+        "CTRAIN_MOUNTS": "/a:/b",
+    }
     words = srun_words(dry_run(script, env=env, slurm_conf=slurm_conf).stdout)
     srun_options = words[1 : words.index("sh")]
     used = [w for w in srun_options if "container" in w]
@@ -246,7 +275,9 @@ def test_pyxis_flags_are_documented_pyxis_options(script: str, mount_home: str, 
     for word in used:
         name, has_value, value = word.removeprefix("--").partition("=")
         assert name in documented, f"--{name} is not a pyxis option"
-        assert bool(has_value) == documented[name], f"--{name}: value {'missing' if documented[name] else 'not allowed'}"
+        assert bool(has_value) == documented[name], (
+            f"--{name}: value {'missing' if documented[name] else 'not allowed'}"
+        )
         if name == "container-mounts":
             for mount in value.split(","):
                 assert re.fullmatch(r"[./][^:]*:/[^:]*(:[a-z+]+)?", mount), mount  # SRC:DST[:FLAGS], FLAGS joined by +
@@ -270,7 +301,9 @@ def test_scripts_parse_and_share_the_library(script: str) -> None:
     assert "#SBATCH --output=logs/%x-%j.out" in text
     assert "#SBATCH --signal=B:USR1@" in text and "#SBATCH --requeue" in text and "#SBATCH --open-mode=append" in text
     body = text.split(SOURCE_LINE, 1)[1].strip().splitlines()
-    assert body == [f"ctrain_main {script.split('_')[0]} \"$@\""], "scripts hold settings only; logic lives in the library"
+    assert body == [f'ctrain_main {script.split("_")[0]} "$@"'], (
+        "scripts hold settings only; logic lives in the library"
+    )
 
 
 def test_single_and_multinode_differ_only_in_nodes_and_text() -> None:
@@ -291,13 +324,15 @@ def lib_defaults() -> dict[str, list[str]]:
 
 def test_docs_list_every_setting_with_its_default() -> None:
     docs = (REPO / "docs" / "sbatch.md").read_text()
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(CTRAIN_[A-Z_]+)` \| ([^|]*) \|", docs, re.M)}
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(CTRAIN_[A-Z_]+)` \| ([^|]*) \|", docs, re.MULTILINE)}
     defaults = lib_defaults()
     assert len(defaults) > 10 and len(defaults["CTRAIN_IMAGE"]) == 2
     for name, values in defaults.items():
         assert name in rows, f"docs/sbatch.md has no row for {name}"
         for value in values:
-            assert f"`{value}`" in rows[name], f"docs/sbatch.md: {name} defaults to {value!r} in the library, not {rows[name]!r}"
+            assert f"`{value}`" in rows[name], (
+                f"docs/sbatch.md: {name} defaults to {value!r} in the library, not {rows[name]!r}"
+            )
 
 
 def test_requeue_code_is_the_trainers() -> None:

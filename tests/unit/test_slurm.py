@@ -68,7 +68,9 @@ def test_scontrol_record_values_with_spaces_and_equals() -> None:
 
 
 def test_pending_job_shows_its_reason() -> None:
-    record = slurm.parse_scontrol_record(SCONTROL.replace("JobState=RUNNING Reason=None", "JobState=PENDING Reason=BeginTime"))
+    record = slurm.parse_scontrol_record(
+        SCONTROL.replace("JobState=RUNNING Reason=None", "JobState=PENDING Reason=BeginTime")
+    )
     assert slurm.job_from_record(record).where == "BeginTime"
 
 
@@ -161,7 +163,9 @@ slurm:
 @pytest.mark.parametrize("nodes", NODE_COUNTS)
 def test_rendered_script_golden(tmp_path: Path, nodes: int) -> None:
     config = load_config(project(tmp_path, GPU_CLUSTER) / "ctrain.yaml")
-    job = submit.prepare(config, recipe="recipes/demo-addition.yaml", overrides=("training.max_steps=100",), nodes=nodes)
+    job = submit.prepare(
+        config, recipe="recipes/demo-addition.yaml", overrides=("training.max_steps=100",), nodes=nodes
+    )
     golden(f"submit-pyxis-{nodes}node.sbatch", job.text)
     assert job.template.name == ("pyxis.sbatch" if nodes == 1 else "pyxis_multinode.sbatch")
     assert job.options["nodes"] == str(nodes) and job.options["signal"] == "B:USR1@600"
@@ -175,13 +179,16 @@ def test_rendered_script_runs_as_the_library_says(tmp_path: Path) -> None:
     assert job.settings["CTRAIN_RECIPE"] == "recipes/demo-addition.yaml"  # the library's default
     assert job.settings["CTRAIN_EFA"] == "1" and job.settings["CTRAIN_CONTAINER_ENV"] == "NCCL_DEBUG"
     assert job.settings["CTRAIN_PROJECT_DIR"] == str(tmp_path)
-    assert "source " not in job.text and "ctrain_main pyxis \"$@\"" in job.text
+    assert "source " not in job.text and 'ctrain_main pyxis "$@"' in job.text
     lib = (REPO / "sbatch/lib/ctrain.sh").read_text()
     assert lib.strip() in job.text
 
 
 def test_header_lines_replaced_not_duplicated(tmp_path: Path) -> None:
-    config = load_config(project(tmp_path, "slurm:\n  time: '10'\n  job_name: demo\n  sbatch_args: ['--qos=high', '--exclusive']\n") / "ctrain.yaml")
+    config = load_config(
+        project(tmp_path, "slurm:\n  time: '10'\n  job_name: demo\n  sbatch_args: ['--qos=high', '--exclusive']\n")
+        / "ctrain.yaml"
+    )
     job = submit.prepare(config, nodes=2)
     header = [line for line in job.text.splitlines() if line.startswith("#SBATCH")]
     assert header.count("#SBATCH --time=10") == 1 and not any(line.startswith("#SBATCH --time=01") for line in header)
@@ -200,7 +207,10 @@ def test_short_options_in_user_scripts_are_replaced(tmp_path: Path) -> None:
 def test_config_paths_are_made_absolute_and_container_files_relative(tmp_path: Path) -> None:
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "z3.json").write_text("{}")
-    config = load_config(project(tmp_path, "slurm:\n  image: images/c.sif\n  data: data\n  deepspeed_config: configs/z3.json\n") / "ctrain.yaml")
+    config = load_config(
+        project(tmp_path, "slurm:\n  image: images/c.sif\n  data: data\n  deepspeed_config: configs/z3.json\n")
+        / "ctrain.yaml"
+    )
     job = submit.prepare(config)
     assert f"export CTRAIN_IMAGE={tmp_path}/images/c.sif" in job.text
     assert f"export CTRAIN_DATA={tmp_path}/data" in job.text
@@ -260,7 +270,9 @@ def test_dry_run_prints_the_exact_script_and_command(tmp_path: Path, monkeypatch
     project(tmp_path, GPU_CLUSTER)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(submit, "check", lambda job: [])  # the checks need the recipe and a cluster
-    result = CliRunner().invoke(main, ["submit", "--dry-run", "--nodes", "16", "recipes/demo-addition.yaml", "training.max_steps=100"])
+    result = CliRunner().invoke(
+        main, ["submit", "--dry-run", "--nodes", "16", "recipes/demo-addition.yaml", "training.max_steps=100"]
+    )
     assert result.exit_code == 0, result.output
     expected = (REPO / "tests/golden/sbatch/submit-pyxis-16node.sbatch").read_text()
     assert result.output == f"# in {tmp_path}:\nsbatch --parsable <<'CTRAIN_SCRIPT'\n{expected}CTRAIN_SCRIPT\n"
@@ -305,7 +317,10 @@ def test_scripts_dir_found_from_elsewhere(tmp_path: Path) -> None:
 def test_default_image_is_what_ctrain_convert_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("IMAGE", raising=False)
     monkeypatch.delenv("CTRAIN_IMAGE", raising=False)
-    config = load_config(project(tmp_path, "image:\n  name: lab/trainer\n  tag: v3\nconvert:\n  output_dir: /shared/img\n") / "ctrain.yaml")
+    config = load_config(
+        project(tmp_path, "image:\n  name: lab/trainer\n  tag: v3\nconvert:\n  output_dir: /shared/img\n")
+        / "ctrain.yaml"
+    )
     assert "export CTRAIN_IMAGE=/shared/img/trainer-v3.sif" in submit.prepare(config).text
     assert "export CTRAIN_IMAGE=/shared/img/trainer-v3.sqsh" in submit.prepare(config, script="pyxis").text
     monkeypatch.setenv("IMAGE", "/elsewhere/x.sif")  # the job sees IMAGE too; the script library decides
