@@ -125,11 +125,9 @@ ctrain_environment() {
         export NCCL_SOCKET_IFNAME=^docker,lo,veth
         forced+=(FI_PROVIDER FI_EFA_USE_DEVICE_RDMA FI_EFA_FORK_SAFE FI_EFA_USE_HUGE_PAGE NCCL_SOCKET_IFNAME)
     fi
-    CTRAIN_FORCED_ENV=("${forced[@]}")
-    if [[ -n $CTRAIN_CONTAINER_ENV ]]; then
-        local IFS=,
-        CTRAIN_FORCED_ENV+=($CTRAIN_CONTAINER_ENV)
-    fi
+    local yours=()
+    [[ -z $CTRAIN_CONTAINER_ENV ]] || IFS=, read -ra yours <<<"$CTRAIN_CONTAINER_ENV"
+    CTRAIN_FORCED_ENV=("${forced[@]}" "${yours[@]}")
 }
 
 # --- container ------------------------------------------------------------------------------------
@@ -138,10 +136,9 @@ ctrain_environment() {
 ctrain_mounts() {
     CTRAIN_MOUNT_LIST=("$CTRAIN_PROJECT_DIR:$CTRAIN_WORKDIR" "$CTRAIN_HF_CACHE:/hf_home" "$CTRAIN_OUTPUTS:/outputs")
     [[ -z $CTRAIN_DATA ]] || CTRAIN_MOUNT_LIST+=("$CTRAIN_DATA:/data:ro")
-    if [[ -n $CTRAIN_MOUNTS ]]; then
-        local IFS=,
-        CTRAIN_MOUNT_LIST+=($CTRAIN_MOUNTS)
-    fi
+    local more=()
+    [[ -z $CTRAIN_MOUNTS ]] || IFS=, read -ra more <<<"$CTRAIN_MOUNTS"
+    CTRAIN_MOUNT_LIST+=("${more[@]}")
     # Writable mounts must exist before the container starts; creating them is harmless.
     [[ $CTRAIN_DRY_RUN == 1 ]] || mkdir -p "$CTRAIN_HF_CACHE" "$CTRAIN_OUTPUTS"
 }
