@@ -423,10 +423,9 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
         write_script.write_text(job.text)
         info(f"wrote {write_script}; queue it from {job.project} with: sbatch {write_script}")
         return
-    job_id, copy = jobs.submit(job)
+    job_id, log = jobs.submit(job)
     click.echo(job_id)
-    log = job.log_dir / f"{job.options.get('job-name') or 'slurm'}-{job_id}.out"
-    info(f"submitted job {job_id}: log {log}, script {copy}\n  follow: ctrain logs -f {job_id}")
+    info(f"submitted job {job_id}: log {log} (script: {log.with_suffix('.sbatch')})\n  follow: ctrain logs -f {job_id}")
     if wait_:
         final = slurm.follow(job_id, emit=click.echo, search=[job.log_dir])
         state = final.state if final else "UNKNOWN"

@@ -60,12 +60,17 @@ def parse_sbatch_parsable(raw: str) -> str:
     return match.group(1)
 
 
+def sbatch_command(args: list[str]) -> list[str]:
+    """The sbatch command line ctrain runs: the job id alone on stdout."""
+    return ["sbatch", "--parsable", *args]
+
+
 def sbatch(args: list[str], *, cwd: Path, script: str | None = None) -> str:
     """Run ``sbatch --parsable ARGS`` in ``cwd`` (the job's submit directory); return the job id.
 
     ``script`` is the batch script's text, given on standard input (then ``args`` holds options only).
     """
-    out = proc.run(["sbatch", "--parsable", *args], cwd=cwd, input=script)
+    out = proc.run(sbatch_command(args), cwd=cwd, input=script)
     return parse_sbatch_parsable(out.stdout)
 
 

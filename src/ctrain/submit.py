@@ -101,12 +101,8 @@ def check_slurm_config(c: SlurmConfig) -> None:
             raise ConfigError(f"slurm.{name} must be at least {least}, got {value}")
     if c.signal_lead is not None and c.signal_lead > 65535:
         raise ConfigError(f"slurm.signal_lead is {c.signal_lead}s; Slurm allows at most 65535")
-    limit = time_seconds(c.time) if c.time else None
-    if limit is not None and c.signal_lead is not None and c.signal_lead >= limit:
-        raise ConfigError(
-            f"slurm.signal_lead ({c.signal_lead}s) must be shorter than slurm.time ({c.time}): the warning "
-            "would come before the job starts"
-        )
+    if c.time:
+        time_seconds(c.time)
     if c.gpus_per_node and c.ntasks_per_node:
         raise ConfigError(
             "slurm.gpus_per_node and slurm.ntasks_per_node are both set: with GPUs the scripts start one "
@@ -144,13 +140,10 @@ class Job:
     arguments: list[str]  # recipe and KEY=VALUE overrides
     options: dict[str, str | None] = field(default_factory=dict)  # final #SBATCH options
 
-    @property
-    def command(self) -> list[str]:
-        return ["sbatch", "--parsable"]
-
     def describe(self) -> str:
-        """The sbatch command and the script, as --dry-run prints them."""
-        return f"# in {self.project}:\n{shlex.join(self.command)} <<'CTRAIN_SCRIPT'\n{self.text}CTRAIN_SCRIPT\n"
+        """The sbatch command and the script, as --dry-run prints them (a shell here-document)."""
+        command = shlex.join(slurm.sbatch_command([]))
+        return f"# in {self.project}:\n{command} <<'CTRAIN_SCRIPT'\n{self.text}CTRAIN_SCRIPT\n"
 
     @property
     def world_size(self) -> int:
@@ -385,6 +378,7 @@ def check(job: Job) -> list[str]:
     """Everything that can be known wrong before the job waits in the queue; returns warnings."""
     warnings: list[str] = []
     s = job.settings
+    check_signal(job.options)
     check_image(s["CTRAIN_IMAGE"], job.runtime)
     if s["CTRAIN_LAUNCHER"] == "deepspeed":
         _project_file(job, s["CTRAIN_DEEPSPEED_CONFIG"], "the DeepSpeed config (CTRAIN_DEEPSPEED_CONFIG)")
@@ -395,6 +389,17 @@ def check(job: Job) -> list[str]:
         raise ConfigError(f"the data directory {s['CTRAIN_DATA']} (CTRAIN_DATA, slurm.data) does not exist")
     warnings += check_gpus(job)
     return warnings
+
+
+def check_signal(options: dict[str, str | None]) -> None:
+    """The time-limit warning must come after the job starts, or every run would stop at once."""
+    limit = time_seconds(options["time"]) if options.get("time") else None
+    lead = (options.get("signal") or "").rpartition("@")[2]
+    if limit is not None and lead.isdigit() and int(lead) >= limit:
+        raise ConfigError(
+            f"the time-limit warning comes {lead}s before the end (--signal={options['signal']}), but the time "
+            f"limit is {options['time']} ({limit}s): raise the time limit or lower slurm.signal_lead"
+        )
 
 
 def check_image(image: str, runtime: str) -> None:
@@ -519,10 +524,9 @@ def check_gpus(job: Job) -> list[str]:
 
 
 def submit(job: Job) -> tuple[str, Path]:
-    """Queue the job; returns its id and where its copy of the script was kept."""
+    """Queue the job; returns its id and its log, beside which a copy of the script is kept (.sbatch)."""
     job.log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the --output directory
     job_id = slurm.sbatch([], cwd=job.project, script=job.text)
-    name = job.options.get("job-name") or "sbatch"
-    copy = job.log_dir / f"{name}-{job_id}.sbatch"
-    copy.write_text(job.text)
-    return job_id, copy
+    log = slurm.log_path(job_id, search=[job.log_dir])
+    log.with_suffix(".sbatch").write_text(job.text)
+    return job_id, log

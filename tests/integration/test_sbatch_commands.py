@@ -104,3 +104,17 @@ def test_scripts_pass_sbatch_test_only(testbed, sbatch_project, script: str) -> 
     assert re.search(
         rf"Job \d+ to start at \S+ using \d+ processors on nodes {re.escape(nodes)} in partition", out.stderr
     ), out.stderr
+
+
+def test_submit_queues_the_text_and_keeps_a_copy_beside_the_log(testbed, tmp_path: Path) -> None:
+    """submit(): the script text on sbatch's stdin, the submit directory as given, logs/ made first."""
+    from ctrain import submit
+
+    text = "#!/bin/sh\n#SBATCH --job-name=copyprobe\n#SBATCH --output=logs/%x-%j.out\necho ran in $(pwd)\n"
+    job = submit.Job(template=tmp_path / "x.sbatch", runtime="apptainer", text=text, project=tmp_path,
+                     settings={}, arguments=[], options={"job-name": "copyprobe", "output": "logs/%x-%j.out"})  # fmt: skip
+    job_id, log = submit.submit(job)
+    assert log == tmp_path / "logs" / f"copyprobe-{job_id}.out"
+    assert log.with_suffix(".sbatch").read_text() == text
+    assert slurm.wait(job_id, timeout=60).state == "COMPLETED"
+    assert log.read_text().strip() == f"ran in {tmp_path}"

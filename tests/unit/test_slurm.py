@@ -113,7 +113,7 @@ def test_time_limit_errors_say_the_formats() -> None:
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"time": "00:04:00", "signal_lead": 300}, "must be shorter than slurm.time"),
+        ({"time": "4h"}, "is not a Slurm time limit"),
         ({"gpus_per_node": 8, "ntasks_per_node": 8}, "leave ntasks_per_node"),
         ({"nodes": 0}, "slurm.nodes must be at least 1"),
         ({"mounts": ["/a"]}, "must look like /host/dir:/container/dir"),
@@ -348,3 +348,11 @@ def test_recipe_checked_as_the_job_runs_it(tmp_path: Path, monkeypatch: pytest.M
         submit.check(submit.prepare(config, recipe="recipes/demo-addition.yaml", nodes=3))
     with pytest.raises(ConfigError, match="the recipe recipes/nope.yaml does not exist"):
         submit.check(submit.prepare(config, recipe="recipes/nope.yaml"))
+
+
+def test_signal_must_come_after_the_start(tmp_path: Path) -> None:
+    config = load_config(project(tmp_path, "") / "ctrain.yaml")
+    job = submit.prepare(config, time="4")  # the scripts warn 300 s before the end
+    with pytest.raises(ConfigError, match=r"comes 300s before the end .* the time limit is 4 \(240s\)"):
+        submit.check_signal(job.options)
+    submit.check_signal(submit.prepare(config, time="6").options)
