@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ctrain.train.recipe import COMPLETE_MARKER, PREEMPTED_EXIT_CODE, PREEMPTED_FILE
-from tests.plugins.train import REPO, TORCHRUN, start, wait_for
+from tests.plugins.train import REPO, TINY_RECIPE, TORCHRUN, start, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -47,6 +47,8 @@ BAD = [
     ("world size", [], {"WORLD_SIZE": "3"}, "global_batch_size (16) does not divide among 3 processes"),
     ("model field", ["model.config_overrides.hiden_size=8"], {}, "llama configs have no field 'hiden_size'"),
     ("unreadable", ["training.deepspeed=broken.json"], {}, "broken.json is not valid JSON"),
+    ("hub offline", ["hub.repo_id=me/adder"], {"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"),
+    ("wandb missing", ["logging.wandb_project=adder"], {}, "includes wandb, which is not installed"),
 ]
 
 
@@ -103,6 +105,36 @@ def test_prepare_then_train_uses_the_same_data(tiny_recipe: Path, ctrain) -> Non
     assert "ctrain prepare --force" in stale.stderr
 
 
+def test_causal_lm_from_files_and_streamed(tmp_path: Path, ctrain) -> None:
+    words = ["the", "cluster", "trains", "a", "model", "on", "every", "node", "and", "saves", "it"]
+    lines = [" ".join(words[(i * 7 + j) % len(words)] for j in range(5 + i % 9)) for i in range(400)]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"text": line}) + "\n" for line in lines))
+    recipe = tmp_path / "clm.yaml"
+    recipe.write_text(
+        TINY_RECIPE.replace("task: sft", "task: clm")
+        .replace("source: builtin:addition", "source: corpus.jsonl")
+        .replace("  max_length: 64\n", "  max_length: 32\n")
+        .replace("  max_examples: 1024\n", "")
+        .replace("  eval_size: 64\n", "  eval_size: 40\n")
+    )
+    trained = ctrain("train", "clm.yaml", "training.max_steps=12", "training.eval_steps=6")
+    assert trained.returncode == 0, trained.stderr
+    assert "(clm, engine hf" in trained.stderr
+    evals = [line for line in trained.stderr.splitlines() if "eval: " in line and "eval_loss" in line]
+    assert len(evals) == 2, trained.stderr
+    import datasets
+
+    blocks = datasets.load_from_disk(str(tmp_path / "outputs/clm/prepared/train"))
+    assert {len(row) for row in blocks["input_ids"]} == {32} and blocks[0]["labels"] == blocks[0]["input_ids"]
+
+    streamed = ctrain("train", "clm.yaml", "data.streaming=true", "data.eval_size=null", "training.max_steps=5",
+                      "training.output_dir=outputs/streamed", "tokenizer.train=null",
+                      "tokenizer.path=outputs/clm/final")  # fmt: skip
+    assert streamed.returncode == 0, streamed.stderr
+    assert "step 5/5" in streamed.stderr
+    assert not (tmp_path / "outputs/streamed/prepared").exists()
+
+
 # --- checkpoints, kills, preemption ---------------------------------------------------------------
 
 
@@ -140,24 +172,24 @@ def test_killed_run_resumes_from_the_last_complete_checkpoint(tiny_recipe: Path,
 def test_preempted_run_checkpoints_exits_75_and_resumes(tiny_recipe: Path, ctrain) -> None:
     work = tiny_recipe.parent
     output = work / "outputs/tiny"
-    args = ["train", tiny_recipe.name, "training.max_steps=1000", "training.save_steps=5000"]
+    args = ["train", tiny_recipe.name, "training.max_steps=300", "training.save_steps=5000"]
     process = start(args, work, work / "preempt.log")
     log = work / "preempt.log"
-    wait_for(lambda: "step 5/1000" in log.read_text(), process, "step 5")
+    wait_for(lambda: "step 5/300" in log.read_text(), process, "step 5")
     process.send_signal(signal.SIGUSR1)
     assert process.wait(timeout=300) == PREEMPTED_EXIT_CODE, log.read_text()
     info = json.loads((output / PREEMPTED_FILE).read_text())
     assert info["signal"] == "SIGUSR1" and info["exit_code"] == PREEMPTED_EXIT_CODE
     step = info["step"]
-    assert 5 <= step < 1000
+    assert 5 <= step < 300
     assert complete(output / f"checkpoint-{step}")
     assert "preemption (SIGUSR1): saving a complete checkpoint" in log.read_text()
 
-    again = ctrain(*args, "training.max_steps=1000")
+    again = ctrain(*args)
     assert again.returncode == 0, again.stderr
     assert f"resuming from outputs/tiny/checkpoint-{step} " in again.stderr
     assert not (output / PREEMPTED_FILE).exists()
-    assert json.loads((output / "final" / COMPLETE_MARKER).read_text())["step"] == 1000
+    assert json.loads((output / "final" / COMPLETE_MARKER).read_text())["step"] == 300
 
 
 def _worker(launcher: subprocess.Popen[bytes], rank: int) -> int:
@@ -175,10 +207,10 @@ def _worker(launcher: subprocess.Popen[bytes], rank: int) -> int:
 def test_torchrun_two_processes_agree_on_preemption_and_save_once(tiny_recipe: Path, ctrain) -> None:
     work = tiny_recipe.parent
     output = work / "outputs/tiny"
-    args = ["train", tiny_recipe.name, "training.max_steps=300", "training.save_steps=5000"]
+    args = ["train", tiny_recipe.name, "training.max_steps=150", "training.save_steps=5000"]
     log = work / "ddp.log"
     launcher = start(args, work, log, launcher=TORCHRUN)
-    wait_for(lambda: "step 5/300" in log.read_text(), launcher, "step 5")
+    wait_for(lambda: "step 5/150" in log.read_text(), launcher, "step 5")
     os.kill(_worker(launcher, 1), signal.SIGUSR1)  # one rank only: the ranks must agree among themselves
     launcher.wait(timeout=300)
     text = log.read_text()
@@ -198,7 +230,7 @@ def test_torchrun_two_processes_agree_on_preemption_and_save_once(tiny_recipe: P
     assert f"resuming from outputs/tiny/checkpoint-{step} " in again.stderr
     assert "on 2 process(es)" in again.stderr and "8 per device" in again.stderr
     marker = json.loads((output / "final" / COMPLETE_MARKER).read_text())
-    assert marker["step"] == 300 and marker["world_size"] == 2
+    assert marker["step"] == 150 and marker["world_size"] == 2
     second = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     last_run = [r["step"] for r in second if r["run"] == second[-1]["run"] and "loss" in r]
     assert len(last_run) == len(set(last_run)), "metrics were written by more than one rank"

@@ -341,8 +341,7 @@ def run(recipe: Recipe) -> int:
         for note in notes:
             log.info("note: %s", note)
     # 2. With the training stack: device, precision, the model's config, reporting, the hub.
-    import torch
-    from transformers import PrinterCallback
+    from transformers import PrinterCallback, set_seed
 
     from ctrain.train.callbacks import CompleteCheckpoints, Preemption, Progress, barrier, peak_tflops
     from ctrain.train.model import build_model, check_sizes, load_config
@@ -356,9 +355,9 @@ def run(recipe: Recipe) -> int:
     signals = [signal_number(name) for name in recipe.training.preemption_signals]
     # 3. The process group starts here; then data (rank 0 first), the model, the trainer.
     args = training_arguments(recipe, layout, output_dir, report_to)
-    torch.manual_seed(recipe.seed)
     data = obtain_data(recipe, layout)
     logs.rebind_handlers()
+    set_seed(recipe.seed)  # a new model's weights: the same on every rank and every world size
     model = build_model(recipe, config, data.tokenizer, layout.precision, layout.device_type)
     resume = resume_point(recipe, output_dir, rank)
     run_id = time.strftime("%Y%m%dT%H%M%S")
