@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ctrain.errors import ConfigError
 from ctrain.train import checkpoint
 from ctrain.train.demo import addition_chat, builtin_rows
 from ctrain.train.logs import PrefixedWriter
@@ -103,3 +104,36 @@ def test_causal_lm_blocks_like_run_clm() -> None:
     out = _group_blocks({"input_ids": [[1, 2, 3], [4, 5], [6, 7, 8, 9]]}, 4)
     assert out["input_ids"] == [[1, 2, 3, 4], [5, 6, 7, 8]]
     assert out["labels"] == out["input_ids"]
+
+
+def test_every_local_format_loads_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    from ctrain.train.data import load_raw
+    from ctrain.train.recipe import Recipe
+
+    rows = [{"text": f"document {i}"} for i in range(6)]
+    table = datasets.Dataset.from_list(rows)
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "d.json").write_text(json.dumps(rows))
+    table.to_csv(str(tmp_path / "d.csv"), index=False)
+    table.to_parquet(str(tmp_path / "d.parquet"))
+    table.save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": table, "test": table.select([0])}).save_to_disk(str(tmp_path / "splits"))
+    (tmp_path / "shards").mkdir()
+    table.select(range(3)).to_parquet(str(tmp_path / "shards/a.parquet"))
+    table.select(range(3, 6)).to_parquet(str(tmp_path / "shards/b.parquet"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    for source in ("d.jsonl", "d.json", "d.csv", "d.parquet", "saved", "splits", "shards", "shards/*.parquet"):
+        recipe = Recipe(task="clm")
+        recipe.data.source = source
+        train, held_out = load_raw(recipe)
+        assert sorted(train["text"]) == [r["text"] for r in rows], source
+        assert held_out is None
+    recipe = Recipe(task="clm")
+    recipe.data.source, recipe.data.eval_split = "splits", "test"
+    assert load_raw(recipe)[1]["text"] == ["document 0"]
+    recipe.data.eval_split = "validation"
+    with pytest.raises(ConfigError, match="has no split 'validation'; splits: train, test"):
+        load_raw(recipe)

@@ -77,7 +77,9 @@ def plan(recipe: Recipe) -> Layout:
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     engine = recipe.training.engine
     if engine == "auto":
-        engine = "fast" if device_type == "cuda" and recipe.task == "sft" else "hf"
+        # The fast path: SFT on a GPU, with the batches it is built for (packed unless told otherwise).
+        packed_ok = recipe.data.packing or recipe.fast.batching != "packed"
+        engine = "fast" if device_type == "cuda" and recipe.task == "sft" and packed_ok else "hf"
     # The fast path sizes micro-batches in tokens (fast.tokens_per_device): rows of max_length each.
     tokens = recipe.fast.tokens_per_device if engine == "fast" else None
     per_device, accumulation = batch_layout(
