@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import need
+from tests.golden_files import assert_golden
 
 REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "sbatch"
@@ -29,12 +30,7 @@ NODE_COUNTS = [1, 2, 16]
 
 def golden(name: str, text: str) -> None:
     """Compare ``text`` with tests/golden/sbatch/NAME (CTRAIN_UPDATE_GOLDEN=1 writes it)."""
-    path = GOLDEN / name
-    if os.environ.get("CTRAIN_UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"no golden file {path}: run with CTRAIN_UPDATE_GOLDEN=1 and review it"
-    assert text == path.read_text(), f"{name} differs from its golden file (CTRAIN_UPDATE_GOLDEN=1 rewrites it)"
+    assert_golden("sbatch", name, text)
 
 
 @pytest.fixture(scope="module")
