@@ -98,23 +98,29 @@ class Job:
         return self.state in FINAL_STATES
 
 
-# squeue: the job name last, so a name holding the separator still splits right.
+def _rows(raw: str, width: int, what: str) -> list[list[str]]:
+    """Lines of '|'-separated fields, a job id first and the job name last (a name may hold '|')."""
+    rows = []
+    for line in raw.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", width - 1)
+        if len(parts) != width or not _JOB_ID.fullmatch(parts[0]):
+            raise ParseError(what, raw)
+        rows.append(parts)
+    return rows
+
+
 _SQUEUE_FIELDS = ("%i", "%T", "%M", "%l", "%D", "%R", "%j")
 SQUEUE_FORMAT = "|".join(_SQUEUE_FIELDS)
 
 
 def parse_squeue(raw: str) -> list[Job]:
     """``squeue --noheader --format=SQUEUE_FORMAT`` lines as jobs."""
-    jobs = []
-    for line in raw.splitlines():
-        if not line.strip():
-            continue
-        parts = line.split("|", len(_SQUEUE_FIELDS) - 1)
-        if len(parts) != len(_SQUEUE_FIELDS) or not _JOB_ID.fullmatch(parts[0]):
-            raise ParseError("squeue output", raw)
-        job_id, state, elapsed, limit, nodes, where, name = parts
-        jobs.append(Job(job_id, name, state, elapsed, limit, nodes, where, source="squeue"))
-    return jobs
+    return [
+        Job(job_id, name, state, elapsed, limit, nodes, where, source="squeue")
+        for job_id, state, elapsed, limit, nodes, where, name in _rows(raw, len(_SQUEUE_FIELDS), "squeue output")
+    ]
 
 
 def squeue(job_ids: Iterable[str] = (), *, mine: bool = False) -> list[Job]:
@@ -141,16 +147,13 @@ SACCT_FORMAT = ",".join(_SACCT_FIELDS)
 def parse_sacct(raw: str) -> list[Job]:
     """``sacct -X -n -P --format=SACCT_FORMAT`` lines as jobs (the state's "by UID" suffix dropped)."""
     jobs = []
-    for line in raw.splitlines():
-        if not line.strip():
-            continue
-        parts = line.split("|", len(_SACCT_FIELDS) - 1)
-        if len(parts) != len(_SACCT_FIELDS) or not _JOB_ID.fullmatch(parts[0]):
-            raise ParseError("sacct output", raw)
-        job_id, state, elapsed, limit, nodes, nodelist, exit_code, restarts, name = parts
+    for job_id, state, elapsed, limit, nodes, where, exit_code, restarts, name in _rows(
+        raw, len(_SACCT_FIELDS), "sacct output"
+    ):
         state = state.split()[0] if state.strip() else ""
-        jobs.append(Job(job_id, name, state, elapsed, limit, nodes, nodelist, exit_code, restarts=restarts,
-                        source="sacct"))  # fmt: skip
+        jobs.append(
+            Job(job_id, name, state, elapsed, limit, nodes, where, exit_code, restarts=restarts, source="sacct")
+        )
     return jobs
 
 
