@@ -65,4 +65,4 @@ if [[ $state != COMPLETED ]]; then
 fi
 
 step "accuracy of the trained model on held-out problems"
-ctrain eval recipes/demo-addition.yaml --model outputs/demo-addition/final
+ctrain eval recipes/demo-addition.yaml --model outputs/demo-addition/final --min-accuracy 0.9

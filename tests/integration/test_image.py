@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ctrain.image import base as base_mod
 from ctrain.image import build as build_mod
 from ctrain.image import convert as convert_mod
 from ctrain.image import sqsh, store
@@ -54,7 +55,7 @@ def test_image_from_the_real_dockerfile(cpu_image: BuiltImage) -> None:
     commit = labels["org.opencontainers.image.revision"]
     assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", commit)
     subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", commit.removesuffix("-dirty")], check=True)
-    assert labels["org.opencontainers.image.base.name"] == "localhost/ctrain-base:bookworm"
+    assert labels["org.opencontainers.image.base.name"] == base_mod.DEFAULT_REF
     assert labels["org.ctrain.flavour"] == "cpu"
     env = dict(e.split("=", 1) for e in config["Env"])
     assert env["PYTHONUNBUFFERED"] == "1" and env["HF_HOME"] == "/hf_home" and env["CTRAIN_OUTPUT_DIR"] == "/outputs"
@@ -228,7 +229,7 @@ def test_standalone_definition_builds_the_same_packages(cpu_image: BuiltImage, c
     """containers/ctrain-standalone.def, built by Apptainer (unprivileged) from the same base and
     wheelhouse, holds the same packages at the same versions as the Dockerfile's image."""
     work = user_tmp
-    base = store.inspect("localhost/ctrain-base:bookworm", "containers")
+    base = store.inspect(base_mod.DEFAULT_REF, "containers")
     assert base is not None
     store.export_oci(base, work / "base", "base")
     checkout = work / "checkout"  # a copy the user can read wherever the repository lives

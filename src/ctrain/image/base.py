@@ -5,6 +5,7 @@ the builder's store as an image; ``ctrain build --local-base`` uses it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -16,8 +17,11 @@ from ctrain.image import store
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-PACKAGES = ("python3", "python3-venv", "ca-certificates")
-DEFAULT_REF = f"localhost/ctrain-base:{SUITE}"
+# g++ and python3-dev: DeepSpeed compiles its CPU ops (shared-memory all-reduce) when a job starts,
+# as NGC's GPU bases allow; without a compiler a DeepSpeed run on CPU nodes fails.
+PACKAGES = ("python3", "python3-venv", "ca-certificates", "g++", "python3-dev")
+# The tag names the package set, so a changed list makes a new base instead of reusing the old one.
+DEFAULT_REF = f"localhost/ctrain-base:{SUITE}-{hashlib.sha256(' '.join(PACKAGES).encode()).hexdigest()[:8]}"
 # Trimmed from the rootfs: package lists, caches and docs the image never needs.
 _TRIM = ("var/lib/apt/lists", "var/cache/apt", "var/cache/debconf", "var/log", "usr/share/doc", "usr/share/man",
          "usr/share/locale", "usr/share/info")

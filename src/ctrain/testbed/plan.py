@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctrain.errors import ConfigError, ParseError
+from ctrain.slurm import FINAL_STATES
 
 DEFAULT_STATE_DIR = Path("/var/lib/ctrain/testbed")
 STATE_DIR_ENV = "CTRAIN_TESTBED_DIR"
@@ -247,18 +248,8 @@ def parse_node_states(raw: str) -> dict[str, str]:
 # A node that answers and can take jobs (sinfo marks unresponsive nodes with '*').
 READY_NODE_STATES = {"idle", "mixed", "allocated"}
 
-# Job states after which a job will not run again (without a requeue).
-FINAL_JOB_STATES = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "PREEMPTED",
-    "OUT_OF_MEMORY",
-    "BOOT_FAIL",
-    "DEADLINE",
-}
+# Job states after which a job will not run again (without a requeue): the one list in ctrain.slurm.
+FINAL_JOB_STATES = FINAL_STATES
 _JOB_STATE = re.compile(r"(?:^|\s)JobState=([A-Z_]+)(?=\s|$)")
 
 

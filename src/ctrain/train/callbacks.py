@@ -188,15 +188,16 @@ class CompleteCheckpoints(TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         barrier()
-        if not state.is_world_process_zero:
-            return
-        directory = self.output_dir / f"checkpoint-{state.global_step}"
-        checkpoint.write_marker(directory, {"step": state.global_step, "world_size": self.world_size})
-        removed = checkpoint.rotate(self.output_dir, self.keep)
-        log.info(
-            "checkpoint %s complete%s", directory,
-            f"; removed older {', '.join(p.name for p in removed)}" if removed else "",
-        )  # fmt: skip
+        if state.is_world_process_zero:
+            directory = self.output_dir / f"checkpoint-{state.global_step}"
+            checkpoint.write_marker(directory, {"step": state.global_step, "world_size": self.world_size})
+            removed = checkpoint.rotate(self.output_dir, self.keep)
+            log.info(
+                "checkpoint %s complete%s", directory,
+                f"; removed older {', '.join(p.name for p in removed)}" if removed else "",
+            )  # fmt: skip
+        # No rank moves on (and may exit, ending rank 0 through the launcher) before the marker is written.
+        barrier()
 
 
 class Preemption(TrainerCallback):

@@ -1,4 +1,4 @@
-"""The README's first command, scripts/quickstart.sh, as a user runs it (on the session's testbed)."""
+"""scripts/hello-nodes.sh, the testbed's smoke job, as a user runs it (on the shared testbed)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_quickstart_runs_a_two_node_job_inside_apptainer(testbed: Testbed) -> None:
+def test_hello_nodes_runs_a_two_node_job_inside_apptainer(testbed: Testbed) -> None:
     result = subprocess.run(
-        [REPO / "scripts" / "quickstart.sh"], capture_output=True, text=True, timeout=1800, check=False
+        [REPO / "scripts" / "hello-nodes.sh"], capture_output=True, text=True, timeout=1800, check=False
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     hello = re.findall(
         r"^hello from (node\d+) ip=(10\.77\.0\.\d+) image=hello-node\.sif task=\d$", result.stdout, re.MULTILINE
     )
     assert len(hello) == 2 and len({h for h, _ in hello}) == 2 and len({ip for _, ip in hello}) == 2, result.stdout
-    assert "quickstart: OK" in result.stdout
-    assert testbed.is_up(), "the quickstart leaves the testbed running"
+    assert "hello-nodes: OK" in result.stdout
+    assert testbed.is_up(), "the smoke job leaves the testbed running"
