@@ -17,19 +17,20 @@ from pathlib import Path
 
 import pytest
 
+from tests import golden_files
 from tests.conftest import need
 from tests.golden_files import assert_golden
 
 REPO = Path(__file__).resolve().parents[2]
 SBATCH = REPO / "sbatch"
 LIB = SBATCH / "lib" / "ctrain.sh"
-GOLDEN = REPO / "tests" / "golden" / "sbatch"
+GOLDEN = golden_files.GOLDEN / "sbatch"
 SCRIPTS = ["apptainer", "apptainer_multinode", "pyxis", "pyxis_multinode"]
 NODE_COUNTS = [1, 2, 16]
 
 
 def golden(name: str, text: str) -> None:
-    """Compare ``text`` with tests/golden/sbatch/NAME (CTRAIN_UPDATE_GOLDEN=1 writes it)."""
+    """Compare ``text`` with tests/golden/sbatch/NAME."""
     assert_golden("sbatch", name, text)
 
 
