@@ -17,6 +17,7 @@ import yaml
 
 from ctrain.cluster.base import Setup
 from ctrain.errors import ConfigError
+from ctrain.files import atomic_write_text
 from ctrain.settings import load_yaml
 
 PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
@@ -142,7 +143,5 @@ def write(setup: Setup, output: Path | None = None, *, force: bool = False) -> P
     if path.exists() and not force and path.read_text() != text:
         raise ConfigError(f"{path} exists and differs from what init would write; pass --force to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    atomic_write_text(path, text)
     return path

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ctrain import proc, ui
 from ctrain.errors import CtrainError
+from ctrain.files import atomic_write_json
 from ctrain.image import sqsh, store
 from ctrain.image.build import Progress, run_apptainer
 
@@ -157,9 +158,7 @@ def convert(image: store.Image, to: str, output: Path, *, compression: str = "au
             st = output.stat()
             record = {"image_id": image.id, "image_ref": image.ref, "to": to, "compression": compression,
                       "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-            side_tmp = output.parent / f".{output.name}.tmp-{os.getpid()}-sidecar"
-            side_tmp.write_text(json.dumps(record, indent=1) + "\n")
-            os.replace(side_tmp, _sidecar(output))
+            atomic_write_json(_sidecar(output), record)
         finally:
             shutil.rmtree(work, ignore_errors=True)
             tmp.unlink(missing_ok=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ctrain import proc, system, ui
 from ctrain.errors import CtrainError
+from ctrain.files import atomic_write_json
 from ctrain.testbed import host
 from ctrain.testbed.plan import (
     BRIDGE,
@@ -141,9 +142,7 @@ class Testbed:
             ) from exc
 
     def _save(self, state: dict) -> None:
-        tmp = self.layout.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2) + "\n")
-        tmp.replace(self.layout.state_file)
+        atomic_write_json(self.layout.state_file, state, indent=2)
 
     # --- slurm and the job user ---------------------------------------------------------------------
 

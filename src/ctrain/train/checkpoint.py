@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 import time
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctrain.files import atomic_write_json
 from ctrain.train.recipe import COMPLETE_MARKER
 
 log = logging.getLogger("ctrain.train")
@@ -35,17 +35,7 @@ def write_marker(directory: Path, info: dict[str, Any]) -> None:
         "bytes": sum(p.stat().st_size for p in files),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    temporary = directory / f".{COMPLETE_MARKER}.tmp"
-    with temporary.open("w") as handle:
-        handle.write(json.dumps(record, indent=1) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    temporary.rename(directory / COMPLETE_MARKER)
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    atomic_write_json(directory / COMPLETE_MARKER, record)
 
 
 def read_marker(directory: Path) -> dict[str, Any] | None:

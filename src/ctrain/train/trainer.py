@@ -11,7 +11,6 @@ signal after a complete checkpoint, 2 recipe errors (nothing was trained or writ
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError, CtrainError
+from ctrain.files import atomic_write_json
 from ctrain.train import checkpoint, logs
 from ctrain.train.recipe import (
     FINAL_DIR,
@@ -298,12 +298,6 @@ def resume_point(recipe: Recipe, output_dir: Path, rank: int) -> str | None:
 # --- the run --------------------------------------------------------------------------------------
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(data, indent=1) + "\n")
-    temporary.rename(path)
-
-
 def _push(recipe: Recipe, final: Path) -> None:
     from huggingface_hub import HfApi
 
@@ -396,7 +390,7 @@ def run(recipe: Recipe) -> int:
     stopped = preemption.stopped_at
     if stopped is not None and trainer.state.global_step < trainer.state.max_steps:
         if rank == 0:
-            _write_json(
+            atomic_write_json(
                 output_dir / PREEMPTED_FILE,
                 {
                     "step": stopped,

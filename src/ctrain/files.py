@@ -1,0 +1,32 @@
+"""Writing small files so that readers see the old content or the new, never a torn one."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, fsync it, rename it into place and fsync
+    the directory: a job killed mid-write (time limit, preemption, crash) leaves no half file."""
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with temporary.open("w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    descriptor = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def atomic_write_json(path: Path, data: Any, indent: int = 1) -> None:
+    """:func:`atomic_write_text` of ``data`` as JSON with a trailing newline."""
+    atomic_write_text(path, json.dumps(data, indent=indent) + "\n")
