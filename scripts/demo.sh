@@ -29,7 +29,7 @@ image:
   tag: demo
   context: $repo
   flavour: cpu
-  wheelhouse: $repo/.whl
+  wheelhouse: $repo/.ctrain/wheels
   torch_index: none
 convert:
   output_dir: images
@@ -43,7 +43,7 @@ EOF
 cd "$project"
 
 step "build the CPU training image (a Debian base made here; Python packages from a wheelhouse)"
-ctrain wheelhouse "$repo/.whl"
+ctrain wheelhouse "$repo/.ctrain/wheels"
 ctrain build --local-base
 
 step "convert it to SIF"

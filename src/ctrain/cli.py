@@ -708,14 +708,15 @@ def _ints(value: str | None) -> list[int] | None:
 
 @main.command()
 @click.option("--cases", default="seeds,ctrain-same-batches,ctrain", show_default=True,
-              help="Comma-separated cases: seeds, ctrain-same-batches, ctrain, ctrain-16k, ctrain-eager.")
+              help="Comma-separated cases: seeds, ctrain-same-batches, ctrain, ctrain-16k, ctrain-eager, "
+                   "ctrain-sync, ctrain-bf16-reduce.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--tiny", is_flag=True, help="A tiny model and data set: checks the code in about a minute on a CPU.")
 @click.option("--warmup", default=8, show_default=True, help="Steps before timing starts (compilation, allocator).")
 @click.option("--steps", default=30, show_default=True, help="Timed steps.")
-@click.option("--gpus", help="Weak-scaling sweep of one case over GPU counts, e.g. 1,2,4 (torchrun per count).")
+@click.option("--gpus", help="Weak-scaling sweep of the cases over GPU counts, e.g. 1,2,4 (torchrun per count).")
 @click.option("--strategy", "strategies", default="ddp", show_default=True,
-              help="Multi-GPU strategies for --gpus, comma-separated: ddp, fsdp.")
+              help="Multi-GPU strategies for --gpus, comma-separated: ddp, fsdp, fsdp-no-reshard, zero2.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-results"),
               show_default=True, help="Directory for JSON results and profiles.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),

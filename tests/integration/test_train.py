@@ -236,6 +236,35 @@ def test_torchrun_two_processes_agree_on_preemption_and_save_once(tiny_recipe: P
     assert len(last_run) == len(set(last_run)), "metrics were written by more than one rank"
 
 
+def test_fast_engine_on_two_processes_matches_trls_own_metrics(tiny_recipe: Path, ctrain) -> None:
+    """The fast engine's sync-free trainer logs what TRL's SFTTrainer logs, reduced over both ranks.
+
+    Same recipe twice under torchrun (gloo, CPU): ``fast.sync_metrics=true`` is TRL's own
+    SFTTrainer, the default is ctrain's FastSFTTrainer, which sums on the device and reduces
+    once per logging step. Logging every step, both must agree on every number.
+    """
+    work = tiny_recipe.parent
+    common = ["train", tiny_recipe.name, "training.engine=fast", "data.packing=true", "training.max_steps=6",
+              "training.save_steps=3", "training.global_batch_size=4"]  # fmt: skip
+    runs = {}
+    for name, extra in (("deferred", []), ("trl", ["fast.sync_metrics=true", "fast.gc_every=0"])):
+        result = ctrain(*common, f"training.output_dir=outputs/{name}", *extra, launcher=TORCHRUN)
+        assert result.returncode == 0, result.stderr
+        assert "engine fast" in result.stderr and "on 2 process(es)" in result.stderr
+        records = [json.loads(line) for line in (work / f"outputs/{name}/metrics.jsonl").read_text().splitlines()]
+        runs[name] = {r["step"]: r for r in records if "loss" in r}
+    assert sorted(runs["deferred"]) == sorted(runs["trl"]) == [1, 2, 3, 4, 5, 6]
+    for step, trl in runs["trl"].items():
+        ours = runs["deferred"][step]
+        assert ours["loss"] == pytest.approx(trl["loss"], rel=1e-5), step
+        for key in ("entropy", "mean_token_accuracy", "num_input_tokens_seen"):
+            assert key in ours and ours[key] == pytest.approx(trl[key], rel=1e-5), (step, key, ours, trl)
+    assert runs["trl"][6]["num_input_tokens_seen"] > runs["trl"][3]["num_input_tokens_seen"] > 0
+    for name in runs:  # the saved trainer state carries the exact count too
+        state = json.loads((work / f"outputs/{name}/checkpoint-3/trainer_state.json").read_text())
+        assert state["num_input_tokens_seen"] == runs["trl"][3]["num_input_tokens_seen"], name
+
+
 # --- the demo -------------------------------------------------------------------------------------
 
 

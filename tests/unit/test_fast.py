@@ -212,3 +212,24 @@ def test_attention_dropout_is_refused_up_front():
     model.config.attention_dropout = 0.1
     with pytest.raises(ConfigError, match="dropout"):
         prepare_model(model, FastSettings(), "cpu")
+
+
+def test_auto_engine_on_a_gpu_is_fast_unless_transformers_speedups_are_asked(monkeypatch, tmp_path):
+    from ctrain.train.recipe import load_recipe
+    from ctrain.train.trainer import plan
+    from tests.plugins.train import TINY_RECIPE
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_RECIPE)
+    packed = ["data.packing=true"]
+    assert plan(load_recipe(path, packed)).engine == "fast"
+    assert plan(load_recipe(path, [*packed, "training.torch_compile=true"])).engine == "hf"
+    assert plan(load_recipe(path, [*packed, "training.liger_kernel=true"])).engine == "hf"
+    assert plan(load_recipe(path)).engine == "hf"  # unpacked data, fast.batching packed
+
+
+def test_nan_filter_is_off_only_without_per_step_syncs():
+    assert sft_overrides(FastSettings(), "cuda")["logging_nan_inf_filter"] is False
+    assert sft_overrides(FastSettings(sync_metrics=True), "cuda")["logging_nan_inf_filter"] is True

@@ -71,6 +71,9 @@ def test_overrides_apply_on_top_and_are_checked(tmp_path: Path) -> None:
         (["tokenizer.train.vocab_size=100"], "vocab_size is 100"),
         (["data.streaming=true"], "data.streaming is for causal-LM pretraining"),
         (["task=clm", "training.engine=fast"], "training.engine: fast is the SFT fast path"),
+        (["training.engine=fast", "training.torch_compile=true"], "turn training.torch_compile off, or use engine hf"),
+        (["training.engine=fast", "training.liger_kernel=true"], "turn training.liger_kernel off, or use engine hf"),
+        (["fast.gc_every=-1"], "fast.gc_every must be >= 0"),
         (["training.deepspeed=ds.json", "training.fsdp=true"], "at most one of training.deepspeed and training.fsdp"),
     ],
 )

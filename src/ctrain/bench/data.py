@@ -56,20 +56,28 @@ def examples(spec: BenchSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids, mask, offsets
 
 
-def dataset(spec: BenchSpec) -> Any:
-    """The examples as a ``datasets.Dataset`` with ``input_ids`` and ``assistant_masks`` columns."""
+def _rows(ids: np.ndarray, offsets: np.ndarray, column: str, values: np.ndarray) -> Any:
+    """A ``datasets.Dataset`` of ``input_ids`` and one more per-token column, cut at ``offsets``."""
     import datasets
     import pyarrow as pa
 
-    ids, mask, offsets = examples(spec)
     off = pa.array(offsets.astype(np.int32))
     table = pa.table(
-        {
-            "input_ids": pa.ListArray.from_arrays(off, pa.array(ids)),
-            "assistant_masks": pa.ListArray.from_arrays(off, pa.array(mask)),
-        }
+        {"input_ids": pa.ListArray.from_arrays(off, pa.array(ids)), column: pa.ListArray.from_arrays(off, pa.array(values))}
     )
     return datasets.Dataset(table)
+
+
+def dataset(spec: BenchSpec) -> Any:
+    """The examples as TRL takes pre-tokenized chats: ``input_ids`` and ``assistant_masks``."""
+    ids, mask, offsets = examples(spec)
+    return _rows(ids, offsets, "assistant_masks", mask)
+
+
+def labelled(spec: BenchSpec) -> Any:
+    """The examples as ``ctrain.train.data`` tokenizes chats: ``input_ids`` and ``labels`` (-100 off the assistant)."""
+    ids, mask, offsets = examples(spec)
+    return _rows(ids, offsets, "labels", np.where(mask.astype(bool), ids, -100).astype(np.int32))
 
 
 def tokenizer(spec: BenchSpec) -> Any:

@@ -1,8 +1,10 @@
 """Run one benchmark case in this process: build the trainer, train a few steps, time the steady state.
 
-Both sides are TRL ``SFTTrainer`` runs over the same model init and data: ``seeds`` with the
-seeds' settings, the ``ctrain`` cases with :mod:`ctrain.fast` applied exactly as ``ctrain train``
-applies it. Tokens are the trainer's own count of non-padding input tokens, summed over ranks.
+``seeds`` is TRL's ``SFTTrainer`` with the seeds' settings. The ``ctrain`` cases are what
+``ctrain train`` runs: a recipe (engine fast), :func:`ctrain.train.trainer.plan`,
+:func:`~ctrain.train.trainer.training_arguments` and :func:`~ctrain.train.trainer.build_trainer`
+over the same data prepared the way :mod:`ctrain.train.data` prepares it. Both start from the
+same model init. Tokens are the trainer's own count of non-padding input tokens, summed over ranks.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from ctrain.bench import data
 from ctrain.bench.spec import PEAK_FLOPS, BenchSpec
-from ctrain.fast import FastSettings, prepare_model, sft_overrides
+from ctrain.fast import FastSettings
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,22 @@ CASES: dict[str, Case] = {
         Case("ctrain", FastSettings(), description="ctrain default: packed 32k tokens/device, varlen, compiled"),
         Case("ctrain-16k", FastSettings(tokens_per_device=16384), description="ctrain, 16k tokens (8 rows)/device"),
         Case("ctrain-eager", FastSettings(compile="off"), description="ctrain default without torch.compile"),
+        Case(
+            "ctrain-sync",
+            FastSettings(sync_metrics=True, gc_every=0),
+            description="ctrain default with TRL's per-step metric syncs and automatic GC",
+        ),
+        Case(
+            "ctrain-bf16-reduce",
+            FastSettings(gradient_reduce="bf16"),
+            description="ctrain default, DDP gradients all-reduced in bf16",
+        ),
     )
 }
+
+# Multi-GPU strategies of the sweep, as recipe settings (training.fsdp / training.deepspeed).
+STRATEGIES = ("ddp", "fsdp", "fsdp-no-reshard", "zero2")
+DEEPSPEED_CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "deepspeed"
 
 
 # Steps after the timed window, profiled when asked; always run so every case has the same
@@ -88,22 +104,32 @@ class _Clock:
                     clock._start_profile()
 
             def on_step_end(self, args, state, control, **kwargs):
+                # Token counts are read at the log this forces: ctrain's trainer reduces its
+                # per-rank counts only when it logs (ctrain.fast.trainer).
                 if state.global_step == clock.warmup:
                     clock._sync()
-                    clock.t0, clock.tokens0 = time.perf_counter(), state.num_input_tokens_seen
+                    clock.t0 = time.perf_counter()
+                    control.should_log = True
                     if clock.cuda:
                         import torch
 
                         torch.cuda.reset_peak_memory_stats()
                 elif state.global_step == clock.warmup + clock.steps:
                     clock._sync()
-                    clock.t1, clock.tokens1 = time.perf_counter(), state.num_input_tokens_seen
+                    clock.t1 = time.perf_counter()
+                    control.should_log = True
                     if clock.cuda:
                         import torch
 
                         clock.peak_bytes = torch.cuda.max_memory_allocated()
                 elif clock._profiler is not None and state.global_step == clock.warmup + clock.steps + TAIL_STEPS:
                     clock._stop_profile()
+
+            def on_log(self, args, state, control, **kwargs):
+                if state.global_step == clock.warmup:
+                    clock.tokens0 = state.num_input_tokens_seen
+                elif state.global_step == clock.warmup + clock.steps:
+                    clock.tokens1 = state.num_input_tokens_seen
 
         return Clock()
 
@@ -174,11 +200,9 @@ def _distributed() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def sft_args(
-    case: Case, spec: BenchSpec, device: str, strategy: str, max_steps: int, output_dir: str
-) -> dict[str, Any]:
-    """``SFTConfig`` keyword arguments for a case: the seeds' settings, then the fast path's changes."""
-    args: dict[str, Any] = {
+def seeds_args(spec: BenchSpec, device: str, max_steps: int, output_dir: str) -> dict[str, Any]:
+    """``SFTConfig`` keyword arguments of the seeds' settings (TRL's defaults otherwise)."""
+    return {
         "output_dir": output_dir,
         "max_steps": max_steps,
         "per_device_train_batch_size": spec.batch,
@@ -190,17 +214,52 @@ def sft_args(
         "seed": spec.seed,
         "disable_tqdm": True,
         "include_num_input_tokens_seen": "non_padding",
+        "logging_steps": 1,
     }
-    if case.log_every_step:
-        args["logging_steps"] = 1
-    if case.fast is not None:
-        args.update(sft_overrides(case.fast, device, spec.max_length))
-        if case.fast.batching == "padding_free":
-            # TRL refuses padding-free batches with a max_length it cannot enforce; the data fits already.
-            args["max_length"] = None
-    if strategy == "fsdp":
-        args.update(fsdp=True, fsdp_config={"version": 2, "reshard_after_forward": True})
-    return args
+
+
+def recipe(case: Case, spec: BenchSpec, strategy: str, world: int, max_steps: int) -> Any:
+    """The ``ctrain train`` recipe of a fast case: the seeds' schedule, the case's fast settings, the strategy."""
+    from ctrain.train.recipe import DataSettings, LoggingSettings, Recipe, TrainingSettings
+
+    assert case.fast is not None
+    packed = case.fast.batching == "packed"
+    rows = max(1, case.fast.tokens_per_device // spec.max_length) if packed and case.fast.tokens_per_device else spec.batch
+    training = TrainingSettings(
+        engine="fast",
+        global_batch_size=rows * world,
+        max_steps=max_steps,
+        learning_rate=2e-5,  # TRL's defaults, as the seeds' run has them
+        lr_scheduler="linear",
+        logging_steps=1 if case.log_every_step else 10,
+        save_steps=max_steps + 1,  # no checkpoint inside the measured run
+        resume="never",
+        preemption_signals=[],
+    )
+    if strategy in ("fsdp", "fsdp-no-reshard"):
+        training.fsdp = True
+        training.fsdp_config = {"version": 2, "reshard_after_forward": strategy == "fsdp"}
+    elif strategy == "zero2":
+        training.deepspeed = str(DEEPSPEED_CONFIGS / "zero2.json")
+    elif strategy != "ddp":
+        raise ValueError(f"unknown strategy {strategy}")
+    return Recipe(
+        name=f"bench-{case.name}",
+        task="sft",
+        seed=spec.seed,
+        data=DataSettings(source="bench", max_length=spec.max_length, packing=packed),
+        training=training,
+        logging=LoggingSettings(report_to=[], memory=False),
+        fast=case.fast,
+    )
+
+
+# What each result records of the arguments the trainer ran with.
+_RECORDED_ARGS = (
+    "per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "packing", "padding_free", "bf16",
+    "optim", "learning_rate", "lr_scheduler_type", "max_grad_norm", "dataloader_num_workers", "logging_steps",
+    "logging_nan_inf_filter", "activation_checkpointing", "fsdp", "fsdp_config", "deepspeed",
+)  # fmt: skip
 
 
 def run_case(
@@ -218,24 +277,38 @@ def run_case(
     import transformers
     import trl
     from transformers import LlamaForCausalLM
-    from trl import SFTConfig, SFTTrainer
 
     rank, world = _distributed()
     cuda = device == "cuda"
     torch.manual_seed(spec.seed)
     model = LlamaForCausalLM(spec.model_config())
-    if case.fast is not None:
-        prepare_model(model, case.fast, device)
     clock = _Clock(warmup, steps, cuda, profile_dir if rank == 0 else None)
+    max_steps = warmup + steps + TAIL_STEPS
     with tempfile.TemporaryDirectory(prefix="ctrain-bench-") as tmp:
-        args = sft_args(case, spec, device, strategy, warmup + steps + TAIL_STEPS, tmp)
-        trainer = SFTTrainer(
-            model=model,
-            args=SFTConfig(**args),
-            train_dataset=data.dataset(spec),
-            processing_class=data.tokenizer(spec),
-            callbacks=[clock.callback()],
-        )
+        if case.fast is None:
+            from trl import SFTConfig, SFTTrainer
+
+            settings: dict[str, Any] = seeds_args(spec, device, max_steps, tmp)
+            trainer = SFTTrainer(
+                model=model,
+                args=SFTConfig(**settings),
+                train_dataset=data.dataset(spec),
+                processing_class=data.tokenizer(spec),
+                callbacks=[clock.callback()],
+            )
+        else:
+            from ctrain.train import trainer as ctrain_trainer
+            from ctrain.train.data import Prepared, shape_sft
+
+            bench_recipe = recipe(case, spec, strategy, world, max_steps)
+            layout = ctrain_trainer.plan(bench_recipe)
+            args = ctrain_trainer.training_arguments(bench_recipe, layout, Path(tmp), [])
+            prepared = Prepared(shape_sft(data.labelled(spec), bench_recipe), None, data.tokenizer(spec), None, {})
+            trainer = ctrain_trainer.build_trainer(bench_recipe, layout, args, model, prepared, [clock.callback()])
+            settings = {name: getattr(args, name, None) for name in _RECORDED_ARGS}
+            settings["fast"] = vars(case.fast)
+            settings["engine"] = layout.engine
+            settings["trainer"] = type(trainer).__name__
         start = time.perf_counter()
         trainer.train()
         total = time.perf_counter() - start
@@ -253,11 +326,10 @@ def run_case(
     return {
         "case": case.name,
         "description": case.description,
-        "strategy": strategy if world > 1 else "single",
+        "strategy": ("ddp" if case.fast is None else strategy) if world > 1 else "single",
         "world_size": world,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "settings": sft_args(case, spec, device, strategy, 0, "")
-        | {"fast": None if case.fast is None else vars(case.fast)},
+        "settings": settings,
         "warmup_steps": warmup,
         "measured_steps": steps,
         "measured_tokens": tokens,

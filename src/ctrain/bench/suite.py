@@ -1,9 +1,10 @@
 """``ctrain bench``: run the cases, compare the loss curves, sweep GPU counts, print a table, write JSON.
 
 One GPU: the cases run one after another in this process (the seeds' settings first). Several
-GPUs: each count and strategy is its own ``torchrun`` of ``ctrain bench`` (one process per GPU),
-whose rank 0 writes a JSON file that this process collects; the table adds weak-scaling
-efficiency, per-device throughput at N devices over that at one.
+GPUs: each count and strategy is its own ``torchrun`` of ``ctrain bench`` (one process per GPU)
+that runs the chosen cases one after another, and whose rank 0 writes a JSON file that this
+process collects; the table adds weak-scaling efficiency, per-device throughput at N devices
+over that of the same case at one.
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ctrain import proc, ui
-from ctrain.bench.run import CASES, Case, run_case
+from ctrain.bench.run import CASES, STRATEGIES, Case, run_case
 from ctrain.bench.spec import BenchSpec
 from ctrain.errors import CommandError, ConfigError, CtrainError
-
-STRATEGIES = ("ddp", "fsdp")
 
 
 def pick_cases(names: list[str]) -> list[Case]:
@@ -125,15 +124,16 @@ def run_here(
 
 
 def sweep(
-    case: Case, gpus: list[int], strategies: list[str], *, warmup: int, steps: int, tiny: bool, out: Path
+    cases: list[Case], gpus: list[int], strategies: list[str], *, warmup: int, steps: int, tiny: bool, out: Path
 ) -> list[dict[str, Any]]:
-    """Weak scaling: one ``torchrun`` (or plain process for 1 GPU) per GPU count and strategy."""
+    """Weak scaling: one ``torchrun`` (or plain process for 1 GPU) per GPU count and strategy, running every case."""
     results: list[dict[str, Any]] = []
+    names = ",".join(case.name for case in cases)
     for n in gpus:
         for strategy in strategies if n > 1 else ["ddp"]:
-            label = f"{case.name}-{n}gpu-{strategy if n > 1 else 'single'}"
+            label = f"{n}gpu-{strategy if n > 1 else 'single'}"
             path = out / f"{label}.json"
-            worker = ["-m", "ctrain", "bench", "--cases", case.name, "--warmup", str(warmup), "--steps", str(steps)]
+            worker = ["-m", "ctrain", "bench", "--cases", names, "--warmup", str(warmup), "--steps", str(steps)]
             worker += ["--strategy", strategy, "--json", str(path), "--device", "cuda"] + (["--tiny"] if tiny else [])
             launcher = [sys.executable] if n == 1 else [sys.executable, "-m", "torch.distributed.run"]
             launcher += [] if n == 1 else ["--standalone", f"--nproc_per_node={n}"]
@@ -144,7 +144,7 @@ def sweep(
             try:
                 proc.stream([*launcher, *worker], prefix=f"[{label}] ", env=env)
             except CommandError as exc:  # keep the other counts' numbers
-                results.append({"case": case.name, "world_size": n, "error": str(exc).splitlines()[0]})
+                results.extend({"case": c.name, "world_size": n, "error": str(exc).splitlines()[0]} for c in cases)
                 continue
             results.extend(json.loads(path.read_text())["results"])
     return results
@@ -230,11 +230,11 @@ def bench(
     env = environment(device)
     extra: dict[str, Any] = {"spec": vars(spec)}
     if gpus:
-        if len(chosen) != 1:
-            raise ConfigError("--gpus sweeps one case at a time; pass a single --cases")
         if device != "cuda":
             raise ConfigError("--gpus needs CUDA devices")
-        results = sweep(chosen[0], gpus, strategies, warmup=warmup, steps=steps, tiny=tiny, out=out)
+        if any(case.fast is None for case in chosen) and any(s != "ddp" for s in strategies):
+            raise ConfigError("the seeds case runs with DDP only; sweep the ctrain cases for other strategies")
+        results = sweep(chosen, gpus, strategies, warmup=warmup, steps=steps, tiny=tiny, out=out)
     else:
         if device == "cuda" and attention_check and int(os.environ.get("RANK", "0")) == 0:
             from ctrain.fast.attention import self_check

@@ -9,11 +9,14 @@ Trainer (checkpoints, resume, logging, DDP/FSDP all unchanged) and changes only:
 - attention: :mod:`ctrain.fast.attention`, document-masked so packed examples never see each other;
 - loss: TRL's fused LM head (chunked logits, never the full ``tokens x vocab`` fp32 tensor);
 - kernels: each decoder layer compiled with ``torch.compile`` (fused norms, RoPE, SwiGLU);
-- no gradient checkpointing, fused AdamW, bf16 autocast, DDP without unused-parameter search,
-  data loader workers that keep the GPU fed.
+- no gradient checkpointing, fused AdamW, bf16 autocast, DDP without unused-parameter search
+  and with gradients as views of its buckets, data loader workers that keep the GPU fed;
+- steps without host syncs (:mod:`ctrain.fast.trainer`): metrics and token counts are summed on
+  the device and reduced once per logging step; garbage collection at fixed steps.
 
-Use: ``kwargs = sft_overrides(settings, "cuda")`` into ``SFTConfig``, and
-``prepare_model(model, settings, "cuda")`` before building the trainer.
+Use: ``kwargs = sft_overrides(settings, "cuda")`` into ``SFTConfig``,
+``prepare_model(model, settings, "cuda")``, then ``ctrain.fast.trainer.build(settings, ...)``
+with ``SFTTrainer``'s arguments. ``ctrain.train.trainer.build_trainer`` does all three.
 """
 
 from __future__ import annotations
@@ -42,7 +45,15 @@ class FastSettings:
     # Below ~24k tokens a step of a 24-layer model is bound by CPU launch overhead on an H100.
     tokens_per_device: int | None = 32768
     gradient_checkpointing: bool = False
-    dataloader_workers: int = 2
+    # Dtype of DDP's gradient all-reduce: fp32 (the gradients' own) or bf16 (half the bytes, for
+    # slow links; each rank's gradient is rounded to bf16 before the sum).
+    gradient_reduce: Literal["fp32", "bf16"] = "fp32"
+    # Reduce TRL's per-step metrics (entropy, accuracy, tokens) at every step as TRL does, which
+    # waits for the GPU several times a step; the default sums them on the device until logging.
+    sync_metrics: bool = False
+    # Collect Python garbage every N steps on every rank, automatic collection off; 0 leaves
+    # Python's automatic collection on (one rank's pause then stalls all of them at random steps).
+    gc_every: int = 50
 
     def validate(self) -> None:
         if self.batching != "padded" and self.attention != "varlen":
@@ -52,8 +63,8 @@ class FastSettings:
             )
         if self.tokens_per_device is not None and self.tokens_per_device < 1:
             raise ConfigError(f"fast.tokens_per_device must be positive, got {self.tokens_per_device}")
-        if self.dataloader_workers < 0:
-            raise ConfigError(f"fast.dataloader_workers must be >= 0, got {self.dataloader_workers}")
+        if self.gc_every < 0:
+            raise ConfigError(f"fast.gc_every must be >= 0 (0: Python's automatic collection), got {self.gc_every}")
 
     def compiles(self, device_type: str) -> bool:
         return self.compile == "layers" or (self.compile == "auto" and device_type == "cuda")
@@ -61,6 +72,9 @@ class FastSettings:
 
 def sft_overrides(settings: FastSettings, device_type: str, max_length: int | None = None) -> dict[str, Any]:
     """``SFTConfig`` fields the fast path sets (everything else stays as the recipe says).
+
+    Data loader workers are ``training.dataloader_workers`` (2 on GPUs unless set); the fast
+    path keeps them alive between epochs.
 
     ``max_length`` is the recipe's: packed rows are that long, so ``tokens_per_device`` becomes
     ``per_device_train_batch_size`` rows.
@@ -77,9 +91,9 @@ def sft_overrides(settings: FastSettings, device_type: str, max_length: int | No
         checkpointing: settings.gradient_checkpointing,
         "ddp_find_unused_parameters": False,
         "ddp_broadcast_buffers": False,
-        "dataloader_num_workers": settings.dataloader_workers,
-        "dataloader_persistent_workers": settings.dataloader_workers > 0,
         "dataloader_pin_memory": device_type == "cuda",
+        # The NaN filter reads the loss back every step (a host sync); a NaN then shows in the logged loss.
+        "logging_nan_inf_filter": settings.sync_metrics,
     }
     if device_type == "cuda":
         out.update(bf16=True, optim="adamw_torch_fused")

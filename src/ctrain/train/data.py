@@ -328,6 +328,17 @@ def tokenize(dataset: Any, tokenizer: Any, recipe: Recipe, name: str) -> Any:
         **kwargs,
         **desc("Tokenizing"),
     )
+    return shape_sft(dataset, recipe, kwargs, desc)
+
+
+def shape_sft(dataset: Any, recipe: Recipe, kwargs: dict[str, Any] | None = None, desc: Any = None) -> Any:
+    """Tokenized SFT rows (``input_ids``, ``labels``) as training takes them: packed, or truncated.
+
+    ``kwargs`` go to each ``map``/``filter`` (``num_proc``); ``desc(text)`` gives their progress label.
+    """
+    data = recipe.data
+    kwargs = kwargs or {}
+    desc = desc or (lambda text: {})
     if data.packing:
         from trl.data_utils import pack_dataset
 

@@ -282,6 +282,13 @@ class Recipe:
                 raise ConfigError("data.eval_size cannot hold out examples of a stream: use data.eval_split")
         if self.training.engine == "fast" and self.task != "sft":
             raise ConfigError("training.engine: fast is the SFT fast path; use engine hf (or auto) for task clm")
+        if self.training.engine == "fast":
+            for name in ("torch_compile", "liger_kernel"):
+                if getattr(self.training, name):
+                    raise ConfigError(
+                        f"training.{name} is transformers' own speed-up and training.engine: fast already "
+                        f"compiles its layers and fuses the loss: turn training.{name} off, or use engine hf"
+                    )
         positions = self.model.config_overrides.get("max_position_embeddings")
         if isinstance(positions, int) and self.data.max_length > positions:
             raise ConfigError(

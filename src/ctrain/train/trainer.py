@@ -77,9 +77,12 @@ def plan(recipe: Recipe) -> Layout:
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     engine = recipe.training.engine
     if engine == "auto":
-        # The fast path: SFT on a GPU, with the batches it is built for (packed unless told otherwise).
+        # The fast path: SFT on a GPU, with the batches it is built for (packed unless told otherwise),
+        # unless the recipe asks for transformers' own speed-ups instead (whole-model compile, Liger).
         packed_ok = recipe.data.packing or recipe.fast.batching != "packed"
-        engine = "fast" if device_type == "cuda" and recipe.task == "sft" and packed_ok else "hf"
+        hf_speedups = recipe.training.torch_compile or recipe.training.liger_kernel
+        fast_ok = device_type == "cuda" and recipe.task == "sft" and packed_ok and not hf_speedups
+        engine = "fast" if fast_ok else "hf"
     # The fast path sizes micro-batches in tokens (fast.tokens_per_device): rows of max_length each.
     tokens = recipe.fast.tokens_per_device if engine == "fast" else None
     per_device, accumulation = batch_layout(
@@ -194,7 +197,10 @@ def training_arguments(recipe: Recipe, layout: Layout, output_dir: Path, report_
 
         fast = sft_overrides(recipe.fast, layout.device_type, recipe.data.max_length)
         fast.pop("per_device_train_batch_size", None)  # the batch layout is the recipe's (plan)
-        kwargs.update(fast)
+        kwargs.update(fast, dataloader_persistent_workers=workers > 0)
+        if recipe.fast.batching == "padding_free" and not recipe.data.packing:
+            # TRL cannot enforce max_length on unpacked padding-free batches; ctrain.train.data truncated them.
+            kwargs["max_length"] = None
     return SFTConfig(**kwargs)
 
 
@@ -212,6 +218,10 @@ def build_trainer(recipe: Recipe, layout: Layout, args: Any, model: Any, data: A
         "processing_class": data.tokenizer,
         "callbacks": callbacks,
     }
+    if layout.engine == "fast":
+        from ctrain.fast import trainer as fast_trainer
+
+        return fast_trainer.build(recipe.fast, **common)
     if recipe.task == "sft":
         from trl import SFTTrainer
 
