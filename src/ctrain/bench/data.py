@@ -63,7 +63,10 @@ def _rows(ids: np.ndarray, offsets: np.ndarray, column: str, values: np.ndarray)
 
     off = pa.array(offsets.astype(np.int32))
     table = pa.table(
-        {"input_ids": pa.ListArray.from_arrays(off, pa.array(ids)), column: pa.ListArray.from_arrays(off, pa.array(values))}
+        {
+            "input_ids": pa.ListArray.from_arrays(off, pa.array(ids)),
+            column: pa.ListArray.from_arrays(off, pa.array(values)),
+        }
     )
     return datasets.Dataset(table)
 

@@ -50,7 +50,7 @@ def trainer_class() -> type:
                 and not sp
             )
 
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if return_outputs or not self.model.training or not self._plain_loss():
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             inputs["use_cache"] = False
@@ -70,7 +70,7 @@ def trainer_class() -> type:
                 self._ctrain_sums = sums if self._ctrain_sums is None else self._ctrain_sums + sums
             return loss
 
-        def _track_num_input_tokens(self, inputs):  # noqa: ANN001
+        def _track_num_input_tokens(self, inputs):
             # Padding-free batches hold no padding: their token count is a shape, known without the GPU.
             main = getattr(self.model, "main_input_name", "input_ids")
             mode = self.args.include_num_input_tokens_seen
@@ -106,7 +106,7 @@ def trainer_class() -> type:
                 self._metrics["train"]["num_tokens"] = [self.state.num_input_tokens_seen]
             super().log(logs, start_time)
 
-        def _save_checkpoint(self, model, trial):  # noqa: ANN001
+        def _save_checkpoint(self, model, trial):
             self._reduce_deferred()  # the saved trainer state carries the exact token count
             return super()._save_checkpoint(model, trial)
 
@@ -136,16 +136,16 @@ def collect_garbage_callback(every: int) -> Any:
     class CollectGarbage(TrainerCallback):
         """Collect on every rank at the same step instead of at random points (torchtitan's gc_freq)."""
 
-        def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001
+        def on_train_begin(self, args, state, control, **kwargs):
             self.was_enabled = gc.isenabled()
             gc.collect()
             gc.disable()
 
-        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001
+        def on_step_end(self, args, state, control, **kwargs):
             if state.global_step % every == 0:
                 gc.collect(1)
 
-        def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001
+        def on_train_end(self, args, state, control, **kwargs):
             if getattr(self, "was_enabled", True):
                 gc.enable()
 
