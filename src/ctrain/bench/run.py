@@ -34,6 +34,9 @@ class Case:
     # Log the loss at every step (for the loss-curve comparison) instead of TRL's default interval.
     log_every_step: bool = False
     description: str = ""
+    # Diagnostic only (the model does not train correctly): DDP skips the gradient all-reduce, so
+    # the difference to the same case with it is what the communication costs.
+    skip_allreduce: bool = False
 
 
 CASES: dict[str, Case] = {
@@ -53,6 +56,17 @@ CASES: dict[str, Case] = {
             "ctrain-sync",
             FastSettings(sync_metrics=True, gc_every=0),
             description="ctrain default with TRL's per-step metric syncs and automatic GC",
+        ),
+        Case(
+            "ctrain-bucket100",
+            FastSettings(ddp_bucket_mb=100),
+            description="ctrain default, 100 MB DDP buckets",
+        ),
+        Case(
+            "ctrain-no-allreduce",
+            FastSettings(),
+            skip_allreduce=True,
+            description="diagnostic: DDP without its gradient all-reduce (what communication costs)",
         ),
         Case(
             "ctrain-bf16-reduce",
@@ -307,6 +321,10 @@ def run_case(
             args = ctrain_trainer.training_arguments(bench_recipe, layout, Path(tmp), [])
             prepared = Prepared(shape_sft(data.labelled(spec), bench_recipe), None, data.tokenizer(spec), None, {})
             trainer = ctrain_trainer.build_trainer(bench_recipe, layout, args, model, prepared, [clock.callback()])
+            if case.skip_allreduce and getattr(trainer.accelerator, "ddp_handler", None) is not None:
+                from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+
+                trainer.accelerator.ddp_handler.register_comm_hook = lambda ddp: ddp.register_comm_hook(None, noop_hook)
             settings = {name: getattr(args, name, None) for name in _RECORDED_ARGS}
             settings["fast"] = vars(case.fast)
             settings["engine"] = layout.engine

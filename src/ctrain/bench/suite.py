@@ -124,7 +124,15 @@ def run_here(
 
 
 def sweep(
-    cases: list[Case], gpus: list[int], strategies: list[str], *, warmup: int, steps: int, tiny: bool, out: Path
+    cases: list[Case],
+    gpus: list[int],
+    strategies: list[str],
+    *,
+    warmup: int,
+    steps: int,
+    tiny: bool,
+    out: Path,
+    profile: bool = False,
 ) -> list[dict[str, Any]]:
     """Weak scaling: one ``torchrun`` (or plain process for 1 GPU) per GPU count and strategy, running every case."""
     results: list[dict[str, Any]] = []
@@ -134,7 +142,8 @@ def sweep(
             label = f"{n}gpu-{strategy if n > 1 else 'single'}"
             path = out / f"{label}.json"
             worker = ["-m", "ctrain", "bench", "--cases", names, "--warmup", str(warmup), "--steps", str(steps)]
-            worker += ["--strategy", strategy, "--json", str(path), "--device", "cuda"] + (["--tiny"] if tiny else [])
+            worker += ["--strategy", strategy, "--json", str(path), "--device", "cuda", "--out", str(out / label)]
+            worker += (["--tiny"] if tiny else []) + (["--profile"] if profile else [])
             launcher = [sys.executable] if n == 1 else [sys.executable, "-m", "torch.distributed.run"]
             launcher += [] if n == 1 else ["--standalone", f"--nproc_per_node={n}"]
             ui.info(f"bench: {label}")
@@ -234,7 +243,7 @@ def bench(
             raise ConfigError("--gpus needs CUDA devices")
         if any(case.fast is None for case in chosen) and any(s != "ddp" for s in strategies):
             raise ConfigError("the seeds case runs with DDP only; sweep the ctrain cases for other strategies")
-        results = sweep(chosen, gpus, strategies, warmup=warmup, steps=steps, tiny=tiny, out=out)
+        results = sweep(chosen, gpus, strategies, warmup=warmup, steps=steps, tiny=tiny, out=out, profile=profile)
     else:
         if device == "cuda" and attention_check and int(os.environ.get("RANK", "0")) == 0:
             from ctrain.fast.attention import self_check

@@ -51,6 +51,8 @@ class FastSettings:
     # Reduce TRL's per-step metrics (entropy, accuracy, tokens) at every step as TRL does, which
     # waits for the GPU several times a step; the default sums them on the device until logging.
     sync_metrics: bool = False
+    # DDP's gradient bucket size in MB; None keeps PyTorch's (25).
+    ddp_bucket_mb: int | None = None
     # Collect Python garbage every N steps on every rank, automatic collection off; 0 leaves
     # Python's automatic collection on (one rank's pause then stalls all of them at random steps).
     gc_every: int = 50
@@ -63,6 +65,8 @@ class FastSettings:
             )
         if self.tokens_per_device is not None and self.tokens_per_device < 1:
             raise ConfigError(f"fast.tokens_per_device must be positive, got {self.tokens_per_device}")
+        if self.ddp_bucket_mb is not None and self.ddp_bucket_mb < 1:
+            raise ConfigError(f"fast.ddp_bucket_mb must be at least 1, got {self.ddp_bucket_mb}")
         if self.gc_every < 0:
             raise ConfigError(f"fast.gc_every must be >= 0 (0: Python's automatic collection), got {self.gc_every}")
 
@@ -95,6 +99,8 @@ def sft_overrides(settings: FastSettings, device_type: str, max_length: int | No
         # The NaN filter reads the loss back every step (a host sync); a NaN then shows in the logged loss.
         "logging_nan_inf_filter": settings.sync_metrics,
     }
+    if settings.ddp_bucket_mb is not None:
+        out["ddp_bucket_cap_mb"] = settings.ddp_bucket_mb
     if device_type == "cuda":
         out.update(bf16=True, optim="adamw_torch_fused")
     if settings.batching == "packed":
