@@ -35,7 +35,9 @@ def project(ctx: click.Context) -> ProjectConfig:
     return root.meta["config"]
 
 
-@click.group(name="ctrain", cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    name="ctrain", cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
 @click.version_option(__version__, prog_name="ctrain")
 @click.option(
     "--config",
@@ -142,7 +144,9 @@ def testbed_status(state_dir: Path | None, shared_dir_only: bool) -> None:
         return
     st = tb.status()
     if not st.up:
-        click.echo("testbed is down" + (f" ({'; '.join(st.problems)}; run `ctrain testbed down`)" if st.problems else ""))
+        click.echo(
+            "testbed is down" + (f" ({'; '.join(st.problems)}; run `ctrain testbed down`)" if st.problems else "")
+        )
         sys.exit(1)
 
     def pid(value: int | None, running: bool) -> str:
@@ -188,22 +192,37 @@ def testbed_demo_image(state_dir: Path | None, definition: Path, output: Path | 
 
     click.echo(build_demo_image(Testbed(state_dir), definition, output))
 
+
 # --- image: build / convert / push -----------------------------------------------------------------
 
 
 @main.command()
-@click.option("--builder", type=click.Choice(["auto", "docker", "podman", "buildah", "apptainer"]),
-              help="Default: image.builder, else auto (docker if its daemon answers, podman, buildah, apptainer).")
+@click.option(
+    "--builder",
+    type=click.Choice(["auto", "docker", "podman", "buildah", "apptainer"]),
+    help="Default: image.builder, else auto (docker if its daemon answers, podman, buildah, apptainer).",
+)
 @click.option("--flavour", type=click.Choice(["gpu", "cpu"]), help="Default: image.flavour (gpu).")
 @click.option("--base", metavar="REF", help="Base image (gpu: NGC PyTorch by default; cpu: python:3.11-slim-bookworm).")
 @click.option("--local-base", is_flag=True, help="Make a Debian base with debootstrap (cpu, no registry needed; root).")
-@click.option("--wheelhouse", type=click.Path(file_okay=False, path_type=Path),
-              help="Install Python packages only from this directory: no network (see ctrain wheelhouse).")
+@click.option(
+    "--wheelhouse",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Install Python packages only from this directory: no network (see ctrain wheelhouse).",
+)
 @click.option("--tag", "-t", metavar="TAG|NAME:TAG", help="Default: image.name:image.tag (ctrain:latest).")
 @click.option("--no-cache", is_flag=True, help="Rebuild every layer.")
 @click.pass_context
-def build(ctx: click.Context, builder: str | None, flavour: str | None, base: str | None, local_base: bool,
-          wheelhouse: Path | None, tag: str | None, no_cache: bool) -> None:
+def build(
+    ctx: click.Context,
+    builder: str | None,
+    flavour: str | None,
+    base: str | None,
+    local_base: bool,
+    wheelhouse: Path | None,
+    tag: str | None,
+    no_cache: bool,
+) -> None:
     """Build the training image (containers/Dockerfile, or the standalone Apptainer definition).
 
     Streams the builder's output with the step and elapsed time on stderr; prints the image
@@ -211,8 +230,16 @@ def build(ctx: click.Context, builder: str | None, flavour: str | None, base: st
     """
     from ctrain.image.commands import run_build
 
-    image = run_build(project(ctx), builder=builder, flavour=flavour, base=base, local_base=local_base,
-                      wheelhouse_dir=wheelhouse, tag=tag, no_cache=no_cache)
+    image = run_build(
+        project(ctx),
+        builder=builder,
+        flavour=flavour,
+        base=base,
+        local_base=local_base,
+        wheelhouse_dir=wheelhouse,
+        tag=tag,
+        no_cache=no_cache,
+    )
     click.echo(f"image: {image.ref}\nid: {image.id}\ndigest: {image.digest or '-'}")
 
 
@@ -230,15 +257,23 @@ def wheelhouse_cmd(ctx: click.Context, directory: Path) -> None:
 
 @main.command()
 @click.option("--to", "to", type=click.Choice(["sif", "sqsh"]), help="Default: convert.to (sif).")
-@click.option("--compression", type=click.Choice(["auto", "none", "lzo", "gzip", "zstd", "xz", "lz4"]),
-              help="Default: convert.compression (auto: gzip for SIF, zstd for sqsh; none starts fastest).")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
-              help="Default: convert.output_dir/NAME-TAG.sif|sqsh (images/ctrain-latest.sif).")
+@click.option(
+    "--compression",
+    type=click.Choice(["auto", "none", "lzo", "gzip", "zstd", "xz", "lz4"]),
+    help="Default: convert.compression (auto: gzip for SIF, zstd for sqsh; none starts fastest).",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Default: convert.output_dir/NAME-TAG.sif|sqsh (images/ctrain-latest.sif).",
+)
 @click.option("--image", "ref", metavar="REF", help="Image to convert (default: image.name:image.tag).")
 @click.option("--force", is_flag=True, help="Convert even if the output is up to date.")
 @click.pass_context
-def convert(ctx: click.Context, to: str | None, compression: str | None, output: Path | None, ref: str | None,
-            force: bool) -> None:
+def convert(
+    ctx: click.Context, to: str | None, compression: str | None, output: Path | None, ref: str | None, force: bool
+) -> None:
     """Convert the built image to an Apptainer SIF or an enroot squashfs (for pyxis).
 
     Does nothing when the output was made from the same image ID with the same settings; writes
@@ -253,15 +288,34 @@ def convert(ctx: click.Context, to: str | None, compression: str | None, output:
 @main.command()
 @click.option("--registry", metavar="HOST/NAMESPACE", help="Push the image to this OCI registry.")
 @click.option("--oras", metavar="oras://HOST/NAME:TAG", help="Push the SIF to this ORAS registry.")
-@click.option("--remote", metavar="[USER@]HOST:/PATH/", help="Copy SIF/sqsh files here (rsync over ssh, or a local path).")
-@click.option("--to", "formats", multiple=True, type=click.Choice(["sif", "sqsh"]),
-              help="Which conversions go to --remote (repeatable; default: convert.to); made if missing.")
-@click.option("--file", "files", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Send this .sif/.sqsh instead (repeatable).")
+@click.option(
+    "--remote", metavar="[USER@]HOST:/PATH/", help="Copy SIF/sqsh files here (rsync over ssh, or a local path)."
+)
+@click.option(
+    "--to",
+    "formats",
+    multiple=True,
+    type=click.Choice(["sif", "sqsh"]),
+    help="Which conversions go to --remote (repeatable; default: convert.to); made if missing.",
+)
+@click.option(
+    "--file",
+    "files",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Send this .sif/.sqsh instead (repeatable).",
+)
 @click.option("--image", "ref", metavar="REF", help="Image to push (default: image.name:image.tag).")
 @click.pass_context
-def push(ctx: click.Context, registry: str | None, oras: str | None, remote: str | None, formats: tuple[str, ...],
-         files: tuple[Path, ...], ref: str | None) -> None:
+def push(
+    ctx: click.Context,
+    registry: str | None,
+    oras: str | None,
+    remote: str | None,
+    formats: tuple[str, ...],
+    files: tuple[Path, ...],
+    ref: str | None,
+) -> None:
     """Push the image to a registry, the SIF to ORAS, and/or files to a cluster's filesystem.
 
     Without flags, pushes to every destination set under `push:` in ctrain.yaml. Files are checked
@@ -270,9 +324,11 @@ def push(ctx: click.Context, registry: str | None, oras: str | None, remote: str
     """
     from ctrain.image.commands import run_push
 
-    for pushed in run_push(project(ctx), registry=registry, oras=oras, remote=remote, formats=formats, ref=ref,
-                           files=files):
+    for pushed in run_push(
+        project(ctx), registry=registry, oras=oras, remote=remote, formats=formats, ref=ref, files=files
+    ):
         click.echo(f"pushed: {pushed.what} {pushed.where}")
+
 
 # --- training: prepare / train / eval ------------------------------------------------------------
 
@@ -286,7 +342,9 @@ def _recipe(path: Path, overrides: tuple[str, ...]) -> object:
 @main.command()
 @click.argument("recipe", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("overrides", nargs=-1)
-@click.option("--check", is_flag=True, help="Only check the recipe (schema, paths, data columns, sizes); needs no torch.")
+@click.option(
+    "--check", is_flag=True, help="Only check the recipe (schema, paths, data columns, sizes); needs no torch."
+)
 @click.option("--world-size", type=int, help="With --check: also check the batch divides among this many processes.")
 def train(recipe: Path, overrides: tuple[str, ...], check: bool, world_size: int | None) -> None:
     """Train RECIPE (a YAML file), with KEY=VALUE OVERRIDES on top (e.g. training.max_steps=100).
@@ -376,7 +434,9 @@ def eval_(recipe: Path, overrides: tuple[str, ...], model_dir: Path | None, max_
 @click.argument("overrides", nargs=-1)
 @click.option("--script", "-s", help="Script in sbatch/ (apptainer, apptainer_multinode, pyxis, pyxis_multinode) "
               "or a path (default: slurm.script, else RUNTIME for 1 node, RUNTIME_multinode for more).")  # fmt: skip
-@click.option("--runtime", type=click.Choice(["apptainer", "pyxis"]), help="Container runtime (default: slurm.runtime).")
+@click.option(
+    "--runtime", type=click.Choice(["apptainer", "pyxis"]), help="Container runtime (default: slurm.runtime)."
+)
 @click.option("--nodes", "-N", type=int, help="Number of nodes.")
 @click.option("--time", "-t", "time_limit", help="Time limit, e.g. 04:00:00 or 2-00:00:00.")
 @click.option("--partition", "-p", help="Partition (queue).")
@@ -384,7 +444,9 @@ def eval_(recipe: Path, overrides: tuple[str, ...], model_dir: Path | None, max_
 @click.option("--gpus-per-node", type=int, help="GPUs per node; one training process each.")
 @click.option("--ntasks-per-node", type=int, help="Processes per node on nodes without GPUs.")
 @click.option("--image", help="Image: a .sif/.sqsh path, or a registry reference (pyxis).")
-@click.option("--launcher", type=click.Choice(["torchrun", "accelerate", "deepspeed"]), help="Launcher (default: torchrun).")
+@click.option(
+    "--launcher", type=click.Choice(["torchrun", "accelerate", "deepspeed"]), help="Launcher (default: torchrun)."
+)
 @click.option("--job-name", "-J", help="Job name (names the log: logs/NAME-JOBID.out).")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch command and the exact script; queue nothing.")
 @click.option("--write-script", type=click.Path(dir_okay=False, path_type=Path),
@@ -465,7 +527,9 @@ def cancel(job_id: str, signal_name: str | None) -> None:
     from ctrain import slurm
 
     slurm.cancel(job_id, signal=signal_name)
-    click.echo(f"job {job_id}: " + (f"sent SIG{signal_name.upper().removeprefix('SIG')}" if signal_name else "cancelled"))
+    click.echo(
+        f"job {job_id}: " + (f"sent SIG{signal_name.upper().removeprefix('SIG')}" if signal_name else "cancelled")
+    )
 
 
 # --- cluster ---------------------------------------------------------------------------------------
@@ -707,23 +771,51 @@ def _ints(value: str | None) -> list[int] | None:
 
 
 @main.command()
-@click.option("--cases", default="seeds,ctrain-same-batches,ctrain", show_default=True,
-              help="Comma-separated cases: seeds, ctrain-same-batches, ctrain, ctrain-16k, ctrain-eager, "
-                   "ctrain-sync, ctrain-bucket100, ctrain-bf16-reduce, ctrain-no-allreduce.")
+@click.option(
+    "--cases",
+    default="seeds,ctrain-same-batches,ctrain",
+    show_default=True,
+    help="Comma-separated cases: seeds, ctrain-same-batches, ctrain, ctrain-16k, ctrain-eager, "
+    "ctrain-sync, ctrain-unbalanced, ctrain-bucket100, ctrain-bf16-reduce, ctrain-no-allreduce.",
+)
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--tiny", is_flag=True, help="A tiny model and data set: checks the code in about a minute on a CPU.")
 @click.option("--warmup", default=8, show_default=True, help="Steps before timing starts (compilation, allocator).")
 @click.option("--steps", default=30, show_default=True, help="Timed steps.")
 @click.option("--gpus", help="Weak-scaling sweep of the cases over GPU counts, e.g. 1,2,4 (torchrun per count).")
-@click.option("--strategy", "strategies", default="ddp", show_default=True,
-              help="Multi-GPU strategies for --gpus, comma-separated: ddp, fsdp, fsdp-no-reshard, zero2.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("bench-results"),
-              show_default=True, help="Directory for JSON results and profiles.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the JSON here instead of OUT/bench.json.")
+@click.option(
+    "--strategy",
+    "strategies",
+    default="ddp",
+    show_default=True,
+    help="Multi-GPU strategies for --gpus, comma-separated: ddp, fsdp, fsdp-no-reshard, zero2.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("bench-results"),
+    show_default=True,
+    help="Directory for JSON results and profiles.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the JSON here instead of OUT/bench.json.",
+)
 @click.option("--profile", is_flag=True, help="Profile 3 steps of each ctrain case after timing (OUT/CASE/).")
-def bench(cases: str, device: str, tiny: bool, warmup: int, steps: int, gpus: str | None, strategies: str,
-          out: Path, json_path: Path | None, profile: bool) -> None:
+def bench(
+    cases: str,
+    device: str,
+    tiny: bool,
+    warmup: int,
+    steps: int,
+    gpus: str | None,
+    strategies: str,
+    out: Path,
+    json_path: Path | None,
+    profile: bool,
+) -> None:
     """Measure training throughput: TRL with the seeds' settings against ctrain's fast path.
 
     \b

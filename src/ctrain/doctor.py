@@ -124,6 +124,7 @@ def run_checks(names: list[str] | None = None) -> dict[str, Check]:
 
 def workflow_status(results: dict[str, Check], workflow: str) -> list[str]:
     """Groups of ``workflow`` that nothing satisfies, as 'a or b' strings (empty: ready)."""
+
     def ok(option: str) -> bool:
         return all(results[c].ok for c in option.split("+"))
 
@@ -136,7 +137,9 @@ def report(workflows: list[str]) -> tuple[str, bool]:
         if w not in WORKFLOWS:
             raise CtrainError(f"unknown workflow '{w}'; valid: {', '.join(WORKFLOWS)}")
     results = run_checks()
-    checks = table(["check", "status", "detail"], [[c.name, "ok" if c.ok else "missing", c.detail] for c in results.values()])
+    checks = table(
+        ["check", "status", "detail"], [[c.name, "ok" if c.ok else "missing", c.detail] for c in results.values()]
+    )
     rows, ready = [], True
     for w in WORKFLOWS:
         lacking = workflow_status(results, w)

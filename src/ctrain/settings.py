@@ -25,7 +25,9 @@ def _unknown_key(key: str, valid: Iterable[str], where: str) -> ConfigError:
     close = difflib.get_close_matches(key, valid, n=1)
     guess = f" (did you mean '{close[0]}'?)" if close else ""
     path = f"{where}.{key}" if where else key
-    return ConfigError(f"unknown key '{path}'{guess}; valid keys{' under ' + where if where else ''}: {', '.join(valid)}")
+    return ConfigError(
+        f"unknown key '{path}'{guess}; valid keys{' under ' + where if where else ''}: {', '.join(valid)}"
+    )
 
 
 def _typename(tp: Any) -> str:

@@ -82,7 +82,9 @@ def ensure(*groups: str, quiet: bool = False) -> list[str]:
             f"(apt-get install {' '.join(todo)}) or rerun this command as root"
         )
     if not shutil.which("apt-get"):
-        raise CtrainError(f"missing packages: {' '.join(todo)}; ctrain installs packages only on Debian/Ubuntu (apt-get)")
+        raise CtrainError(
+            f"missing packages: {' '.join(todo)}; ctrain installs packages only on Debian/Ubuntu (apt-get)"
+        )
     log = (lambda line: None) if quiet else (lambda line: print("  apt: " + line, file=sys.stderr, flush=True))
     print(f"installing: {' '.join(todo)}", file=sys.stderr, flush=True)
     proc.stream(["apt-get", *_NO_EXPIRY, "update", "-q"], env=_APT_ENV, on_line=log)

@@ -239,15 +239,18 @@ def test_torchrun_two_processes_agree_on_preemption_and_save_once(tiny_recipe: P
 def test_fast_engine_on_two_processes_matches_trls_own_metrics(tiny_recipe: Path, ctrain) -> None:
     """The fast engine's sync-free trainer logs what TRL's SFTTrainer logs, reduced over both ranks.
 
-    Same recipe twice under torchrun (gloo, CPU): ``fast.sync_metrics=true`` is TRL's own
-    SFTTrainer, the default is ctrain's FastSFTTrainer, which sums on the device and reduces
-    once per logging step. Logging every step, both must agree on every number.
+    Same recipe under torchrun (gloo, CPU): ``fast.sync_metrics=true`` computes the metrics as
+    TRL's SFTTrainer does, the default sums them on the device and reduces them once per logging
+    step. Logging every step, both must agree on every number. ``fast.balance_ranks=false``
+    shows that the rank-balanced sampler is what chose the rows.
     """
     work = tiny_recipe.parent
     common = ["train", tiny_recipe.name, "training.engine=fast", "data.packing=true", "training.max_steps=6",
               "training.save_steps=3", "training.global_batch_size=4"]  # fmt: skip
     runs = {}
-    for name, extra in (("deferred", []), ("trl", ["fast.sync_metrics=true", "fast.gc_every=0"])):
+    variants = (("deferred", []), ("trl", ["fast.sync_metrics=true", "fast.gc_every=0"]),
+                ("unbalanced", ["fast.balance_ranks=false"]))  # fmt: skip
+    for name, extra in variants:
         result = ctrain(*common, f"training.output_dir=outputs/{name}", *extra, launcher=TORCHRUN)
         assert result.returncode == 0, result.stderr
         assert "engine fast" in result.stderr and "on 2 process(es)" in result.stderr
@@ -260,7 +263,9 @@ def test_fast_engine_on_two_processes_matches_trls_own_metrics(tiny_recipe: Path
         for key in ("entropy", "mean_token_accuracy", "num_input_tokens_seen"):
             assert key in ours and ours[key] == pytest.approx(trl[key], rel=1e-5), (step, key, ours, trl)
     assert runs["trl"][6]["num_input_tokens_seen"] > runs["trl"][3]["num_input_tokens_seen"] > 0
-    for name in runs:  # the saved trainer state carries the exact count too
+    # The rank-balanced sampler is in effect: plain random order gives the ranks other rows.
+    assert runs["unbalanced"][1]["loss"] != pytest.approx(runs["deferred"][1]["loss"], rel=1e-5)
+    for name in ("deferred", "trl"):  # the saved trainer state carries the exact count too
         state = json.loads((work / f"outputs/{name}/checkpoint-3/trainer_state.json").read_text())
         assert state["num_input_tokens_seen"] == runs["trl"][3]["num_input_tokens_seen"], name
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -233,3 +234,57 @@ def test_auto_engine_on_a_gpu_is_fast_unless_transformers_speedups_are_asked(mon
 def test_nan_filter_is_off_only_without_per_step_syncs():
     assert sft_overrides(FastSettings(), "cuda")["logging_nan_inf_filter"] is False
     assert sft_overrides(FastSettings(sync_metrics=True), "cuda")["logging_nan_inf_filter"] is True
+
+
+def test_rank_balanced_sampler_is_a_permutation_dealt_evenly_by_cost():
+    from ctrain.fast.trainer import RankBalancedSampler, deal
+
+    rng = np.random.default_rng(3)
+    costs = rng.lognormal(12, 0.6, size=1000)
+    world, per_device = 4, 16
+    sampler = RankBalancedSampler(costs, world, per_device, seed=5)
+    order = list(sampler)
+    assert sorted(order) == list(range(1000)) and len(sampler) == 1000
+    assert order == list(RankBalancedSampler(costs, world, per_device, seed=5)), "ranks must agree on the order"
+    sampler.set_epoch(1)
+    assert list(sampler) != order
+    step = world * per_device
+    balanced, plain = [], []
+    shuffled = np.random.default_rng((5, 0)).permutation(1000)
+    for i in range(0, 1000 - 1000 % step, step):
+        ours = np.array(order[i : i + step]).reshape(world, per_device)
+        assert sorted(ours.ravel()) == sorted(shuffled[i : i + step]), "rows must stay within their step"
+        balanced.append(costs[ours].sum(1).max() / costs[ours].sum() * world)
+        plain.append(costs[shuffled[i : i + step].reshape(world, per_device)].sum(1).max() / costs[ours].sum() * world)
+    # the busiest rank's excess over the mean: a fifth or less of what plain random order gives
+    assert np.mean(balanced) - 1 < (np.mean(plain) - 1) / 5, (np.mean(balanced), np.mean(plain))
+    assert order[1000 - 1000 % step :] == shuffled[1000 - 1000 % step :].tolist()
+    assert deal(np.arange(4), np.array([4.0, 3.0, 2.0, 1.0]), 2).tolist() == [0, 3, 1, 2]
+
+
+def test_accelerate_gives_each_rank_its_dealt_rows():
+    """The sampler relies on accelerate handing batch k*world + r to rank r: check it against accelerate itself."""
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler
+
+    from ctrain.fast.trainer import RankBalancedSampler
+
+    costs = np.random.default_rng(0).lognormal(10, 0.8, size=96)
+    world, per_device = 4, 3
+    order = list(RankBalancedSampler(costs, world, per_device, seed=1))
+    for rank in range(world):
+        batches = BatchSampler(RankBalancedSampler(costs, world, per_device, seed=1), per_device, drop_last=False)
+        shard = list(BatchSamplerShard(batches, num_processes=world, process_index=rank))
+        expected = [order[(k * world + rank) * per_device : (k * world + rank + 1) * per_device] for k in range(8)]
+        assert shard == expected
+
+
+def test_attention_cost_of_packed_and_unpacked_rows():
+    import datasets
+
+    from ctrain.fast.trainer import attention_cost
+
+    packed = datasets.Dataset.from_dict({"input_ids": [[1] * 7, [1] * 5], "seq_lengths": [[3, 4], [5]]})
+    assert attention_cost(packed).tolist() == [25.0, 25.0]
+    plain = datasets.Dataset.from_dict({"input_ids": [[1] * 7, [1] * 2]})
+    assert attention_cost(plain).tolist() == [49.0, 4.0]

@@ -58,6 +58,11 @@ CASES: dict[str, Case] = {
             description="ctrain default with TRL's per-step metric syncs and automatic GC",
         ),
         Case(
+            "ctrain-unbalanced",
+            FastSettings(balance_ranks=False),
+            description="ctrain default, rows dealt to ranks in plain random order",
+        ),
+        Case(
             "ctrain-bucket100",
             FastSettings(ddp_bucket_mb=100),
             description="ctrain default, 100 MB DDP buckets",
@@ -278,6 +283,25 @@ _RECORDED_ARGS = (
 )  # fmt: skip
 
 
+def _skip_allreduce(trainer: Any) -> None:
+    """Diagnostic: make the trainer's DDP wrapper skip its gradient all-reduce (a no-op comm hook)."""
+    import dataclasses
+
+    from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+
+    handler = getattr(trainer.accelerator, "ddp_handler", None)
+    if handler is None:
+        return
+
+    class NoAllreduce(type(handler)):  # type: ignore[misc]
+        def register_comm_hook(self, model: Any) -> None:
+            model.register_comm_hook(None, noop_hook)
+
+    trainer.accelerator.ddp_handler = NoAllreduce(
+        **{f.name: getattr(handler, f.name) for f in dataclasses.fields(handler)}
+    )
+
+
 def run_case(
     case: Case,
     spec: BenchSpec,
@@ -321,10 +345,8 @@ def run_case(
             args = ctrain_trainer.training_arguments(bench_recipe, layout, Path(tmp), [])
             prepared = Prepared(shape_sft(data.labelled(spec), bench_recipe), None, data.tokenizer(spec), None, {})
             trainer = ctrain_trainer.build_trainer(bench_recipe, layout, args, model, prepared, [clock.callback()])
-            if case.skip_allreduce and getattr(trainer.accelerator, "ddp_handler", None) is not None:
-                from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
-
-                trainer.accelerator.ddp_handler.register_comm_hook = lambda ddp: ddp.register_comm_hook(None, noop_hook)
+            if case.skip_allreduce:
+                _skip_allreduce(trainer)
             settings = {name: getattr(args, name, None) for name in _RECORDED_ARGS}
             settings["fast"] = vars(case.fast)
             settings["engine"] = layout.engine

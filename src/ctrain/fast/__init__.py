@@ -51,6 +51,9 @@ class FastSettings:
     # Reduce TRL's per-step metrics (entropy, accuracy, tokens) at every step as TRL does, which
     # waits for the GPU several times a step; the default sums them on the device until logging.
     sync_metrics: bool = False
+    # On several GPUs, deal each step's packed rows to the ranks so that every rank gets the same
+    # share of attention work (the sum of squared document lengths); every step waits for the slowest.
+    balance_ranks: bool = True
     # DDP's gradient bucket size in MB; None keeps PyTorch's (25).
     ddp_bucket_mb: int | None = None
     # Collect Python garbage every N steps on every rank, automatic collection off; 0 leaves

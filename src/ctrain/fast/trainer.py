@@ -8,16 +8,24 @@ launched kernels, so the GPU idles while the CPU launches the next phase, and on
 every stop also waits for the slowest rank. :class:`FastSFTTrainer` keeps the same loss and
 the same metrics, but accumulates them on the device and reduces them once per logging step.
 
+On several GPUs every step waits for the slowest rank, and packed rows of the same length cost
+different time: attention grows with the square of each document's length. The
+:class:`RankBalancedSampler` deals each step's rows to the ranks so that every rank gets an
+equal share of that cost (``fast.balance_ranks``).
+
 It also sets DDP up for the fast path (:func:`tune_ddp`) and takes Python's garbage collector
-off the step (:class:`CollectGarbage`): an automatic collection pauses one rank at a random
-step, and on several GPUs every rank waits for it.
+off the step (:func:`collect_garbage_callback`): an automatic collection pauses one rank at a
+random step, and on several GPUs every rank waits for it.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
+from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 from ctrain.fast import FastSettings
 
@@ -32,12 +40,27 @@ def trainer_class() -> type:
     from trl import SFTTrainer
 
     class FastSFTTrainer(SFTTrainer):
-        """``SFTTrainer`` whose steps never wait for the GPU (see the module docstring)."""
+        """``SFTTrainer`` whose steps never wait for the GPU, with rank-balanced batches (module docstring)."""
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, fast_settings: FastSettings, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
+            self._ctrain_fast = fast_settings
             self._ctrain_sums: Any = None
             self._ctrain_local_tokens = 0
+
+        def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+            dataset = self.train_dataset if train_dataset is None else train_dataset
+            world = self.args.world_size
+            if (
+                self._ctrain_fast.balance_ranks
+                and world > 1
+                and self.args.train_sampling_strategy == "random"
+                and hasattr(dataset, "column_names")
+            ):
+                return RankBalancedSampler(
+                    attention_cost(dataset), world, self.args.per_device_train_batch_size, self.args.seed
+                )
+            return super()._get_train_sampler(train_dataset)
 
         def _plain_loss(self) -> bool:
             """Whether TRL would take its plain fused-head path, the one this class replicates."""
@@ -51,7 +74,7 @@ def trainer_class() -> type:
             )
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            if return_outputs or not self.model.training or not self._plain_loss():
+            if self._ctrain_fast.sync_metrics or return_outputs or not self.model.training or not self._plain_loss():
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             inputs["use_cache"] = False
             outputs = model(**inputs, fused_lm_head=True)
@@ -74,7 +97,7 @@ def trainer_class() -> type:
             # Padding-free batches hold no padding: their token count is a shape, known without the GPU.
             main = getattr(self.model, "main_input_name", "input_ids")
             mode = self.args.include_num_input_tokens_seen
-            if mode == "no" or main not in inputs:
+            if self._ctrain_fast.sync_metrics or mode == "no" or main not in inputs:
                 return super()._track_num_input_tokens(inputs)
             if mode == "all" or ("attention_mask" not in inputs and "position_ids" in inputs):
                 self._ctrain_local_tokens += inputs[main].numel()
@@ -152,14 +175,61 @@ def collect_garbage_callback(every: int) -> Any:
     return CollectGarbage()
 
 
+def attention_cost(dataset: Any) -> np.ndarray:
+    """Per row, the sum of its documents' squared lengths (packed rows carry ``seq_lengths``)."""
+    import pyarrow.compute as pc
+
+    table = dataset.with_format("arrow")[:]
+    if "seq_lengths" in table.column_names:
+        column = table.column("seq_lengths").combine_chunks()
+        lengths = pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(np.float64)
+        rows = pc.list_parent_indices(column).to_numpy(zero_copy_only=False)
+        return np.bincount(rows, weights=lengths**2, minlength=len(column))
+    lengths = pc.list_value_length(table.column("input_ids").combine_chunks()).to_numpy(zero_copy_only=False)
+    return lengths.astype(np.float64) ** 2
+
+
+class RankBalancedSampler:
+    """Rows in a random order in which each step's rows are dealt evenly to the ranks by cost.
+
+    Each epoch shuffles the rows (the same on every rank: seeded with ``seed`` and the epoch).
+    Every ``world * per_device`` consecutive rows form one step; they are sorted by cost and
+    dealt in a snake (0, 1, .. world-1, world-1, .. 0, ...), so each rank gets ``per_device``
+    rows and about the same total cost, then emitted rank by rank: the data loader gives its
+    batch ``k * world + r`` to rank ``r`` (accelerate's batch sharding). A last, short step
+    keeps the shuffled order.
+    """
+
+    def __init__(self, costs: np.ndarray, world: int, per_device: int, seed: int) -> None:
+        self.costs = np.asarray(costs, dtype=np.float64)
+        self.world, self.per_device, self.seed = world, per_device, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.costs)
+
+    def __iter__(self) -> Iterator[int]:
+        order = np.random.default_rng((self.seed, self.epoch)).permutation(len(self.costs))
+        step = self.world * self.per_device
+        whole = len(order) - len(order) % step
+        dealt = [deal(order[i : i + step], self.costs, self.world) for i in range(0, whole, step)]
+        return iter(np.concatenate([*dealt, order[whole:]]).tolist())
+
+
+def deal(rows: np.ndarray, costs: np.ndarray, world: int) -> np.ndarray:
+    """``rows`` reordered rank by rank, each rank's rows chosen by a snake deal over descending cost."""
+    by_cost = rows[np.argsort(-costs[rows], kind="stable")]
+    turn = np.arange(len(rows)) % (2 * world)
+    rank = np.where(turn < world, turn, 2 * world - 1 - turn)
+    return np.concatenate([by_cost[rank == r] for r in range(world)])
+
+
 def build(settings: FastSettings, **kwargs: Any) -> Any:
     """The fast path's SFT trainer over ``SFTTrainer``'s keyword arguments."""
-    if settings.sync_metrics:
-        from trl import SFTTrainer
-
-        trainer = SFTTrainer(**kwargs)
-    else:
-        trainer = trainer_class()(**kwargs)
+    trainer = trainer_class()(fast_settings=settings, **kwargs)
     tune_ddp(trainer, settings)
     if settings.gc_every:
         trainer.add_callback(collect_garbage_callback(settings.gc_every))

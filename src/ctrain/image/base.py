@@ -23,8 +23,16 @@ PACKAGES = ("python3", "python3-venv", "ca-certificates", "g++", "python3-dev")
 # The tag names the package set, so a changed list makes a new base instead of reusing the old one.
 DEFAULT_REF = f"localhost/ctrain-base:{SUITE}-{hashlib.sha256(' '.join(PACKAGES).encode()).hexdigest()[:8]}"
 # Trimmed from the rootfs: package lists, caches and docs the image never needs.
-_TRIM = ("var/lib/apt/lists", "var/cache/apt", "var/cache/debconf", "var/log", "usr/share/doc", "usr/share/man",
-         "usr/share/locale", "usr/share/info")
+_TRIM = (
+    "var/lib/apt/lists",
+    "var/cache/apt",
+    "var/cache/debconf",
+    "var/log",
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/locale",
+    "usr/share/info",
+)
 
 
 def debootstrap_base(
@@ -83,8 +91,20 @@ def _import(rootfs: Path, ref: str, target: store.StoreName) -> None:
         _buildah_import(rootfs, ref)
         return
     tarball = rootfs.parent / "rootfs.tar"
-    proc.run(["tar", "-C", rootfs, "--numeric-owner", "--exclude=./proc/*", "--exclude=./sys/*", "--exclude=./dev/*",
-              "-cf", tarball, "."])
+    proc.run(
+        [
+            "tar",
+            "-C",
+            rootfs,
+            "--numeric-owner",
+            "--exclude=./proc/*",
+            "--exclude=./sys/*",
+            "--exclude=./dev/*",
+            "-cf",
+            tarball,
+            ".",
+        ]
+    )
     tool = "docker" if target == "docker" else "podman"
     proc.run([tool, "import", "--change", 'CMD ["/bin/bash"]', tarball, ref])
 

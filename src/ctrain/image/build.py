@@ -64,7 +64,9 @@ def choose(builder: str) -> str:
     if builder not in BUILDERS:
         raise ConfigError(f"unknown builder '{builder}'; valid: auto, {', '.join(BUILDERS)}")
     if builder == "docker" and proc.which("docker") and not store.docker_daemon_up():
-        raise CtrainError("docker is installed but its daemon does not answer (docker version); start it or use --builder podman")
+        raise CtrainError(
+            "docker is installed but its daemon does not answer (docker version); start it or use --builder podman"
+        )
     proc.require(builder)
     return builder
 
@@ -159,13 +161,19 @@ def build(req: BuildRequest, *, emit: Callable[[str], None] = ui.info) -> store.
     check_context(req.context, builder)
     if req.wheelhouse:
         check_wheelhouse(req.wheelhouse)
-    args = {"FLAVOUR": req.flavour, "CTRAIN_VERSION": source_version(req.context), "GIT_COMMIT": git_commit(req.context)}
+    args = {
+        "FLAVOUR": req.flavour,
+        "CTRAIN_VERSION": source_version(req.context),
+        "GIT_COMMIT": git_commit(req.context),
+    }
     if req.base:
         args["BASE_IMAGE"] = req.base
     if req.torch_index:
         args["TORCH_INDEX_URL"] = req.torch_index
-    emit(f"build: {builder}, flavour {req.flavour}, base {req.base or '(Dockerfile default)'}"
-         + (f", wheelhouse {req.wheelhouse} (no network)" if req.wheelhouse else ""))
+    emit(
+        f"build: {builder}, flavour {req.flavour}, base {req.base or '(Dockerfile default)'}"
+        + (f", wheelhouse {req.wheelhouse} (no network)" if req.wheelhouse else "")
+    )
     if builder == "apptainer":
         return _build_sif(req, args, emit)
     with tempfile.TemporaryDirectory(prefix="ctrain-build-") as tmp:

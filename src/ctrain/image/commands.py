@@ -31,9 +31,17 @@ def image_ref(config: ProjectConfig, tag: str | None = None) -> str:
     return config.image.ref
 
 
-def run_build(config: ProjectConfig, *, builder: str | None = None, flavour: str | None = None,
-              base: str | None = None, local_base: bool = False, wheelhouse_dir: Path | None = None,
-              tag: str | None = None, no_cache: bool = False) -> store.Image:
+def run_build(
+    config: ProjectConfig,
+    *,
+    builder: str | None = None,
+    flavour: str | None = None,
+    base: str | None = None,
+    local_base: bool = False,
+    wheelhouse_dir: Path | None = None,
+    tag: str | None = None,
+    no_cache: bool = False,
+) -> store.Image:
     cfg = config.image
     builder = builder_mod.choose(builder or cfg.builder)
     flavour = flavour or ("cpu" if local_base else cfg.flavour)
@@ -78,16 +86,24 @@ def find_image(config: ProjectConfig, ref: str | None = None) -> store.Image:
     raise CtrainError(f"image {ref} not found (no image store has it, and there is no {sif}); run ctrain build first")
 
 
-def run_convert(config: ProjectConfig, *, to: str | None = None, compression: str | None = None,
-                output: Path | None = None, ref: str | None = None, force: bool = False) -> convert_mod.Converted:
+def run_convert(
+    config: ProjectConfig,
+    *,
+    to: str | None = None,
+    compression: str | None = None,
+    output: Path | None = None,
+    ref: str | None = None,
+    force: bool = False,
+) -> convert_mod.Converted:
     image = find_image(config, ref)
     to = to or config.convert.to
     target = output or convert_mod.default_output(config.resolve(config.convert.output_dir), image.ref, to)
     if image.path is not None and target.absolute() == image.path.absolute():
         ui.info(f"convert: {target} is the image itself (built by Apptainer): nothing to do")
         return convert_mod.Converted(target, image.id, to, "auto", True, 0.0)
-    return convert_mod.convert(image, to, target, compression=compression or config.convert.compression,
-                               context=_context(config), force=force)
+    return convert_mod.convert(
+        image, to, target, compression=compression or config.convert.compression, context=_context(config), force=force
+    )
 
 
 @dataclass(frozen=True)
@@ -96,9 +112,16 @@ class Pushed:
     where: str
 
 
-def run_push(config: ProjectConfig, *, registry: str | None = None, oras: str | None = None,
-             remote: str | None = None, formats: tuple[str, ...] = (), ref: str | None = None,
-             files: tuple[Path, ...] = ()) -> list[Pushed]:
+def run_push(
+    config: ProjectConfig,
+    *,
+    registry: str | None = None,
+    oras: str | None = None,
+    remote: str | None = None,
+    formats: tuple[str, ...] = (),
+    ref: str | None = None,
+    files: tuple[Path, ...] = (),
+) -> list[Pushed]:
     """Push to every destination given (flags), else every one configured in ``push:``."""
     cfg = config.push
     flags = any((registry, oras, remote))

@@ -76,8 +76,14 @@ def up_to_date(output: Path, image_id: str, to: str, compression: str) -> bool:
     if record is None or not output.is_file():
         return False
     st = output.stat()
-    return record == {**record, "image_id": image_id, "to": to, "compression": compression,
-                      "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return record == {
+        **record,
+        "image_id": image_id,
+        "to": to,
+        "compression": compression,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+    }
 
 
 def _pid_alive(pid: int) -> bool:
@@ -117,8 +123,16 @@ def _locked(output: Path, emit: Callable[[str], None]) -> Iterator[None]:
         yield
 
 
-def convert(image: store.Image, to: str, output: Path, *, compression: str = "auto", context: Path,
-            force: bool = False, emit: Callable[[str], None] = ui.info) -> Converted:
+def convert(
+    image: store.Image,
+    to: str,
+    output: Path,
+    *,
+    compression: str = "auto",
+    context: Path,
+    force: bool = False,
+    emit: Callable[[str], None] = ui.info,
+) -> Converted:
     """Convert ``image`` to ``output`` (``to``: sif or sqsh); no work when it is already up to date."""
     if to not in FORMATS:
         raise CtrainError(f"unknown format '{to}'; valid: {', '.join(FORMATS)}")
@@ -156,8 +170,14 @@ def convert(image: store.Image, to: str, output: Path, *, compression: str = "au
             _sidecar(output).unlink(missing_ok=True)
             os.replace(tmp, output)
             st = output.stat()
-            record = {"image_id": image.id, "image_ref": image.ref, "to": to, "compression": compression,
-                      "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            record = {
+                "image_id": image.id,
+                "image_ref": image.ref,
+                "to": to,
+                "compression": compression,
+                "size": st.st_size,
+                "mtime_ns": st.st_mtime_ns,
+            }
             atomic_write_json(_sidecar(output), record)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -167,12 +187,21 @@ def convert(image: store.Image, to: str, output: Path, *, compression: str = "au
     return Converted(output, image.id, to, compression, False, seconds)
 
 
-def _sif(image: store.Image, layout: Path, tmp: Path, compression: str, context: Path, work: Path,
-         emit: Callable[[str], None]) -> None:
+def _sif(
+    image: store.Image,
+    layout: Path,
+    tmp: Path,
+    compression: str,
+    context: Path,
+    work: Path,
+    emit: Callable[[str], None],
+) -> None:
     """``apptainer build`` of containers/ctrain.def from the exported layout (the exact image ID)."""
     definition = context / FROM_IMAGE_DEF
     if not definition.is_file():
-        raise CtrainError(f"{definition} not found: run ctrain convert in the ctrain checkout (or point --config at it)")
+        raise CtrainError(
+            f"{definition} not found: run ctrain convert in the ctrain checkout (or point --config at it)"
+        )
     proc.require("apptainer")
     cmd = ["apptainer", "build", "--disable-cache"]
     if compression != AUTO_COMPRESSION["sif"]:
@@ -182,7 +211,12 @@ def _sif(image: store.Image, layout: Path, tmp: Path, compression: str, context:
         # (containers, some sandboxes) the %test container would fail, so root skips it.
         emit("convert: running as root: skipping the definition's %test (run `apptainer test IMAGE.sif` as a user)")
         cmd.append("--notest")
-    for key, value in {"BOOTSTRAP": "oci", "IMAGE": str(layout), "SOURCE_REF": image.ref, "SOURCE_ID": image.id}.items():
+    for key, value in {
+        "BOOTSTRAP": "oci",
+        "IMAGE": str(layout),
+        "SOURCE_REF": image.ref,
+        "SOURCE_ID": image.id,
+    }.items():
         cmd += ["--build-arg", f"{key}={value}"]
     cmd += [str(tmp), str(definition)]
     scratch = work / "apptainer"

@@ -74,8 +74,9 @@ def _verify_tls(host: str, tls_verify: bool | None) -> bool:
 
 
 @_redacted
-def push_image(image: store.Image, destination: str, *, tls_verify: bool | None = None,
-               emit: Callable[[str], None] = ui.info) -> str:
+def push_image(
+    image: store.Image, destination: str, *, tls_verify: bool | None = None, emit: Callable[[str], None] = ui.info
+) -> str:
     """Push ``image`` to ``destination`` (``host/name:tag``); returns ``host/name@sha256:...`` as the
     registry now serves it (checked by reading the tag back)."""
     if image.store == "sif":
@@ -87,11 +88,23 @@ def push_image(image: store.Image, destination: str, *, tls_verify: bool | None 
     with tempfile.TemporaryDirectory(prefix="ctrain-push-") as tmp:
         digestfile = Path(tmp) / "digest"
         if proc.which("skopeo"):
-            proc.stream(["skopeo", "copy", *tls, "--digestfile", digestfile, image.source, f"docker://{destination}"],
-                        prefix="push: ")
+            proc.stream(
+                ["skopeo", "copy", *tls, "--digestfile", digestfile, image.source, f"docker://{destination}"],
+                prefix="push: ",
+            )
         elif image.store == "containers" and proc.which("podman"):
-            proc.stream(["podman", "push", *(["--tls-verify=false"] if not verify else []), "--digestfile", digestfile,
-                         image.id.removeprefix("sha256:"), f"docker://{destination}"], prefix="push: ")
+            proc.stream(
+                [
+                    "podman",
+                    "push",
+                    *(["--tls-verify=false"] if not verify else []),
+                    "--digestfile",
+                    digestfile,
+                    image.id.removeprefix("sha256:"),
+                    f"docker://{destination}",
+                ],
+                prefix="push: ",
+            )
         elif image.store == "docker":
             proc.run(["docker", "tag", image.id, destination])
             out = proc.run(["docker", "push", destination]).stdout
@@ -175,7 +188,9 @@ class _Target:
         if self.remote.host is None:
             return Path(path).is_dir()
         assert self.remote.host is not None
-        return proc.run([*self.ssh, self.remote.host, "--", shlex.join(["test", "-d", path])], check=False).returncode == 0
+        return (
+            proc.run([*self.ssh, self.remote.host, "--", shlex.join(["test", "-d", path])], check=False).returncode == 0
+        )
 
     def sha256(self, path: str) -> str | None:
         if self.remote.host is None:
@@ -188,8 +203,19 @@ class _Target:
             shutil.copyfile(source, dest)
             os.chmod(dest, 0o644)
             return
-        proc.stream(["rsync", "--partial", "--times", "--chmod=F644", "-e", shlex.join(self.ssh), source,
-                     f"{self.remote.host}:{dest}"], prefix="push: ")
+        proc.stream(
+            [
+                "rsync",
+                "--partial",
+                "--times",
+                "--chmod=F644",
+                "-e",
+                shlex.join(self.ssh),
+                source,
+                f"{self.remote.host}:{dest}",
+            ],
+            prefix="push: ",
+        )
 
     def rename(self, src: str, dest: str) -> None:
         if self.remote.host is None:
@@ -205,8 +231,9 @@ class _Target:
 
 
 @_redacted
-def push_files(files: Sequence[Path], destination: str, *, ssh_options: Sequence[str] = (),
-               emit: Callable[[str], None] = ui.info) -> list[str]:
+def push_files(
+    files: Sequence[Path], destination: str, *, ssh_options: Sequence[str] = (), emit: Callable[[str], None] = ui.info
+) -> list[str]:
     """Copy ``files`` to ``destination`` (a directory, or the file name for a single file):
     upload to a temporary name beside the final one, check sha256 on both sides, rename into place.
     A file already there with the same checksum is not sent again. Returns the final paths."""

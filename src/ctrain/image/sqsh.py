@@ -128,8 +128,16 @@ def unpack(layout: Path, tag: str, rootfs: Path) -> None:
     proc.run([*cmd, "--image", f"{layout}:{tag}", rootfs])
 
 
-def write(layout: Path, tag: str, config: Mapping[str, Any], output: Path, compression: str, workdir: Path,
-          *, emit: Callable[[str], None] = ui.info) -> None:
+def write(
+    layout: Path,
+    tag: str,
+    config: Mapping[str, Any],
+    output: Path,
+    compression: str,
+    workdir: Path,
+    *,
+    emit: Callable[[str], None] = ui.info,
+) -> None:
     """Write the enroot image of the OCI layout's image to ``output`` (a path the caller renames)."""
     if compression not in SQUASH_OPTIONS:
         raise ValueError(f"unknown compression {compression!r}")
@@ -142,6 +150,15 @@ def write(layout: Path, tag: str, config: Mapping[str, Any], output: Path, compr
     configure(rootfs, config)
     emit(f"sqsh: mksquashfs ({compression})")
     proc.stream(
-        ["mksquashfs", rootfs, output, "-all-root", "-noappend", "-no-progress", "-quiet", *SQUASH_OPTIONS[compression]],
+        [
+            "mksquashfs",
+            rootfs,
+            output,
+            "-all-root",
+            "-noappend",
+            "-no-progress",
+            "-quiet",
+            *SQUASH_OPTIONS[compression],
+        ],
         on_line=lambda line: emit("sqsh: " + line) if line.strip() else None,
     )

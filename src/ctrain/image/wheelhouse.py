@@ -17,8 +17,9 @@ from ctrain.errors import CtrainError
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
-def fill(directory: Path, context: Path, *, torch_index: str | None = CPU_TORCH_INDEX,
-         python: str = sys.executable) -> list[Path]:
+def fill(
+    directory: Path, context: Path, *, torch_index: str | None = CPU_TORCH_INDEX, python: str = sys.executable
+) -> list[Path]:
     """Download the pinned wheels into ``directory``; returns the wheels it holds afterwards.
 
     ``torch_index``: an extra index for torch (the CPU build by default); None uses only what pip
@@ -38,9 +39,26 @@ def fill(directory: Path, context: Path, *, torch_index: str | None = CPU_TORCH_
     pip = [python, "-m", "pip"]
     index = ["--extra-index-url", torch_index] if torch_index else []
     ui.info(f"wheelhouse: building deepspeed into {directory}")
-    proc.stream([*pip, "wheel", "--no-deps", "--no-build-isolation", "-c", constraints, "-w", directory, "deepspeed"],
-                prefix="wheelhouse: ")
+    proc.stream(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-c", constraints, "-w", directory, "deepspeed"],
+        prefix="wheelhouse: ",
+    )
     ui.info(f"wheelhouse: downloading the pinned stack into {directory}")
-    proc.stream([*pip, "download", "--only-binary=:all:", "--find-links", directory, *index, "-c", constraints,
-                 "-r", requirements, "-d", directory], prefix="wheelhouse: ")
+    proc.stream(
+        [
+            *pip,
+            "download",
+            "--only-binary=:all:",
+            "--find-links",
+            directory,
+            *index,
+            "-c",
+            constraints,
+            "-r",
+            requirements,
+            "-d",
+            directory,
+        ],
+        prefix="wheelhouse: ",
+    )
     return sorted(directory.glob("*.whl"))
