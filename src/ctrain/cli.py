@@ -776,7 +776,7 @@ def _ints(value: str | None) -> list[int] | None:
     default="seeds,ctrain-same-batches,ctrain",
     show_default=True,
     help="Comma-separated cases: seeds, ctrain-same-batches, ctrain, ctrain-16k, ctrain-eager, "
-    "ctrain-sync, ctrain-unbalanced, ctrain-bucket100, ctrain-bf16-reduce, ctrain-no-allreduce.",
+    "ctrain-sync, ctrain-unbalanced, ctrain-bucket25, ctrain-bucket200, ctrain-bf16-reduce, ctrain-no-allreduce.",
 )
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--tiny", is_flag=True, help="A tiny model and data set: checks the code in about a minute on a CPU.")

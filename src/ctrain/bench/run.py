@@ -63,9 +63,14 @@ CASES: dict[str, Case] = {
             description="ctrain default, rows dealt to ranks in plain random order",
         ),
         Case(
-            "ctrain-bucket100",
-            FastSettings(ddp_bucket_mb=100),
-            description="ctrain default, 100 MB DDP buckets",
+            "ctrain-bucket25",
+            FastSettings(ddp_bucket_mb=25),
+            description="ctrain default with PyTorch's 25 MB DDP buckets",
+        ),
+        Case(
+            "ctrain-bucket200",
+            FastSettings(ddp_bucket_mb=200),
+            description="ctrain default with 200 MB DDP buckets",
         ),
         Case(
             "ctrain-no-allreduce",

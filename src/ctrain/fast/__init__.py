@@ -54,8 +54,8 @@ class FastSettings:
     # On several GPUs, deal each step's packed rows to the ranks so that every rank gets the same
     # share of attention work (the sum of squared document lengths); every step waits for the slowest.
     balance_ranks: bool = True
-    # DDP's gradient bucket size in MB; None keeps PyTorch's (25).
-    ddp_bucket_mb: int | None = None
+    # DDP's gradient bucket size in MB (PyTorch's default is 25): fewer, larger all-reduces.
+    ddp_bucket_mb: int | None = 100
     # Collect Python garbage every N steps on every rank, automatic collection off; 0 leaves
     # Python's automatic collection on (one rank's pause then stalls all of them at random steps).
     gc_every: int = 50
