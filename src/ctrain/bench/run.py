@@ -14,6 +14,7 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 from dataclasses import dataclass
@@ -329,6 +330,7 @@ def run_case(
     model = LlamaForCausalLM(spec.model_config())
     clock = _Clock(warmup, steps, cuda, profile_dir if rank == 0 else None)
     max_steps = warmup + steps + TAIL_STEPS
+    preemption: Any = None
     with tempfile.TemporaryDirectory(prefix="ctrain-bench-") as tmp:
         if case.fast is None:
             from trl import SFTConfig, SFTTrainer
@@ -343,13 +345,17 @@ def run_case(
             )
         else:
             from ctrain.train import trainer as ctrain_trainer
+            from ctrain.train.callbacks import Preemption
             from ctrain.train.data import Prepared, shape_sft
 
             bench_recipe = recipe(case, spec, strategy, world, max_steps)
             layout = ctrain_trainer.plan(bench_recipe)
             args = ctrain_trainer.training_arguments(bench_recipe, layout, Path(tmp), [])
             prepared = Prepared(shape_sft(data.labelled(spec), bench_recipe), None, data.tokenizer(spec), None, {})
-            trainer = ctrain_trainer.build_trainer(bench_recipe, layout, args, model, prepared, [clock.callback()])
+            # ctrain train's per-step callback: the ranks' agreement on a preemption signal.
+            preemption = Preemption([signal.SIGUSR1], args.device)
+            callbacks = [clock.callback(), preemption]
+            trainer = ctrain_trainer.build_trainer(bench_recipe, layout, args, model, prepared, callbacks)
             if case.skip_allreduce:
                 _skip_allreduce(trainer)
             settings = {name: getattr(args, name, None) for name in _RECORDED_ARGS}
@@ -357,7 +363,11 @@ def run_case(
             settings["engine"] = layout.engine
             settings["trainer"] = type(trainer).__name__
         start = time.perf_counter()
-        trainer.train()
+        try:
+            trainer.train()
+        finally:
+            if preemption is not None:
+                preemption.restore()
         total = time.perf_counter() - start
         losses = [(e["step"], e["loss"]) for e in trainer.state.log_history if "loss" in e]
     del trainer, model

@@ -206,12 +206,17 @@ class Preemption(TrainerCallback):
     The handler only records the signal. At the end of each step all ranks agree through an
     all-reduce (a signal may reach only some of them, and at different times); if any rank was
     signalled, all save the checkpoint of that same step and stop.
+
+    On GPUs the all-reduce of step k is read at the end of step k+1, so no step waits for the
+    GPU to drain: by then step k's work is done unless the CPU has run a whole step ahead. All
+    ranks read the same step's answer, so they still stop at the same step, one step later.
     """
 
     def __init__(self, signals: list[int], device: Any) -> None:
         self.device = device
         self.received: int | None = None
         self.stopped_at: int | None = None
+        self._pending: Any = None  # (host copy of the reduced flag, event after the copy) of the last step
         self._previous = {number: signal.signal(number, self._handle) for number in signals}
 
     def _handle(self, number: int, frame: Any) -> None:
@@ -225,7 +230,17 @@ class Preemption(TrainerCallback):
             return self.received is not None
         flag = torch.tensor([1 if self.received is not None else 0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        if flag.device.type != "cuda":
+            return bool(flag.item())
+        host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
+        host.copy_(flag, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        previous, self._pending = self._pending, (host, event)
+        if previous is None:
+            return False
+        previous[1].synchronize()
+        return bool(previous[0].item())
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.stopped_at is None and self._anyone():
