@@ -137,3 +137,35 @@ def test_every_local_format_loads_the_same_rows(tmp_path: Path, monkeypatch: pyt
     recipe.data.eval_split = "validation"
     with pytest.raises(ConfigError, match="has no split 'validation'; splits: train, test"):
         load_raw(recipe)
+
+
+def test_preemption_handler_survives_a_library_replacing_or_blocking_it(caplog) -> None:
+    """A signal must reach ctrain's handler even if something installed its own or blocked it after start."""
+    import os
+    import signal
+
+    pytest.importorskip("transformers")
+    from ctrain.train.callbacks import Preemption
+
+    class State:
+        global_step = 3
+
+    class Control:
+        should_save = should_training_stop = False
+
+    preemption = Preemption([signal.SIGUSR1], "cpu")
+    try:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+        control = Control()
+        preemption.on_step_end(None, State(), control)
+        assert not control.should_save
+        assert signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        assert "SIGUSR1 blocked" in caplog.text and "handler was replaced" in caplog.text
+        os.kill(os.getpid(), signal.SIGUSR1)
+        preemption.on_step_end(None, State(), control)
+        assert preemption.received == signal.SIGUSR1 and preemption.stopped_at == 3
+        assert control.should_save and control.should_training_stop
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
+        preemption.restore()

@@ -242,7 +242,26 @@ class Preemption(TrainerCallback):
         previous[1].synchronize()
         return bool(previous[0].item())
 
+    def _keep_handlers(self) -> None:
+        """Keep the signals deliverable: unblock them and put the handlers back if a library changed either."""
+        blocked = set(signal.pthread_sigmask(signal.SIG_BLOCK, [])) & set(self._previous)
+        if blocked:
+            log.warning(
+                "%s blocked in the training thread; unblocking for ctrain's preemption handler",
+                ", ".join(signal.Signals(n).name for n in sorted(blocked)),
+            )
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+        for number in self._previous:
+            current = signal.getsignal(number)
+            if current != self._handle:
+                log.warning(
+                    "the %s handler was replaced by %r during training; restoring ctrain's preemption handler",
+                    signal.Signals(number).name, current,
+                )  # fmt: skip
+                signal.signal(number, self._handle)
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._keep_handlers()
         if self.stopped_at is None and self._anyone():
             self.stopped_at = state.global_step
             what = signal.Signals(self.received).name if self.received else "another rank's signal"
