@@ -169,3 +169,38 @@ def test_preemption_handler_survives_a_library_replacing_or_blocking_it(caplog) 
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
         preemption.restore()
+
+
+def test_preemption_handler_survives_a_native_library_taking_the_signal() -> None:
+    """sigaction() from C replaces Python's handler without Python knowing; the next step takes it back."""
+    import ctypes
+    import os
+    import signal
+    import time
+
+    pytest.importorskip("transformers")
+    from ctrain.train.callbacks import Preemption
+
+    class State:
+        global_step = 7
+
+    class Control:
+        should_save = should_training_stop = False
+
+    libc = ctypes.CDLL(None)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    preemption = Preemption([signal.SIGUSR1], "cpu")
+    try:
+        libc.signal(signal.SIGUSR1, 1)  # SIG_IGN, set in C: Python's table still names ctrain's handler
+        assert signal.getsignal(signal.SIGUSR1) == preemption._handle
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.05)
+        assert preemption.received is None, "the signal should have been lost to the native handler"
+        control = Control()
+        preemption.on_step_end(None, State(), control)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        preemption.on_step_end(None, State(), control)
+        assert preemption.received == signal.SIGUSR1 and preemption.stopped_at == 7 and control.should_save
+    finally:
+        preemption.restore()

@@ -243,7 +243,7 @@ class Preemption(TrainerCallback):
         return bool(previous[0].item())
 
     def _keep_handlers(self) -> None:
-        """Keep the signals deliverable: unblock them and put the handlers back if a library changed either."""
+        """Keep the signals deliverable: unblock them and install ctrain's handler again, every step."""
         blocked = set(signal.pthread_sigmask(signal.SIG_BLOCK, [])) & set(self._previous)
         if blocked:
             log.warning(
@@ -258,7 +258,9 @@ class Preemption(TrainerCallback):
                     "the %s handler was replaced by %r during training; restoring ctrain's preemption handler",
                     signal.Signals(number).name, current,
                 )  # fmt: skip
-                signal.signal(number, self._handle)
+            # Always: a native library can take the signal over with sigaction() behind Python's
+            # back (signal.getsignal still names ctrain's handler); installing again takes it back.
+            signal.signal(number, self._handle)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._keep_handlers()
