@@ -36,6 +36,7 @@ _SUMS = ("label_tokens", "entropy", "correct")
 @functools.cache
 def trainer_class() -> type:
     """``FastSFTTrainer``, built on first use so that importing ctrain needs no TRL."""
+    import datasets
     import torch
     from trl import SFTTrainer
 
@@ -55,7 +56,7 @@ def trainer_class() -> type:
                 self._ctrain_fast.balance_ranks
                 and world > 1
                 and self.args.train_sampling_strategy == "random"
-                and hasattr(dataset, "column_names")
+                and isinstance(dataset, datasets.Dataset)
             ):
                 return RankBalancedSampler(
                     attention_cost(dataset), world, self.args.per_device_train_batch_size, self.args.seed
