@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from ctrain.cli import main
+from ctrain.testbed.plan import CRED_EXPIRE_S
 from tests.plugins.slurm import HOOK_VALUES, Project
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -157,8 +158,9 @@ def test_time_limit_warning_requeues_and_resumes(project: Project, cpu_sif: Path
     while "Restarts=1" not in (record := project.testbed.slurm(["scontrol", "show", "job", "-o", job_id]).stdout):
         assert time.monotonic() < deadline, record
         time.sleep(1)
-    # Slurm holds a requeued job for about two minutes before it may start: start it now.
-    project.testbed.slurm(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    # Slurm holds a requeued job back (about two minutes): let it start once the old job's
+    # credential has expired; starting it sooner gets "Job credential revoked" and the job fails.
+    project.testbed.slurm(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"])
     log = finish(project, job_id)
     first, _, second = log.partition("ctrain: requeueing job")
     stopped = int(re.search(r"saving a complete checkpoint at step (\d+)", first).group(1))
