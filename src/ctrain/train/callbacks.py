@@ -209,14 +209,20 @@ class Preemption(TrainerCallback):
 
     On GPUs the all-reduce of step k is read at the end of step k+1, so no step waits for the
     GPU to drain: by then step k's work is done unless the CPU has run a whole step ahead. All
-    ranks read the same step's answer, so they still stop at the same step, one step later.
+    ranks read the same step's answer, so they still stop at the same step, one step later. The
+    flag lives on the device and is set with a fill kernel, and its answer comes back into one of
+    two pinned host buffers: a tensor made from Python values would be copied to the GPU
+    synchronously, which waits for all queued work, every step.
     """
 
     def __init__(self, signals: list[int], device: Any) -> None:
         self.device = device
         self.received: int | None = None
         self.stopped_at: int | None = None
-        self._pending: Any = None  # (host copy of the reduced flag, event after the copy) of the last step
+        self._flag: Any = None  # the device tensor all-reduced every step
+        self._hosts: list[Any] = []  # two pinned buffers, alternating between steps
+        self._events: list[Any] = []
+        self._steps = 0
         self._previous = {number: signal.signal(number, self._handle) for number in signals}
 
     def _handle(self, number: int, frame: Any) -> None:
@@ -228,19 +234,24 @@ class Preemption(TrainerCallback):
         dist = _distributed()
         if dist is None:
             return self.received is not None
-        flag = torch.tensor([1 if self.received is not None else 0], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.device.type != "cuda":
+        device = torch.device(self.device)
+        if device.type != "cuda":
+            flag = torch.tensor([1 if self.received is not None else 0], device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             return bool(flag.item())
-        host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
-        host.copy_(flag, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        previous, self._pending = self._pending, (host, event)
-        if previous is None:
+        if self._flag is None:
+            self._flag = torch.zeros(1, dtype=torch.int32, device=device)
+            self._hosts = [torch.zeros(1, dtype=torch.int32).pin_memory() for _ in range(2)]
+            self._events = [torch.cuda.Event(), torch.cuda.Event()]
+        self._flag.fill_(1 if self.received is not None else 0)
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
+        slot, self._steps = self._steps % 2, self._steps + 1
+        self._hosts[slot].copy_(self._flag, non_blocking=True)
+        self._events[slot].record()
+        if self._steps == 1:
             return False
-        previous[1].synchronize()
-        return bool(previous[0].item())
+        self._events[1 - slot].synchronize()  # the previous step's answer: long done by now
+        return bool(self._hosts[1 - slot][0])
 
     def _keep_handlers(self) -> None:
         """Keep the signals deliverable: unblock them and install ctrain's handler again, every step."""
