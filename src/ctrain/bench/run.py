@@ -249,9 +249,7 @@ def recipe(case: Case, spec: BenchSpec, strategy: str, world: int, max_steps: in
 
     assert case.fast is not None
     packed = case.fast.batching == "packed"
-    rows = (
-        max(1, case.fast.tokens_per_device // spec.max_length) if packed and case.fast.tokens_per_device else spec.batch
-    )
+    rows = (case.fast.rows_per_device(spec.max_length) if packed else None) or spec.batch
     training = TrainingSettings(
         engine="fast",
         global_batch_size=rows * world,

@@ -73,18 +73,20 @@ class FastSettings:
         if self.gc_every < 0:
             raise ConfigError(f"fast.gc_every must be >= 0 (0: Python's automatic collection), got {self.gc_every}")
 
+    def rows_per_device(self, max_length: int) -> int | None:
+        """Micro-batch cap in rows of ``max_length`` tokens that ``tokens_per_device`` gives (None: no cap)."""
+        return max(1, self.tokens_per_device // max_length) if self.tokens_per_device else None
+
     def compiles(self, device_type: str) -> bool:
         return self.compile == "layers" or (self.compile == "auto" and device_type == "cuda")
 
 
-def sft_overrides(settings: FastSettings, device_type: str, max_length: int | None = None) -> dict[str, Any]:
+def sft_overrides(settings: FastSettings, device_type: str) -> dict[str, Any]:
     """``SFTConfig`` fields the fast path sets (everything else stays as the recipe says).
 
     Data loader workers are ``training.dataloader_workers`` (2 on GPUs unless set); the fast
-    path keeps them alive between epochs.
-
-    ``max_length`` is the recipe's: packed rows are that long, so ``tokens_per_device`` becomes
-    ``per_device_train_batch_size`` rows.
+    path keeps them alive between epochs. The micro-batch is the recipe's batch layout, capped
+    at :meth:`FastSettings.rows_per_device` (``ctrain.train.trainer.plan``).
     """
     import dataclasses
 
@@ -108,8 +110,6 @@ def sft_overrides(settings: FastSettings, device_type: str, max_length: int | No
         out.update(bf16=True, optim="adamw_torch_fused")
     if settings.batching == "packed":
         out.update(packing=True, packing_strategy="bfd", padding_free=True)
-        if settings.tokens_per_device and max_length:
-            out["per_device_train_batch_size"] = max(1, settings.tokens_per_device // max_length)
     elif settings.batching == "padding_free":
         out.update(padding_free=True)
     return out

@@ -84,10 +84,8 @@ def plan(recipe: Recipe) -> Layout:
         fast_ok = device_type == "cuda" and recipe.task == "sft" and packed_ok and not hf_speedups
         engine = "fast" if fast_ok else "hf"
     # The fast path sizes micro-batches in tokens (fast.tokens_per_device): rows of max_length each.
-    tokens = recipe.fast.tokens_per_device if engine == "fast" else None
-    per_device, accumulation = batch_layout(
-        recipe.training, world, cap=max(1, tokens // recipe.data.max_length) if tokens else None
-    )
+    cap = recipe.fast.rows_per_device(recipe.data.max_length) if engine == "fast" else None
+    per_device, accumulation = batch_layout(recipe.training, world, cap=cap)
     if recipe.training.fsdp and device_type != "cuda":
         raise ConfigError(
             "training.fsdp shards the model over GPUs and this process has none (use DDP or DeepSpeed on CPU)"
@@ -195,9 +193,7 @@ def training_arguments(recipe: Recipe, layout: Layout, output_dir: Path, report_
     if layout.engine == "fast":
         from ctrain.fast import sft_overrides
 
-        fast = sft_overrides(recipe.fast, layout.device_type, recipe.data.max_length)
-        fast.pop("per_device_train_batch_size", None)  # the batch layout is the recipe's (plan)
-        kwargs.update(fast, dataloader_persistent_workers=workers > 0)
+        kwargs.update(sft_overrides(recipe.fast, layout.device_type), dataloader_persistent_workers=workers > 0)
         if recipe.fast.batching == "padding_free" and not recipe.data.packing:
             # TRL cannot enforce max_length on unpacked padding-free batches; ctrain.train.data truncated them.
             kwargs["max_length"] = None
