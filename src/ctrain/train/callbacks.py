@@ -204,8 +204,9 @@ class Preemption(TrainerCallback):
     """Turn a preemption signal into a complete checkpoint and exit code 75 (requeue me).
 
     The handler only records the signal. At the end of each step all ranks agree through an
-    all-reduce (a signal may reach only some of them, and at different times); if any rank was
-    signalled, all save the checkpoint of that same step and stop.
+    all-reduce of the signal's number (a signal may reach only some of them, and at different
+    times); if any rank was signalled, all save the checkpoint of that same step and stop, and all
+    know which signal it was (``signal``).
 
     On GPUs the all-reduce of step k is read at the end of step k+1, so no step waits for the
     GPU to drain: by then step k's work is done unless the CPU has run a whole step ahead. All
@@ -217,7 +218,8 @@ class Preemption(TrainerCallback):
 
     def __init__(self, signals: list[int], device: Any) -> None:
         self.device = device
-        self.received: int | None = None
+        self.received: int | None = None  # the signal this rank got
+        self.signal: int | None = None  # the signal the ranks agreed to stop on (any rank's)
         self.stopped_at: int | None = None
         self._flag: Any = None  # the device tensor all-reduced every step
         self._hosts: list[Any] = []  # two pinned buffers, alternating between steps
@@ -228,30 +230,32 @@ class Preemption(TrainerCallback):
     def _handle(self, number: int, frame: Any) -> None:
         self.received = number
 
-    def _anyone(self) -> bool:
+    def _agreed(self) -> int:
+        """The highest signal number any rank has received (0: none), the same on every rank."""
         import torch
 
+        mine = self.received or 0
         dist = _distributed()
         if dist is None:
-            return self.received is not None
+            return mine
         device = torch.device(self.device)
         if device.type != "cuda":
-            flag = torch.tensor([1 if self.received is not None else 0], device=device)
+            flag = torch.tensor([mine], device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            return bool(flag.item())
+            return int(flag.item())
         if self._flag is None:
             self._flag = torch.zeros(1, dtype=torch.int32, device=device)
             self._hosts = [torch.zeros(1, dtype=torch.int32).pin_memory() for _ in range(2)]
             self._events = [torch.cuda.Event(), torch.cuda.Event()]
-        self._flag.fill_(1 if self.received is not None else 0)
+        self._flag.fill_(mine)
         dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
         slot, self._steps = self._steps % 2, self._steps + 1
         self._hosts[slot].copy_(self._flag, non_blocking=True)
         self._events[slot].record()
         if self._steps == 1:
-            return False
+            return 0
         self._events[1 - slot].synchronize()  # the previous step's answer: long done by now
-        return bool(self._hosts[1 - slot][0])
+        return int(self._hosts[1 - slot][0])
 
     def _keep_handlers(self) -> None:
         """Keep the signals deliverable: unblock them and install ctrain's handler again, every step."""
@@ -275,9 +279,12 @@ class Preemption(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._keep_handlers()
-        if self.stopped_at is None and self._anyone():
-            self.stopped_at = state.global_step
-            what = signal.Signals(self.received).name if self.received else "another rank's signal"
+        if self.stopped_at is not None:
+            return
+        agreed = self._agreed()
+        if agreed:
+            self.signal, self.stopped_at = agreed, state.global_step
+            what = signal.Signals(agreed).name + ("" if self.received else " on another rank")
             log.info(
                 "preemption (%s): saving a complete checkpoint at step %d, then exiting with %d so the job is requeued",
                 what, state.global_step, PREEMPTED_EXIT_CODE,

@@ -401,7 +401,7 @@ def run(recipe: Recipe) -> int:
                 {
                     "step": stopped,
                     "checkpoint": str(output_dir / f"checkpoint-{stopped}"),
-                    "signal": signal.Signals(preemption.received).name if preemption.received else None,
+                    "signal": signal.Signals(preemption.signal).name if preemption.signal else None,
                     "exit_code": PREEMPTED_EXIT_CODE,
                 },
             )
