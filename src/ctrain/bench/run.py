@@ -14,7 +14,6 @@ import gzip
 import json
 import os
 import shutil
-import signal
 import tempfile
 import time
 from dataclasses import dataclass
@@ -259,7 +258,7 @@ def recipe(case: Case, spec: BenchSpec, strategy: str, world: int, max_steps: in
         logging_steps=1 if case.log_every_step else 10,
         save_steps=max_steps + 1,  # no checkpoint inside the measured run
         resume="never",
-        preemption_signals=[],
+        preemption_signals=["SIGUSR1"],  # ctrain train's per-step agreement, timed with the rest
     )
     if strategy in ("fsdp", "fsdp-no-reshard"):
         training.fsdp = True
@@ -345,13 +344,14 @@ def run_case(
             from ctrain.train import trainer as ctrain_trainer
             from ctrain.train.callbacks import Preemption
             from ctrain.train.data import Prepared, shape_sft
+            from ctrain.train.recipe import signal_number
 
             bench_recipe = recipe(case, spec, strategy, world, max_steps)
             layout = ctrain_trainer.plan(bench_recipe)
             args = ctrain_trainer.training_arguments(bench_recipe, layout, Path(tmp), [])
             prepared = Prepared(shape_sft(data.labelled(spec), bench_recipe), None, data.tokenizer(spec), None, {})
-            # ctrain train's per-step callback: the ranks' agreement on a preemption signal.
-            preemption = Preemption([signal.SIGUSR1], args.device)
+            signals = [signal_number(name) for name in bench_recipe.training.preemption_signals]
+            preemption = Preemption(signals, args.device)
             callbacks = [clock.callback(), preemption]
             trainer = ctrain_trainer.build_trainer(bench_recipe, layout, args, model, prepared, callbacks)
             if case.skip_allreduce:

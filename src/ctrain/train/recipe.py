@@ -181,6 +181,10 @@ class TrainingSettings:
     ddp_timeout_minutes: int = 30
     peak_tflops: float | None = None
 
+    def hf_speedups(self) -> list[str]:
+        """The transformers speed-ups turned on; the fast engine has its own (compiled layers, fused loss)."""
+        return [name for name in ("torch_compile", "liger_kernel") if getattr(self, name)]
+
     def validate(self) -> None:
         positive = {
             "global_batch_size": self.global_batch_size,
@@ -283,12 +287,11 @@ class Recipe:
         if self.training.engine == "fast" and self.task != "sft":
             raise ConfigError("training.engine: fast is the SFT fast path; use engine hf (or auto) for task clm")
         if self.training.engine == "fast":
-            for name in ("torch_compile", "liger_kernel"):
-                if getattr(self.training, name):
-                    raise ConfigError(
-                        f"training.{name} is transformers' own speed-up and training.engine: fast already "
-                        f"compiles its layers and fuses the loss: turn training.{name} off, or use engine hf"
-                    )
+            for name in self.training.hf_speedups():
+                raise ConfigError(
+                    f"training.{name} is transformers' own speed-up and training.engine: fast already "
+                    f"compiles its layers and fuses the loss: turn training.{name} off, or use engine hf"
+                )
         positions = self.model.config_overrides.get("max_position_embeddings")
         if isinstance(positions, int) and self.data.max_length > positions:
             raise ConfigError(

@@ -80,8 +80,7 @@ def plan(recipe: Recipe) -> Layout:
         # The fast path: SFT on a GPU, with the batches it is built for (packed unless told otherwise),
         # unless the recipe asks for transformers' own speed-ups instead (whole-model compile, Liger).
         packed_ok = recipe.data.packing or recipe.fast.batching != "packed"
-        hf_speedups = recipe.training.torch_compile or recipe.training.liger_kernel
-        fast_ok = device_type == "cuda" and recipe.task == "sft" and packed_ok and not hf_speedups
+        fast_ok = device_type == "cuda" and recipe.task == "sft" and packed_ok and not recipe.training.hf_speedups()
         engine = "fast" if fast_ok else "hf"
     # The fast path sizes micro-batches in tokens (fast.tokens_per_device): rows of max_length each.
     cap = recipe.fast.rows_per_device(recipe.data.max_length) if engine == "fast" else None
