@@ -120,14 +120,20 @@ def testbed_up(nodes: int, state_dir: Path | None) -> None:
 
 @testbed.command("down")
 @_state_dir_option
-def testbed_down(state_dir: Path | None) -> None:
+@click.option("--purge", is_flag=True, help="Also remove the state directory (config, logs, munge key, shared dir) "
+              "and the job user: the machine as before the first `up`.")
+def testbed_down(state_dir: Path | None, purge: bool) -> None:
     """Stop the processes the testbed started and remove its namespaces, bridge and hosts lines.
 
-    Works after a crash and when nothing is up. Config, logs and the shared dir are kept.
+    Returns once every process it stopped is gone. Works after a crash and when nothing is up.
+    Config, logs and the shared dir are kept unless --purge is given.
     """
     from ctrain.testbed import Testbed
 
-    Testbed(state_dir).down()
+    tb = Testbed(state_dir)
+    tb.down()
+    if purge:
+        tb.purge()
 
 
 @testbed.command("status")

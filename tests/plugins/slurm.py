@@ -48,7 +48,7 @@ while [[ $# -gt 0 && $1 == -* ]]; do
 done
 [[ -n $image ]] || exec REAL_SRUN "${options[@]}" "$@" # no container: plain srun, as with pyxis
 # enroot starts the container with the image's /etc/environment (Apptainer reads its own files).
-environment=$(mktemp "$(dirname "$0")/environment.XXXXXX")
+environment=$(mktemp -t pyxis-double-environment.XXXXXX)
 trap 'rm -f "$environment"' EXIT
 unsquashfs -cat "$image" etc/environment >"$environment"
 container+=(--env-file "$environment")
@@ -123,4 +123,6 @@ def pyxis_double(testbed) -> Path:
         _DOUBLE.replace("HOOK", "# the PyTorch hook's variables, wrong on purpose\n" + hook).replace("REAL_SRUN", real)
     )
     double.chmod(0o755)
+    # Made by root, run by the job user: it may read and run it, and writes nothing beside it.
+    directory.chmod(0o755)
     return directory

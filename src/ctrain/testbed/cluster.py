@@ -493,6 +493,21 @@ class Testbed:
         log("testbed is down" + (f": {'; '.join(done)}" if done else " (nothing was running)"))
         return done
 
+    def purge(self, *, log: Log = ui.info) -> list[str]:
+        """After ``down``: remove the state directory and the job user, leaving no trace of the testbed."""
+        if not system.is_root():
+            raise CtrainError("`ctrain testbed down --purge` must run as root: it removes a user and a directory")
+        if host.marked_processes(("munged", "slurmctld", "slurmd"), self.marker) or host.our_netns():
+            raise CtrainError("the testbed is still running: run `ctrain testbed down` first")
+        done = []
+        if self.state_dir.exists():
+            shutil.rmtree(self.state_dir)
+            done.append(f"removed {self.state_dir}")
+        if host.remove_user(JOB_USER):
+            done.append(f"removed user {JOB_USER} and its home")
+        log("testbed purged" + (f": {'; '.join(done)}" if done else " (nothing to remove)"))
+        return done
+
     def _teardown(self) -> list[str]:
         state = self._state()
         daemons = self._daemons(state)
@@ -512,6 +527,10 @@ class Testbed:
                         break
                     time.sleep(0.2)
 
+        # Every process this teardown ends: it returns only once they are all gone (reaped).
+        ended = [d.pid for n, d in daemons.items() if host.is_ours(d, self.marker)]
+        ended += [pid for ns in host.our_netns() for pid in host.netns_pids(ns)]
+
         def stop(names: list[str]) -> None:
             for name in names:
                 if host.stop(daemons[name], self.marker):
@@ -524,6 +543,16 @@ class Testbed:
                 done.append(f"ended {count} job process(es) left on {netns}")
         stop(by_tool["slurmctld"])
         stop(by_tool["munged"])
+        # What the daemons started may outlive them (a slurmstepd, a helper of munged): end it and
+        # wait, so that `down` returns only when nothing of this testbed runs any more.
+        marked = host.marked_processes(("munged", "slurmctld", "slurmd"), self.marker)
+        leftover = sorted({*marked, *(pid for ns in host.our_netns() for pid in host.netns_pids(ns))})
+        if leftover:
+            survivors = host.end_processes(leftover)
+            if survivors:
+                raise CtrainError(f"process(es) {', '.join(map(str, survivors))} still running after SIGKILL")
+            done.append(f"ended {len(leftover)} leftover process(es)")
+        host.wait_reaped([*ended, *leftover])
         done.extend(f"removed {what}" for what in host.network_down())
         hosts = host.HOSTS_FILE.read_text()
         kept = hosts_without_ours(hosts)

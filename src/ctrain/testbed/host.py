@@ -187,16 +187,62 @@ def netns_pids(name: str) -> list[int]:
 
 
 def kill_netns_processes(name: str, timeout: float = 2) -> int:
-    """SIGTERM, then SIGKILL, every process left in the namespace; returns how many there were."""
+    """SIGTERM, then SIGKILL, every process left in the namespace, and wait until they are gone.
+
+    Returns how many there were. A caller that removes the namespace or starts a new testbed
+    right after must not race processes that are still exiting.
+    """
     pids = netns_pids(name)
+    end_processes(pids, timeout)
+    return len(pids)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has exited)."""
+    info = proc_info(pid)
+    return info is not None and info.state not in ("Z", "X")
+
+
+def end_processes(pids: list[int], term_timeout: float = 5, kill_timeout: float = 5) -> list[int]:
+    """SIGTERM ``pids``, SIGKILL those alive after ``term_timeout``; the ones still alive after that."""
     for pid in pids:
         _signal(pid, signal.SIGTERM)
+    for sig, timeout in ((signal.SIGKILL, term_timeout), (None, kill_timeout)):
+        deadline = time.monotonic() + timeout
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if sig is not None:
+            for pid in pids:
+                if _alive(pid):
+                    _signal(pid, sig)
+    return [pid for pid in pids if _alive(pid)]
+
+
+def wait_reaped(pids: list[int], timeout: float = 10) -> list[int]:
+    """Wait until ``pids`` are gone from /proc, zombies included; the ones still listed after ``timeout``.
+
+    An exited daemon stays a zombie until init reaps it, which some inits do only every few
+    seconds: until then ``ps`` and ``pgrep`` still show it, and a script that runs ``down`` then
+    ``up`` would see the old testbed's processes.
+    """
     deadline = time.monotonic() + timeout
-    while netns_pids(name) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in netns_pids(name):
-        _signal(pid, signal.SIGKILL)
-    return len(pids)
+    while True:
+        listed = [pid for pid in pids if Path("/proc", str(pid)).exists()]
+        if not listed or time.monotonic() > deadline:
+            return listed
+        time.sleep(0.05)
+
+
+def marked_processes(tools: tuple[str, ...], marker: str) -> list[int]:
+    """Live processes of ``tools`` whose command line names ``marker`` (the testbed's state directory)."""
+    programs = {*tools, *(program_of(t) for t in tools if proc.which(t))}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            info = proc_info(int(entry.name))
+            if info and info.state not in ("Z", "X") and info.program in programs and marker in info.cmdline:
+                found.append(int(entry.name))
+    return found
 
 
 def network_down() -> list[str]:
@@ -220,6 +266,20 @@ def write_in_place(path: Path, text: str) -> None:
         handle.seek(0)
         handle.write(text)
         handle.truncate()
+
+
+def remove_user(name: str) -> bool:
+    """Remove the user, its home and its processes' leftovers; False when there was no such user."""
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    proc.run(["userdel", "--remove", name], check=False)
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return True
+    raise CtrainError(f"could not remove user {name}: run `userdel --remove {name}` as root to see why")
 
 
 def ensure_user(name: str) -> pwd.struct_passwd:

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Remove everything the test suite creates outside the checkout, so the next run starts as on a
+# fresh machine: the testbed (processes, network, state directory, shared dir, job user), the
+# test image store (/var/tmp/ctrain-test or $CTRAIN_TEST_IMAGES) with its images and base image in
+# containers-storage, buildah working containers, and pytest's temporary directories.
+# CI runs it before scripts/test.sh. Host packages and .venv stay: setup installs those.
+# Run as root, after scripts/setup.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "clean-slate.sh must run as root" >&2; exit 1; }
+
+.venv/bin/ctrain testbed down --purge
+
+images=${CTRAIN_TEST_IMAGES:-/var/tmp/ctrain-test}
+rm -rf -- "$images"
+if command -v buildah >/dev/null; then
+    buildah rm --all >/dev/null
+    # The test image and the debootstrap base (ctrain.image.base.DEFAULT_REF's name).
+    mapfile -t refs < <(buildah images --format '{{.Name}}:{{.Tag}}' |
+        grep -E '^localhost/(ctrain-test|ctrain-base):' || true)
+    [ "${#refs[@]}" -eq 0 ] || buildah rmi --force "${refs[@]}" >/dev/null
+    buildah rmi --prune >/dev/null 2>&1 || true
+fi
+rm -rf -- "/tmp/pytest-of-$(id -un)"
+echo "clean slate: no testbed, no test images, no test temp dirs"
