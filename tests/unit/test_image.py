@@ -39,6 +39,7 @@ def test_oci_build_command(builder: str, monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert f"wheelhouse={tmp_path}" in cmd
     assert "FLAVOUR=cpu" in cmd and "BASE_IMAGE=localhost/base:1" in cmd
     assert ("--isolation" in cmd) == (builder != "docker")
+    assert ("--force-rm" in cmd) == (builder != "docker")
     assert "--layers" in cmd or builder == "docker"
 
 

@@ -166,7 +166,9 @@ def _oci_command(
         # unprivileged and nested environments too. BUILDAH_ISOLATION set by the user wins.
         if not os.environ.get("BUILDAH_ISOLATION"):
             cmd += ["--isolation", "chroot"]
-        cmd += ["--network", "host"]
+        # --force-rm (podman's default, not buildah's): a failed build, and the empty wheelhouse
+        # stage, leave no working container behind in the shared store
+        cmd += ["--network", "host", "--force-rm"]
     if req.no_cache:
         cmd.append("--no-cache")
     cmd += ["-f", str(req.context / DOCKERFILE), "-t", req.ref, "--iidfile", str(iidfile)]
