@@ -26,7 +26,7 @@ class ToolNotFound(CtrainError):
 
 
 class CommandError(CtrainError):
-    """An external program failed; carries the command and its stderr.
+    """An external program failed; carries the command, its stderr and stdout.
 
     Credentials are masked (:mod:`ctrain.redact`) in all three as they are stored, so neither the
     printed message nor anything that reads the attributes can show one.
