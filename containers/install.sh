@@ -12,6 +12,8 @@
 # FLAVOUR gpu keeps what the base image ships (NGC PyTorch: its CUDA torch, numpy, ...): pins for
 # packages the base already has are dropped. FLAVOUR cpu installs everything from the pins, torch
 # as the CPU build. A non-empty /wheelhouse makes the build air-gapped: pip installs from it only.
+# A private index's login comes as a netrc at /run/secrets/ctrain-netrc, mounted for this step only
+# (never part of the image); pip reads it through NETRC, so no URL or argument holds a password.
 set -eu
 umask 022
 export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
@@ -19,6 +21,7 @@ venv=/opt/ctrain/venv
 python="$venv/bin/python"
 
 offline() { [ -d /wheelhouse ] && [ -n "$(ls -A /wheelhouse)" ]; }
+netrc=/run/secrets/ctrain-netrc
 
 deps() {
     flavour=$1 dir=$2
@@ -46,6 +49,10 @@ for line in open(sys.argv[1]):
 PY
     else
         cp "$dir/constraints.txt" "$constraints"
+    fi
+    if [ -s "$netrc" ]; then
+        export NETRC="$netrc"
+        echo "install.sh: index credentials from $netrc (a build secret)"
     fi
     if offline; then
         echo "install.sh: air-gapped install from /wheelhouse ($(ls /wheelhouse | wc -l) files)"

@@ -14,16 +14,17 @@ import click
 from ctrain import __version__
 from ctrain.config import ProjectConfig, load_config
 from ctrain.errors import CtrainError
+from ctrain.redact import redact
 
 
 class _Group(click.Group):
-    """Turns :class:`CtrainError` into ``error: ...`` and the error's exit code."""
+    """Turns :class:`CtrainError` into ``error: ...`` (credentials masked) and the error's exit code."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except CtrainError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {redact(str(exc))}", err=True)
             sys.exit(exc.exit_code)
 
 

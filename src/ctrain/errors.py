@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from ctrain.redact import redact, redact_command
+
 
 class CtrainError(Exception):
     """An error whose message tells the user what went wrong and what to do."""
@@ -22,13 +26,17 @@ class ToolNotFound(CtrainError):
 
 
 class CommandError(CtrainError):
-    """An external program failed; carries the exact command and its stderr."""
+    """An external program failed; carries the command, its stderr and stdout.
 
-    def __init__(self, cmd: list[str], returncode: int, stderr: str = "", stdout: str = "") -> None:
-        self.cmd = list(cmd)
+    Credentials are masked (:mod:`ctrain.redact`) in all three as they are stored, so neither the
+    printed message nor anything that reads the attributes can show one.
+    """
+
+    def __init__(self, cmd: Sequence[str], returncode: int, stderr: str = "", stdout: str = "") -> None:
+        self.cmd = redact_command(cmd)
         self.returncode = returncode
-        self.stderr = stderr
-        self.stdout = stdout
+        self.stderr = redact(stderr)
+        self.stdout = redact(stdout)
         super().__init__(self._message())
 
     def _message(self) -> str:

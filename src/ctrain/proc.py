@@ -3,6 +3,8 @@
 Every external binary goes through :func:`run` or :func:`stream`: argument lists only (never a
 shell), the program looked up before it is started (a missing one raises :class:`ToolNotFound`
 with an install hint), and a failure raises :class:`CommandError` carrying the command and stderr.
+Whatever of a command this layer shows (the command itself, streamed output lines, an error's
+tail) has credentials masked (:mod:`ctrain.redact`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ctrain.errors import CommandError, ToolNotFound
+from ctrain.redact import redact
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,8 @@ def run(
             stdin=None if input is not None else subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired as exc:
-        raise CommandError(argv, -1, f"timed out after {timeout}s\n{_text(exc.stderr)}") from exc
+        # from None: TimeoutExpired's own message is the unmasked command line
+        raise CommandError(argv, -1, f"timed out after {timeout}s\n{_text(exc.stderr)}") from None
     if check and proc.returncode != 0:
         raise CommandError(argv, proc.returncode, proc.stderr, proc.stdout)
     return proc
@@ -161,7 +165,8 @@ def stream(
     """Run a long program, passing each output line (stdout and stderr merged) to ``on_line``.
 
     By default lines are echoed to stderr with ``prefix`` so users can follow progress. On
-    failure the last ``tail`` lines go into the :class:`CommandError`.
+    failure the last ``tail`` lines go into the :class:`CommandError`. Lines have credentials
+    masked before anyone sees them (a tool may echo a URL with a password).
     """
     argv = _resolve(args)
     last: deque[str] = deque(maxlen=tail)
@@ -179,7 +184,7 @@ def stream(
     ) as proc:
         assert proc.stdout is not None
         for raw in proc.stdout:
-            line = raw.rstrip("\n")
+            line = redact(raw.rstrip("\n"))
             last.append(line)
             emit(line)
         code = proc.wait()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from ctrain.redact import redact
+
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Left-aligned columns separated by two spaces, header in upper case."""
@@ -15,5 +17,5 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def info(message: str) -> None:
-    """A progress line on stderr, so stdout stays parseable."""
-    print(message, file=sys.stderr, flush=True)
+    """A progress line on stderr, so stdout stays parseable; credentials masked."""
+    print(redact(message), file=sys.stderr, flush=True)

@@ -1,10 +1,12 @@
 """The training image for real: the CPU flavour of containers/Dockerfile built air-gapped on a
 debootstrap base (buildah), converted to SIF and enroot squashfs, run under Apptainer as an
 unprivileged user, pushed to a real registry (docker-registry) and over rsync+ssh (a private
-sshd), and the standalone Apptainer definition built and compared package by package."""
+sshd), and the standalone Apptainer definition built and compared package by package. A private
+index's password reaches the install step of both builders, and nothing they leave holds it."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -12,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,18 @@ from ctrain.image import base as base_mod
 from ctrain.image import build as build_mod
 from ctrain.image import convert as convert_mod
 from ctrain.image import sqsh, store
-from tests.plugins.image import CTRAIN, IMAGE_NAME, REPO, BuiltImage, SshServer, as_user, ctrain, parse_fields
+from tests.conftest import need, need_root
+from tests.plugins.image import (
+    CTRAIN,
+    IMAGE_NAME,
+    REPO,
+    BuiltImage,
+    SshServer,
+    _locked,
+    as_user,
+    ctrain,
+    parse_fields,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -261,3 +275,179 @@ def test_standalone_definition_builds_the_same_packages(cpu_image: BuiltImage, c
         return as_user(image_user, ["apptainer", "exec", "--containall", image, "cat", path]).stdout
 
     assert cat(sandbox, "/opt/ctrain/pins.txt") == cat(cpu_sif, "/opt/ctrain/pins.txt")
+
+
+# --- a private index's password: in the build, nowhere after it ------------------------------------
+
+SECRET = "S3CRET-8c1f"
+PRIVATE_INDEX = f"http://ci-user:{SECRET}@127.0.0.1:9/simple"
+# Stands in for containers/install.sh (the real one would install the whole stack): the deps step
+# reads the login where the real one finds it, says it has it (not what it is), and for FLAVOUR=gpu
+# fails printing it in a URL, as pip might. The real Dockerfile and definition run it.
+_STUB_INSTALL = """#!/bin/sh
+set -eu
+case "$1" in
+    deps)
+        read -r _ host _ login _ password < /run/secrets/ctrain-netrc
+        echo "stub install.sh: login for $host: $login (${#password} characters); index ${TORCH_INDEX_URL:-}"
+        if [ "$2" = gpu ]; then
+            echo "ERROR: HTTP 404 for http://$login:$password@$host:9/simple/torch/" >&2
+            exit 2
+        fi
+        mkdir -p /opt/ctrain/venv/bin
+        ln -sf "$(command -v python3)" /opt/ctrain/venv/bin/python ;;
+    ctrain) ;;
+esac
+"""
+
+
+@pytest.fixture(scope="session")
+def local_base() -> store.Image:
+    """The debootstrap base the CPU test image is built on (made once, shared with cpu_image)."""
+    need_root()
+    need(shutil.which("buildah") is not None and shutil.which("debootstrap") is not None, "buildah, debootstrap")
+    with _locked("build"):
+        return base_mod.debootstrap_base(builder="buildah")
+
+
+def _stub_checkout(directory: Path) -> Path:
+    """The real Dockerfile, definitions and source, with the stub install step (seconds to build)."""
+    for rel in ("containers", "src/ctrain", "pyproject.toml", ".dockerignore"):
+        src = REPO / rel
+        shutil.copytree(src, directory / rel) if src.is_dir() else shutil.copy2(src, directory / rel)
+    (directory / "containers" / "install.sh").write_text(_STUB_INSTALL)
+    (directory / "containers" / "check.py").write_text("print('stub check: ok')\n")
+    subprocess.run(["chmod", "-R", "a+rX", str(directory)], check=True)
+    return directory
+
+
+def _holds(path: Path, needles: tuple[bytes, ...], decompress: bool = True) -> list[bytes]:
+    """Which of ``needles`` the file holds; a gzip or zstd file (an image layer) read decompressed."""
+    with open(path, "rb") as raw:
+        magic = raw.read(4)
+    if decompress and magic[:2] == b"\x1f\x8b":
+        stream = gzip.open(path, "rb")
+    elif decompress and magic == b"\x28\xb5\x2f\xfd":
+        need(shutil.which("zstd") is not None, "zstd (a zstd-compressed layer)")
+        stream = subprocess.Popen(["zstd", "-dc", str(path)], stdout=subprocess.PIPE).stdout
+    else:
+        stream = open(path, "rb")
+    found: set[bytes] = set()
+    keep = max(map(len, needles)) - 1
+    tail = b""
+    with stream:
+        while chunk := stream.read(16 << 20):
+            window = tail + chunk
+            found.update(n for n in needles if n in window)
+            tail = window[-keep:]
+    return sorted(found)
+
+
+def _secret_files(tmp: Path) -> list[Path]:
+    return sorted(tmp.glob("ctrain-secrets-*"))
+
+
+def _build(config: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``ctrain build`` (stdout and stderr together), its temporary files under ``tmp``."""
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    return subprocess.run([*CTRAIN, "--config", str(config), "build", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env, timeout=900)
+
+
+@pytest.fixture
+def private_index_project(local_base: store.Image, tmp_path: Path) -> Iterator[Path]:
+    """A ctrain.yaml building the stub checkout with buildah, torch from a password-protected
+    index; the image is removed afterwards."""
+    checkout = _stub_checkout(tmp_path / "checkout")
+    (tmp_path / "tmp").mkdir()
+    config = tmp_path / "ctrain.yaml"
+    config.write_text(
+        f"image:\n  name: ctrain-private-index\n  tag: test\n  context: {checkout}\n  flavour: cpu\n"
+        f"  builder: buildah\n  base: {local_base.ref}\n  torch_index: {PRIVATE_INDEX}\n"
+    )
+    yield config
+    subprocess.run(["buildah", "rmi", "localhost/ctrain-private-index:test"], capture_output=True)
+
+
+def test_index_password_reaches_the_install_step_and_no_layer_or_history(private_index_project: Path,
+                                                                          tmp_path: Path) -> None:
+    result = _build(private_index_project, tmp_path / "tmp", "--no-cache")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "stub install.sh: login for 127.0.0.1: ci-user (11 characters)" in result.stdout  # it got there
+    assert SECRET not in result.stdout
+    assert _secret_files(tmp_path / "tmp") == []
+    image_id = parse_fields(result.stdout)["id"].removeprefix("sha256:")
+    history = subprocess.run(["podman", "history", "--no-trunc", "--format", "{{.CreatedBy}}", image_id],
+                             capture_output=True, text=True, check=True).stdout
+    inspect = subprocess.run(["buildah", "inspect", "--type", "image", image_id],
+                             capture_output=True, text=True, check=True).stdout
+    assert SECRET not in history and SECRET not in inspect
+    assert "TORCH_INDEX_URL=http://127.0.0.1:9/simple" in history  # the URL is there, its password not
+    assert "--mount=type=secret,id=ctrain-netrc" in history
+    layout = tmp_path / "oci"
+    subprocess.run(["skopeo", "copy", "--quiet", f"containers-storage:{image_id}", f"oci:{layout}:x"], check=True)
+    blobs = [b for b in sorted((layout / "blobs").rglob("*")) if b.is_file()]
+    assert len(blobs) >= 5  # config, manifest, base and added layers
+    found = {b.name: _holds(b, (SECRET.encode(), b"login ci-user")) for b in blobs}
+    assert {name: needles for name, needles in found.items() if needles} == {}
+    assert "index http://127.0.0.1:9/simple" in result.stdout  # the URL reached the step, without the password
+
+
+def test_failing_build_with_an_index_password_prints_none(private_index_project: Path, tmp_path: Path) -> None:
+    """The install step fails printing the URL with the password (as pip might): ctrain's output,
+    the streamed lines and the error, shows it masked, and the secret file is gone."""
+    result = _build(private_index_project, tmp_path / "tmp", "--flavour", "gpu")
+    assert result.returncode != 0
+    assert "error: command failed" in result.stdout and "--secret id=ctrain-netrc,src=" in result.stdout
+    assert "HTTP 404 for http://***:***@127.0.0.1:9/simple/torch/" in result.stdout
+    assert SECRET not in result.stdout
+    assert _secret_files(tmp_path / "tmp") == []
+
+
+def test_apptainer_build_with_an_index_password_leaves_it_nowhere(local_base: store.Image, image_user: str,
+                                                                  user_tmp: Path) -> None:
+    """The standalone definition, built by ctrain's apptainer builder as an unprivileged user: the
+    login is bound for %post, and neither the SIF's definition nor its squashfs holds it."""
+    need(shutil.which("apptainer") is not None and shutil.which("unsquashfs") is not None, "apptainer, unsquashfs")
+    store.export_oci(local_base, user_tmp / "base", "base")
+    checkout = _stub_checkout(user_tmp / "checkout")
+    for directory in ("tmp", "apptainer", "images"):
+        (user_tmp / directory).mkdir(mode=0o777)
+        (user_tmp / directory).chmod(0o777)
+    sif_dir = user_tmp / "images"
+    # ctrain's build as the user (ctrain's own venv may not be readable by it; the library needs
+    # only the standard library); uncompressed squashfs: the test needs no small file.
+    script = (
+        "import sys; from pathlib import Path; from ctrain.image import build\n"
+        "request = build.BuildRequest(context=Path(sys.argv[1]), ref='ctrain-private-index:sif', flavour='cpu', "
+        "base=sys.argv[2], builder='apptainer', sif_dir=Path(sys.argv[3]), torch_index=sys.argv[4])\n"
+        "print('path:', build.build(request).path)\n"
+    )
+    result = subprocess.run(
+        ["runuser", "-u", image_user, "--", "env", f"TMPDIR={user_tmp / 'tmp'}",
+         f"APPTAINER_TMPDIR={user_tmp / 'apptainer'}", "APPTAINER_MKSQUASHFS_ARGS=-noI -noD -noF -noX",
+         f"PYTHONPATH={checkout / 'src'}", "/usr/bin/python3", "-c", script, str(checkout),
+         f"oci://{user_tmp / 'base'}", str(sif_dir), PRIVATE_INDEX],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/", timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "stub install.sh: login for 127.0.0.1: ci-user (11 characters)" in result.stdout  # it got there
+    assert SECRET not in result.stdout
+    assert _secret_files(user_tmp / "tmp") == []
+    sif = Path(parse_fields(result.stdout)["path"])
+    deffile = subprocess.run(["apptainer", "inspect", "--deffile", str(sif)], capture_output=True, text=True,
+                             check=True).stdout
+    assert SECRET not in deffile and 'TORCH_INDEX_URL="http://127.0.0.1:9/simple"' in deffile
+    needles = (SECRET.encode(), b"login ci-user")
+    assert _holds(sif, needles) == []  # descriptors (definition, labels, environment) and squashfs
+    objects = subprocess.run(["apptainer", "sif", "list", str(sif)], capture_output=True, text=True,
+                             check=True).stdout
+    start = next(line.split("|")[3].split("-")[0].strip() for line in objects.splitlines() if "Squashfs" in line)
+    rootfs = user_tmp / "rootfs"
+    subprocess.run(["unsquashfs", "-no-progress", "-quiet", "-o", start, "-d", str(rootfs), str(sif)], check=True,
+                   stdout=subprocess.DEVNULL)
+    assert (rootfs / "opt/ctrain/build/install.sh").is_file()  # the extraction worked
+    assert list((rootfs / "run/secrets").iterdir()) == []  # the mount point, empty
+    files = [p for p in rootfs.rglob("*") if p.is_file() and not p.is_symlink()]
+    found = {str(p): _holds(p, needles, decompress=False) for p in files}
+    assert {path: hits for path, hits in found.items() if hits} == {}
+    assert "index http://127.0.0.1:9/simple" in result.stdout  # the URL reached %post, without the password

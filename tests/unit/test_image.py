@@ -1,5 +1,5 @@
 """Image build/convert/push logic that needs no image: command lines, progress, caching, atomic
-file pushes to a local directory, credential redaction, settings."""
+file pushes to a local directory, credentials kept out of builds and errors, settings."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 
 from ctrain.config import ProjectConfig, load_config
 from ctrain.errors import ConfigError, CtrainError
-from ctrain.image import build, commands, convert, push, store
+from ctrain.image import build, commands, convert, push, secrets, store
 from ctrain.image.build import BuildRequest, Progress
+from tests.plugins.image import render_definition
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = store.Image("localhost/ctrain:latest", "sha256:" + "ab" * 32, "containers", "sha256:" + "cd" * 32)
@@ -38,6 +39,7 @@ def test_oci_build_command(builder: str, monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert f"wheelhouse={tmp_path}" in cmd
     assert "FLAVOUR=cpu" in cmd and "BASE_IMAGE=localhost/base:1" in cmd
     assert ("--isolation" in cmd) == (builder != "docker")
+    assert ("--force-rm" in cmd) == (builder != "docker")
     assert "--layers" in cmd or builder == "docker"
 
 
@@ -232,15 +234,6 @@ def test_registry_destination_and_loopback() -> None:
     assert not push.is_loopback("registry.example.org:5000") and not push.is_loopback("10.0.0.1:5000")
 
 
-def test_redact_masks_credentials() -> None:
-    text = ("command failed: skopeo copy --dest-creds alice:s3cret docker://x oras://bob:hunter2@host/x:1 "
-            "Authorization: Bearer abc.def password=pw123 token: tkn")
-    masked = push.redact(text)
-    for secret in ("s3cret", "hunter2", "abc.def", "pw123", "tkn"):
-        assert secret not in masked
-    assert "oras://***:***@host/x:1" in masked
-
-
 def test_push_errors_are_redacted() -> None:
     with pytest.raises(CtrainError) as info:
         push.push_oras(Path("/nonexistent.sif"), "https://user:pw@host/x")
@@ -302,3 +295,118 @@ def test_apptainer_build_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert cmd[-2:] == [str(tmp_path / "o.sif"), "containers/ctrain-standalone.def"] and "--notest" not in cmd
     plain = build.apptainer_command(_request(base="python:3.11-slim-bookworm"), {}, tmp_path / "o.sif")
     assert "BOOTSTRAP=docker" in plain and "BASE=python:3.11-slim-bookworm" in plain
+
+
+# --- index credentials: a build secret, never an argument -----------------------------------------
+
+SECRET = "S3CRET"
+PRIVATE_INDEX = f"http://ci-user:{SECRET}@127.0.0.1:9/simple"
+
+
+@pytest.mark.parametrize(
+    ("url", "clean", "credential"),
+    [
+        (PRIVATE_INDEX, "http://127.0.0.1:9/simple", secrets.Credential("127.0.0.1", "ci-user", SECRET)),
+        ("https://me:p%40ss%3Aw0rd@pypi.example.org/simple/", "https://pypi.example.org/simple/",
+         secrets.Credential("pypi.example.org", "me", "p@ss:w0rd")),
+        ("https://TOKEN@git.example.org/api/simple", "https://git.example.org/api/simple",
+         secrets.Credential("git.example.org", "TOKEN", "")),
+        ("https://download.pytorch.org/whl/cpu", "https://download.pytorch.org/whl/cpu", None),
+        ("none", "none", None),
+    ],
+)
+def test_index_url_split_into_url_and_credential(url: str, clean: str, credential: secrets.Credential | None) -> None:
+    assert secrets.split_url(url) == (clean, credential)
+
+
+def test_index_credentials_a_netrc_cannot_hold_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="image.torch_index: the user or password holds whitespace"):
+        secrets.split_url("https://me:two%20words@h/simple", "image.torch_index")
+    with pytest.raises(ConfigError, match="a second login for h"):
+        secrets.split_urls({"a": "https://me:x@h/simple", "b": "https://you:y@h:8443/other"})
+    clean, creds = secrets.split_urls({"a": "https://me:x@h/simple", "b": "https://me:x@h/other", "c": None})
+    assert clean == {"a": "https://h/simple", "b": "https://h/other", "c": None} and len(creds) == 1
+
+
+def test_netrc_file_is_private_and_removed_also_on_failure() -> None:
+    creds = [secrets.Credential("127.0.0.1", "ci-user", SECRET), secrets.Credential("h", "TOKEN")]
+    with secrets.netrc_file(creds) as path:
+        assert path is not None and path.name == secrets.SECRET_ID
+        assert path.read_text() == f"machine 127.0.0.1 login ci-user password {SECRET}\nmachine h login TOKEN\n"
+        assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+        assert [p.name for p in path.parent.iterdir()] == [secrets.SECRET_ID]  # a bind shows only this
+    assert not path.parent.exists()
+    with pytest.raises(RuntimeError), secrets.netrc_file(creds) as failing:
+        raise RuntimeError("build failed")
+    assert failing is not None and not failing.parent.exists()
+    with secrets.netrc_file([]) as nothing:
+        assert nothing is None
+
+
+def test_build_command_lines_and_definition_hold_no_credential(tmp_path: Path) -> None:
+    """The index reaches the build without user:password; the netrc is mounted, never copied."""
+    req = _request(torch_index=PRIVATE_INDEX)
+    args, creds = build.build_args(req)
+    assert args["TORCH_INDEX_URL"] == "http://127.0.0.1:9/simple"
+    assert creds == [secrets.Credential("127.0.0.1", "ci-user", SECRET)]
+    netrc = tmp_path / "private" / secrets.SECRET_ID
+    for builder in ("buildah", "podman", "docker"):
+        cmd = build._oci_command(builder, req, tmp_path / "iid", args, netrc)
+        assert SECRET not in " ".join(cmd)
+        assert cmd[cmd.index("--secret") + 1] == f"id=ctrain-netrc,src={netrc}"
+    cmd = build.apptainer_command(req, args, tmp_path / "o.sif", netrc)
+    assert SECRET not in " ".join(cmd)
+    assert f"{netrc.parent}:/run/secrets:ro" in cmd
+    def_args = dict(cmd[i + 1].split("=", 1) for i, word in enumerate(cmd) if word == "--build-arg")
+    definition = render_definition(REPO / build.STANDALONE_DEF, def_args)  # what the SIF embeds
+    assert SECRET not in definition and 'TORCH_INDEX_URL="http://127.0.0.1:9/simple"' in definition
+    assert '"${APPTAINER_ROOTFS}/run/secrets"' in definition  # the bind's mount point
+    no_creds = build._oci_command("buildah", _request(), tmp_path / "iid", build.build_args(_request())[0])
+    assert "--secret" not in no_creds
+
+
+def test_dockerfile_mounts_the_netrc_for_the_install_step_only() -> None:
+    dockerfile = (REPO / build.DOCKERFILE).read_text()
+    mount = f"--mount=type=secret,id={secrets.SECRET_ID},target={secrets.MOUNT_PATH}"
+    runs = [block for block in dockerfile.split("\nRUN ")[1:]]
+    assert [mount in run for run in runs] == [True, False]  # the deps step; not ctrain's own
+    assert "install.sh deps" in runs[0]
+    install = (REPO / "containers" / "install.sh").read_text()
+    assert f"netrc={secrets.MOUNT_PATH}" in install and 'export NETRC="$netrc"' in install
+
+
+def _fake_builder(directory: Path, name: str) -> Path:
+    """A builder that records its arguments and the secret it was given, echoes the index URL
+    with the password (as a tool might), and fails."""
+    record = directory / "record"
+    fake = directory / name
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" > {record}\n'
+        'for arg; do case "$arg" in id=ctrain-netrc,src=*) src=${arg#id=ctrain-netrc,src=} ;; esac; done\n'
+        f'stat -c "%a" "$src" >> {record}; cat "$src" >> {record}\n'
+        'read -r _ host _ login _ password < "$src"\n'
+        'echo "STEP 3/9: pip: 404 for http://$login:$password@$host:9/simple/torch/"\n'
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    return record
+
+
+def test_failing_build_prints_no_credential_and_leaves_no_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = _fake_builder(bin_dir, "buildah")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(build.tempfile, "tempdir", None)
+    lines: list[str] = []
+    with pytest.raises(CtrainError) as info:
+        build.build(_request(builder="buildah", torch_index=PRIVATE_INDEX), emit=lines.append)
+    argv, mode, netrc = record.read_text().split("\n", 2)
+    assert SECRET not in argv and mode == "600" and netrc == f"machine 127.0.0.1 login ci-user password {SECRET}\n"
+    printed = "\n".join(lines) + str(info.value)
+    assert SECRET not in printed and "http://***:***@127.0.0.1:9/simple/torch/" in printed
+    assert not list(tmp_path.glob("ctrain-secrets-*"))  # removed although the build failed

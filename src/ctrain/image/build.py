@@ -4,6 +4,9 @@ or containers/ctrain-standalone.def (apptainer), streaming the builder's output 
 Auto-detection order: docker (only when its daemon answers), podman, buildah, apptainer: the
 first three keep an OCI image that converts to both SIF and enroot squashfs and pushes to a
 registry; apptainer makes a SIF directly, for machines that have nothing else.
+
+Credentials in an index URL never become a build argument: :mod:`ctrain.image.secrets` passes them
+as a netrc that exists only while the build runs and is mounted for the install step only.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 from ctrain import proc, ui
 from ctrain.errors import CommandError, ConfigError, CtrainError
-from ctrain.image import store
+from ctrain.image import secrets, store
 
 BUILDERS = ("docker", "podman", "buildah", "apptainer")
 DOCKERFILE = Path("containers/Dockerfile")
@@ -39,7 +42,9 @@ class BuildRequest:
     builder: str = "auto"
     sif_dir: Path | None = None  # where the apptainer builder writes its SIF
     no_cache: bool = False
-    torch_index: str | None = None  # cpu flavour: TORCH_INDEX_URL ("none": pip's configuration only)
+    # cpu flavour: TORCH_INDEX_URL ("none": pip's configuration only); user:password@ in it is
+    # passed as a build secret, never as the argument
+    torch_index: str | None = None
 
 
 def available() -> list[str]:
@@ -131,7 +136,24 @@ class Progress:
         self.emit(f"[{self.label}{step} {elapsed // 60:02d}:{elapsed % 60:02d}] {line}")
 
 
-def _oci_command(builder: str, req: BuildRequest, iidfile: Path, args: dict[str, str]) -> list[str]:
+def build_args(req: BuildRequest) -> tuple[dict[str, str], list[secrets.Credential]]:
+    """The builder's build arguments (index URLs without credentials), and the credentials."""
+    indexes, credentials = secrets.split_urls({"image.torch_index": req.torch_index})
+    args = {
+        "FLAVOUR": req.flavour,
+        "CTRAIN_VERSION": source_version(req.context),
+        "GIT_COMMIT": git_commit(req.context),
+    }
+    if req.base:
+        args["BASE_IMAGE"] = req.base
+    if indexes["image.torch_index"]:
+        args["TORCH_INDEX_URL"] = indexes["image.torch_index"]
+    return args, credentials
+
+
+def _oci_command(
+    builder: str, req: BuildRequest, iidfile: Path, args: dict[str, str], netrc: Path | None = None
+) -> list[str]:
     cmd = [builder]
     if builder == "docker":
         cmd += ["build", "--progress=plain"]
@@ -144,7 +166,9 @@ def _oci_command(builder: str, req: BuildRequest, iidfile: Path, args: dict[str,
         # unprivileged and nested environments too. BUILDAH_ISOLATION set by the user wins.
         if not os.environ.get("BUILDAH_ISOLATION"):
             cmd += ["--isolation", "chroot"]
-        cmd += ["--network", "host"]
+        # --force-rm (podman's default, not buildah's): a failed build, and the empty wheelhouse
+        # stage, leave no working container behind in the shared store
+        cmd += ["--network", "host", "--force-rm"]
     if req.no_cache:
         cmd.append("--no-cache")
     cmd += ["-f", str(req.context / DOCKERFILE), "-t", req.ref, "--iidfile", str(iidfile)]
@@ -152,6 +176,9 @@ def _oci_command(builder: str, req: BuildRequest, iidfile: Path, args: dict[str,
         cmd += ["--build-arg", f"{key}={value}"]
     if req.wheelhouse:
         cmd += ["--build-context", f"wheelhouse={req.wheelhouse}"]
+    if netrc:
+        # the Dockerfile mounts it for the install step only (RUN --mount=type=secret)
+        cmd += ["--secret", f"id={secrets.SECRET_ID},src={netrc}"]
     return [*cmd, str(req.context)]
 
 
@@ -161,25 +188,20 @@ def build(req: BuildRequest, *, emit: Callable[[str], None] = ui.info) -> store.
     check_context(req.context, builder)
     if req.wheelhouse:
         check_wheelhouse(req.wheelhouse)
-    args = {
-        "FLAVOUR": req.flavour,
-        "CTRAIN_VERSION": source_version(req.context),
-        "GIT_COMMIT": git_commit(req.context),
-    }
-    if req.base:
-        args["BASE_IMAGE"] = req.base
-    if req.torch_index:
-        args["TORCH_INDEX_URL"] = req.torch_index
+    args, credentials = build_args(req)
     emit(
         f"build: {builder}, flavour {req.flavour}, base {req.base or '(Dockerfile default)'}"
         + (f", wheelhouse {req.wheelhouse} (no network)" if req.wheelhouse else "")
+        + (", index credentials as a build secret (not in the image)" if credentials else "")
     )
-    if builder == "apptainer":
-        return _build_sif(req, args, emit)
-    with tempfile.TemporaryDirectory(prefix="ctrain-build-") as tmp:
-        iidfile = Path(tmp) / "iid"
-        proc.stream(_oci_command(builder, req, iidfile, args), on_line=Progress(emit), cwd=req.context)
-        image_id = store.normalise_id(iidfile.read_text())
+    with secrets.netrc_file(credentials) as netrc:
+        if builder == "apptainer":
+            return _build_sif(req, args, emit, netrc)
+        with tempfile.TemporaryDirectory(prefix="ctrain-build-") as tmp:
+            iidfile = Path(tmp) / "iid"
+            command = _oci_command(builder, req, iidfile, args, netrc)
+            proc.stream(command, on_line=Progress(emit), cwd=req.context)
+            image_id = store.normalise_id(iidfile.read_text())
     image = store.inspect(req.ref, "docker" if builder == "docker" else "containers")
     if image is None or image.id != image_id:
         raise CtrainError(f"{builder} reported image {image_id}, but {req.ref} does not resolve to it")
@@ -192,9 +214,13 @@ def sif_path(sif_dir: Path, ref: str) -> Path:
     return sif_dir / f"{name.rsplit('/', 1)[-1]}-{tag}.sif"
 
 
-def apptainer_command(req: BuildRequest, args: dict[str, str], output: Path) -> list[str]:
+def apptainer_command(
+    req: BuildRequest, args: dict[str, str], output: Path, netrc: Path | None = None
+) -> list[str]:
     """``apptainer build`` of the standalone definition; ``--base scheme://ref`` picks the bootstrap
-    agent (``docker://`` when no scheme; ``oci://DIR`` for a local OCI layout)."""
+    agent (``docker://`` when no scheme; ``oci://DIR`` for a local OCI layout). ``netrc``'s
+    directory (holding nothing else) is bound read-only where Docker builds mount secrets: binds
+    last only while a section runs and are not recorded in the SIF."""
     def_args = {k: v for k, v in args.items() if k != "BASE_IMAGE"}
     if req.base:
         bootstrap, _, source = req.base.partition("://") if "://" in req.base else ("docker", "", req.base)
@@ -206,10 +232,14 @@ def apptainer_command(req: BuildRequest, args: dict[str, str], output: Path) -> 
         cmd += ["--build-arg", f"{key}={value}"]
     if req.wheelhouse:
         cmd += ["--bind", f"{req.wheelhouse}:/wheelhouse"]
+    if netrc:
+        cmd += ["--bind", f"{netrc.parent}:{secrets.MOUNT_DIR}:ro"]
     return [*cmd, str(output), str(STANDALONE_DEF)]
 
 
-def _build_sif(req: BuildRequest, args: dict[str, str], emit: Callable[[str], None]) -> store.Image:
+def _build_sif(
+    req: BuildRequest, args: dict[str, str], emit: Callable[[str], None], netrc: Path | None = None
+) -> store.Image:
     """Apptainer builds the standalone definition straight into a SIF (atomically)."""
     if req.sif_dir is None:
         raise ValueError("sif_dir is needed for the apptainer builder")
@@ -217,7 +247,7 @@ def _build_sif(req: BuildRequest, args: dict[str, str], emit: Callable[[str], No
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     try:
-        run_apptainer(apptainer_command(req, args, tmp), on_line=Progress(emit), cwd=req.context)
+        run_apptainer(apptainer_command(req, args, tmp, netrc), on_line=Progress(emit), cwd=req.context)
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)

@@ -3,8 +3,8 @@ a cluster's shared filesystem over rsync+ssh (sha256 checked on both sides, rena
 
 Credentials come only from the tools' standard stores (containers auth.json or the Docker config
 for registries, ``apptainer remote login`` / docker config for ORAS, ssh keys and agent for
-rsync); ctrain never takes a password, and redacts anything that looks like one from the errors
-it prints.
+rsync); ctrain never takes a password, and masks anything that looks like one in the errors it
+raises (:func:`ctrain.redact.redact`, the one masking function, which every command error uses too).
 """
 
 from __future__ import annotations
@@ -24,33 +24,23 @@ from ctrain import proc, ui
 from ctrain.errors import CommandError, CtrainError, ParseError
 from ctrain.image import store
 from ctrain.image.build import sha256_file
+from ctrain.redact import redact
 
 P = ParamSpec("P")
 T = TypeVar("T")
 _LOOPBACK = re.compile(r"^(localhost|127(\.\d{1,3}){3}|\[::1\])(:\d+)?$")
-_SECRETS = (
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@"), r"\1***:***@"),  # scheme://user:pass@
-    (re.compile(r"(?i)(--(?:src-|dest-)?creds(?:=|\s+))\S+"), r"\1***"),
-    (re.compile(r"(?i)(--password(?:=|\s+))\S+"), r"\1***"),
-    (re.compile(r"(?i)(authorization:\s*\w+\s+)\S+"), r"\1***"),
-    (re.compile(r"(?i)\b((?:password|passwd|token|secret)\s*[=:]\s*)\S+"), r"\1***"),
-)
-
-
-def redact(text: str) -> str:
-    """``text`` with credentials (URL user:password, --creds, tokens, auth headers) masked."""
-    for pattern, replacement in _SECRETS:
-        text = pattern.sub(replacement, text)
-    return text
 
 
 def _redacted(fn: Callable[P, T]) -> Callable[P, T]:
-    """Errors from ``fn`` (commands and their output included) with credentials masked."""
+    """Errors from ``fn`` with credentials masked: command errors mask themselves, but a message
+    of ctrain's own may quote a destination the user gave (``oras://user:pass@...``)."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return fn(*args, **kwargs)
+        except CommandError:
+            raise
         except CtrainError as exc:
             raise CtrainError(redact(str(exc))) from None
 
@@ -275,4 +265,4 @@ def push_files(
     return results
 
 
-__all__ = ["CommandError", "Remote", "push_files", "push_image", "push_oras", "redact", "registry_destination"]
+__all__ = ["CommandError", "Remote", "push_files", "push_image", "push_oras", "registry_destination"]
