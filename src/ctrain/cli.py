@@ -17,13 +17,18 @@ from ctrain.errors import CtrainError
 
 
 class _Group(click.Group):
-    """Turns :class:`CtrainError` into ``error: ...`` and the error's exit code."""
+    """Turns :class:`CtrainError` into ``error: ...`` and the error's exit code; a bad option
+    value (a missing ``--file``, an unknown ``--to``) reads the same way, with a pointer to --help."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except CtrainError as exc:
             click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx else "ctrain"
+            click.echo(f"error: {exc.format_message()} (see {where} --help)", err=True)
             sys.exit(exc.exit_code)
 
 

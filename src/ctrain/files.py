@@ -1,9 +1,11 @@
-"""Writing small files so that readers see the old content or the new, never a torn one."""
+"""Writing small files so that readers see the old content or the new, never a torn one; and
+finding out, before a long job, whether a directory takes files at all."""
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,3 +32,20 @@ def atomic_write_text(path: Path, text: str) -> None:
 def atomic_write_json(path: Path, data: Any, indent: int = 1) -> None:
     """:func:`atomic_write_text` of ``data`` as JSON with a trailing newline."""
     atomic_write_text(path, json.dumps(data, indent=indent) + "\n")
+
+
+def writable_dir_problem(directory: Path) -> str | None:
+    """Why files cannot be created in ``directory`` (missing, not a directory, read-only, no
+    permission, full), or None when they can. Found by creating and removing an empty file: the only
+    test that root, read-only mounts, ACLs and quotas all answer truthfully."""
+    if not directory.exists():
+        return f"{directory} does not exist"
+    if not directory.is_dir():
+        return f"{directory} is not a directory"
+    try:
+        descriptor, probe = tempfile.mkstemp(prefix=".ctrain-probe-", dir=directory)
+    except OSError as exc:
+        return f"{directory} is not writable ({exc.strerror})"
+    os.close(descriptor)
+    os.unlink(probe)
+    return None
