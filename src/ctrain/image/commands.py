@@ -14,7 +14,7 @@ from ctrain.image import base as base_image
 from ctrain.image import build as builder_mod
 from ctrain.image import convert as convert_mod
 from ctrain.image import push as push_mod
-from ctrain.image import store, wheelhouse
+from ctrain.image import reference, store, wheelhouse
 
 # The cpu flavour's base when none is given: Python 3.11 (the pinned CPU torch wheel's) with venv.
 CPU_BASE = "docker.io/library/python:3.11-slim-bookworm"
@@ -74,6 +74,7 @@ def run_build(
 def find_image(config: ProjectConfig, ref: str | None = None) -> store.Image:
     """The built image: in the builder's store, or the SIF the apptainer builder wrote."""
     ref = ref or config.image.ref
+    reference.parse(ref, "--image", example="ctrain:latest or localhost/ctrain:cpu")
     if config.image.builder != "apptainer":
         try:
             return store.locate(ref, config.image.builder)
@@ -133,6 +134,21 @@ def run_push(
             "nowhere to push: set push.registry, push.oras or push.remote in ctrain.yaml, or pass "
             "--registry HOST/NAMESPACE, --oras oras://HOST/NAME:TAG or --remote [USER@]HOST:/PATH/"
         )
+    # Every destination and file is checked before anything is converted or sent.
+    if registry:
+        registry = push_mod.check_registry(registry)
+    if oras:
+        push_mod.check_oras(oras)
+    formats_of = {f: convert_mod.file_format(f) for f in files}
+    for file, found in formats_of.items():
+        if found is None:
+            raise CtrainError(
+                f"{file} is neither a SIF nor an enroot squashfs: push the files ctrain convert writes "
+                f"({config.convert.output_dir}/NAME-TAG.sif or .sqsh)"
+            )
+    if remote:
+        push_mod.check_destination(remote, len(files) or len(formats or (config.convert.to,)),
+                                   ssh_options=cfg.ssh_options)  # fmt: skip
     pushed = []
     image = find_image(config, ref) if (registry or not files) else None
     if registry:
@@ -144,7 +160,7 @@ def run_push(
         return run_convert(config, to=to, ref=ref).path
 
     if oras:
-        sif = next((f for f in files if f.suffix == ".sif"), None) or converted("sif")
+        sif = next((f for f, found in formats_of.items() if found == "sif"), None) or converted("sif")
         pushed.append(Pushed("oras", push_mod.push_oras(sif, oras, tls_verify=cfg.tls_verify)))
     if remote:
         to_send = list(files) or [converted(to) for to in (formats or (config.convert.to,))]
