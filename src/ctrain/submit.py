@@ -69,8 +69,6 @@ _URI_SCHEMES = (
     "oci-archive:",
 )
 IMAGE_SUFFIXES = (".sif", ".sqsh", ".squashfs")
-_SQUASHFS_MAGIC = b"hsqs"
-_SIF_MAGIC = b"SIF_MAGIC"
 
 
 # --- settings checks (also run when ctrain.yaml is loaded) -----------------------------------------
@@ -488,19 +486,18 @@ def _image_kind(path: Path, runtime: str) -> str:
         raise ConfigError(f"image {path} is a directory, not an image file{hint}: give the image file's path")
     if not path.is_file():
         raise ConfigError(f"image {path} is not a regular file (a device or pipe?): give the image file's path")
+    from ctrain.image.convert import file_format
+
     try:
-        with path.open("rb") as handle:
-            head = handle.read(128)
+        found = file_format(path)
     except OSError as exc:
         raise ConfigError(
             f"image {path} cannot be read ({exc.strerror}): make it readable by the job's user "
             f"(chmod a+r {path}) or copy it where they can read it"
         ) from exc
-    if head.startswith(_SQUASHFS_MAGIC):
-        return "squashfs"
-    if _SIF_MAGIC in head:
-        return "SIF"
-    if not head:
+    if found is not None:
+        return {"sqsh": "squashfs", "sif": "SIF"}[found]
+    if path.stat().st_size == 0:
         return "an empty file (an interrupted copy?)"
     return "not a container image (neither SIF nor squashfs)"
 
