@@ -9,6 +9,7 @@ registry; apptainer makes a SIF directly, for machines that have nothing else.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import tempfile
@@ -110,21 +111,30 @@ class Progress:
     time, so a long build shows where it is (``[build 5/16 01:23] ...``)."""
 
     _PATTERNS = (
-        re.compile(r"\bSTEP (\d+/\d+)"),  # buildah, podman
-        re.compile(r"^#\d+ \[(?:[\w.-]+ )?(\d+/\d+)\]"),  # docker --progress=plain
+        re.compile(r"\bSTEP (\d+/\d+):?\s*(.*)"),  # buildah, podman
+        re.compile(r"^#\d+ \[(?:[\w.-]+ )?(\d+/\d+)\]\s*(.*)"),  # docker --progress=plain
     )
 
     def __init__(self, emit: Callable[[str], None] = ui.info, label: str = "build") -> None:
         self.label = label
         self.step = ""
+        self.instruction = ""
         self.start = time.monotonic()
         self.emit = emit
+
+    @property
+    def where(self) -> str:
+        """The step the build is on, for an error: ``step 6/17 (RUN ...)``; empty before the first."""
+        if not self.step:
+            return ""
+        instruction = " ".join(self.instruction.split())
+        return f"step {self.step}" + (f" ({instruction[:60]}...)" if len(instruction) > 60 else f" ({instruction})")
 
     def __call__(self, line: str) -> None:
         for pattern in self._PATTERNS:
             match = pattern.search(line)
             if match:
-                self.step = match.group(1)
+                self.step, self.instruction = match.group(1), match.group(2)
                 break
         elapsed = int(time.monotonic() - self.start)
         step = f" {self.step}" if self.step else ""  # apptainer's INFO lines name their phase themselves
@@ -144,7 +154,8 @@ def _oci_command(builder: str, req: BuildRequest, iidfile: Path, args: dict[str,
         # unprivileged and nested environments too. BUILDAH_ISOLATION set by the user wins.
         if not os.environ.get("BUILDAH_ISOLATION"):
             cmd += ["--isolation", "chroot"]
-        cmd += ["--network", "host"]
+        # A failed build must not leave its working container behind (buildah keeps it by default).
+        cmd += ["--network", "host", "--force-rm"]
     if req.no_cache:
         cmd.append("--no-cache")
     cmd += ["-f", str(req.context / DOCKERFILE), "-t", req.ref, "--iidfile", str(iidfile)]
@@ -176,14 +187,111 @@ def build(req: BuildRequest, *, emit: Callable[[str], None] = ui.info) -> store.
     )
     if builder == "apptainer":
         return _build_sif(req, args, emit)
+    before = _leftovers(builder)
+    progress = Progress(emit)
     with tempfile.TemporaryDirectory(prefix="ctrain-build-") as tmp:
         iidfile = Path(tmp) / "iid"
-        proc.stream(_oci_command(builder, req, iidfile, args), on_line=Progress(emit), cwd=req.context)
+        try:
+            proc.stream(_oci_command(builder, req, iidfile, args), on_line=progress, cwd=req.context)
+        except CommandError as exc:
+            _clean_up(builder, before)
+            raise explain_failure(exc, req, progress.where) from None
+        except BaseException:
+            _clean_up(builder, before)
+            raise
         image_id = store.normalise_id(iidfile.read_text())
     image = store.inspect(req.ref, "docker" if builder == "docker" else "containers")
     if image is None or image.id != image_id:
         raise CtrainError(f"{builder} reported image {image_id}, but {req.ref} does not resolve to it")
     return image
+
+
+@dataclass(frozen=True)
+class _Leftovers:
+    """Build containers and nameless images in containers-storage (podman, buildah) at one moment."""
+
+    containers: frozenset[str]
+    images: frozenset[str]
+
+
+def _leftovers(builder: str) -> _Leftovers | None:
+    """What a failed build could leave behind, listed before it starts so that only what it made is
+    taken away afterwards. Docker's BuildKit keeps nothing of a failed build: None."""
+    if builder == "buildah":
+        containers = proc.run(["buildah", "containers", "--quiet", "--notruncate"], check=False)
+        images = proc.run(["buildah", "images", "--all", "--json", "--no-trunc"], check=False)
+        found = _ids(containers.stdout.split() if containers.returncode == 0 else [])
+        return _Leftovers(found, _nameless(images.stdout if images.returncode == 0 else "", "id", "names"))
+    if builder == "podman":
+        listed = proc.run(["podman", "ps", "--all", "--external", "--format", "json"], check=False)
+        images = proc.run(["podman", "images", "--all", "--format", "json"], check=False)
+        entries = _json_list(listed.stdout if listed.returncode == 0 else "")
+        found = _ids(e.get("Id", "") for e in entries if str(e.get("State", "")).lower() == "storage")
+        return _Leftovers(found, _nameless(images.stdout if images.returncode == 0 else "", "Id", "Names"))
+    return None
+
+
+def _json_list(text: str) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(text or "[]")
+    except ValueError:
+        return []
+    return [entry for entry in data if isinstance(entry, dict)] if isinstance(data, list) else []
+
+
+def _ids(values: Any) -> frozenset[str]:
+    return frozenset(str(v).removeprefix("sha256:") for v in values if v)
+
+
+def _nameless(text: str, key: str, names: str) -> frozenset[str]:
+    return _ids(entry.get(key) for entry in _json_list(text) if not entry.get(names))
+
+
+def _clean_up(builder: str, before: _Leftovers | None) -> None:
+    """Remove the build containers and nameless (intermediate) images that appeared since
+    ``before``: what the failed build made, never what was there already. (A second build running
+    at the same moment in the same store would lose its intermediate images, that is its cache;
+    images in use by its containers stay, as rmi refuses them.)"""
+    after = _leftovers(builder)
+    if before is None or after is None:
+        return
+    containers = sorted(after.containers - before.containers)
+    if containers:
+        proc.run([builder, "rm", *containers], check=False)
+    images = sorted(after.images - before.images)
+    if images:
+        proc.run([builder, "rmi", *images], check=False)
+
+
+# What builders print when the base image cannot be pulled (buildah/podman, docker BuildKit).
+_PULL_FAILED = re.compile(
+    r"creating build container: (.*)|failed to resolve source metadata for (.*)|pull access denied(.*)|"
+    r"conveyor failed to get: (.*)|(repository .* not found.*)",
+    re.IGNORECASE,
+)
+
+
+def explain_failure(exc: CommandError, req: BuildRequest, where: str) -> CtrainError:
+    """A failed build as one line that says what failed and what to do (the builder's own output
+    is already on the screen above)."""
+    base = req.base or "the Dockerfile's default base (nvcr.io/nvidia/pytorch)"
+    for line in reversed(exc.stderr.splitlines()):
+        match = _PULL_FAILED.search(line)
+        if match:
+            why = next(g for g in match.groups() if g is not None).strip() or line.strip()
+            return CtrainError(
+                f"the base image {base} could not be pulled ({why[-200:]}): check its name and tag, log in if "
+                "the registry needs it (podman login HOST), or build from a reachable registry's base (--base "
+                "REF), or from a local one: --local-base (cpu flavour, no registry)"
+            )
+    lines = [line.strip() for line in exc.stderr.splitlines() if line.strip()] or [f"exit {exc.returncode}"]
+    # buildah and podman end with "Error: building at STEP ...": the line before it says why.
+    cause = lines[-2] if len(lines) > 1 and lines[-1].startswith("Error: building at STEP") else lines[-1]
+    at = f" at {where}" if where else ""
+    return CtrainError(
+        f"the build failed{at}: {cause[-300:]}; the builder's output is above. If the base image is the cause, "
+        "choose another with --base (the cpu flavour needs python3 >= 3.10 with venv) or use --local-base"
+    )
 
 
 def sif_path(sif_dir: Path, ref: str) -> Path:
@@ -216,8 +324,12 @@ def _build_sif(req: BuildRequest, args: dict[str, str], emit: Callable[[str], No
     final = sif_path(req.sif_dir, req.ref)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    progress = Progress(emit)
     try:
-        run_apptainer(apptainer_command(req, args, tmp), on_line=Progress(emit), cwd=req.context)
+        try:
+            run_apptainer(apptainer_command(req, args, tmp), on_line=progress, cwd=req.context)
+        except CommandError as exc:
+            raise explain_failure(exc, req, progress.where) from None
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)

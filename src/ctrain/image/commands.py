@@ -25,10 +25,34 @@ def _context(config: ProjectConfig) -> Path:
 
 
 def image_ref(config: ProjectConfig, tag: str | None = None) -> str:
-    """``NAME:TAG`` from the config; ``tag`` overrides the tag, or both when it is ``NAME:TAG``."""
-    if tag:
-        return tag if ":" in tag.rsplit("/", 1)[-1] else f"{config.image.name}:{tag}"
-    return config.image.ref
+    """``NAME:TAG`` from the config; ``tag`` overrides the tag, or both when it is ``NAME:TAG``
+    (a ``NAME`` with a ``/`` and no tag keeps the config's tag). Checked, so a bad one fails here
+    rather than after the builder has started."""
+    if not tag:
+        return config.image.ref
+    if ":" in tag.rsplit("/", 1)[-1]:
+        ref = tag
+    elif "/" in tag:
+        ref = f"{tag}:{config.image.tag}"
+    else:
+        ref = f"{config.image.name}:{tag}"
+    reference.parse(ref, f"--tag {tag!r} makes the image name", example="ctrain:cpu or ghcr.io/team/ctrain:1.0",
+                    digest=False)  # fmt: skip
+    return ref
+
+
+# Where builders take a base image from besides a registry (containers-image transports).
+_TRANSPORTS = ("containers-storage:", "oci:", "oci-archive:", "docker-archive:", "docker-daemon:", "dir:")
+
+
+def check_base(base: str, builder: str) -> None:
+    """A base image reference, checked before the builder spends seconds of retries on it."""
+    if builder == "apptainer" and reference.scheme(base) not in (None, "docker"):
+        return  # Apptainer's other bootstrap agents (oci://DIR, library://...) name their own things
+    if builder != "apptainer" and base.startswith(_TRANSPORTS):
+        return
+    reference.parse(base.removeprefix("docker://"), "--base", example="python:3.11-slim-bookworm or "
+                    "nvcr.io/nvidia/pytorch:24.10-py3")  # fmt: skip
 
 
 def run_build(
@@ -43,6 +67,7 @@ def run_build(
     no_cache: bool = False,
 ) -> store.Image:
     cfg = config.image
+    ref = image_ref(config, tag)
     builder = builder_mod.choose(builder or cfg.builder)
     flavour = flavour or ("cpu" if local_base else cfg.flavour)
     base = base or cfg.base
@@ -54,12 +79,14 @@ def run_build(
         if builder == "apptainer":
             raise ConfigError("--local-base needs docker, podman or buildah (Apptainer cannot read their image store)")
         base = base_image.debootstrap_base(builder=builder).ref
+    if base:
+        check_base(base, builder)
     if flavour == "cpu" and not base:
         base = CPU_BASE
     wheels = wheelhouse_dir or (config.resolve(cfg.wheelhouse) if cfg.wheelhouse else None)
     request = builder_mod.BuildRequest(
         context=_context(config),
-        ref=image_ref(config, tag),
+        ref=ref,
         flavour=flavour,
         base=base,
         wheelhouse=wheels.absolute() if wheels else None,
