@@ -3,11 +3,14 @@ finding out, before a long job, whether a directory takes files at all."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from ctrain.errors import CtrainError
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -49,3 +52,27 @@ def writable_dir_problem(directory: Path) -> str | None:
     os.close(descriptor)
     os.unlink(probe)
     return None
+
+
+def make_dirs(directory: Path, fix: str) -> list[Path]:
+    """Create ``directory`` and its missing parents; returns those it created, deepest first, so a
+    command that fails later can take them away again (:func:`remove_dirs`). ``fix`` completes the
+    error when they cannot be created."""
+    missing = []
+    here = directory
+    while not here.exists() and here != here.parent:
+        missing.append(here)
+        here = here.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        remove_dirs(missing)
+        raise CtrainError(f"cannot create {directory} ({exc.strerror}): {fix}") from exc
+    return missing
+
+
+def remove_dirs(directories: list[Path]) -> None:
+    """Remove the (empty) directories :func:`make_dirs` created; what is not empty stays."""
+    for directory in directories:
+        with contextlib.suppress(OSError):
+            directory.rmdir()

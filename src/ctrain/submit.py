@@ -300,11 +300,21 @@ def _image_setting(image: str, config: ProjectConfig, runtime: str) -> str:
     the way enroot reads it."""
     if image_is_file(image, config.root):
         return str(_image_path(image, config.root))
-    return _image_reference(image, runtime)
+    return _image_reference(image, runtime, config.root)
 
 
-def _image_reference(image: str, runtime: str) -> str:
+def _image_reference(image: str, runtime: str, project: Path) -> str:
     """A registry reference as the runtime takes it (a ConfigError when it cannot)."""
+    first = image.split("/", 1)[0]
+    if "/" in image and "://" not in image and "#" not in image and not reference.is_domain(first):
+        folder = project / first
+        if folder.is_dir():
+            inside = sorted(p.name for p in folder.iterdir() if p.name.endswith(IMAGE_SUFFIXES))
+            hint = f" (it holds {', '.join(inside[:3])})" if inside else ""
+            raise ConfigError(
+                f"image {project / image} does not exist, and {first}/ is a directory here{hint}: fix the file's name, "
+                f"or make it (ctrain convert); for Docker Hub's image {image} write docker.io/{image}"
+            )
     if runtime == "pyxis":
         return reference.enroot(image, "the image")
     if image.startswith(("docker://", "oras://")):
@@ -447,7 +457,7 @@ def check_image(image: str, runtime: str, project: Path | None = None) -> None:
     well-formed reference the runtime can pull."""
     project = project or Path.cwd()
     if not image_is_file(image, project):
-        _image_reference(image, runtime)
+        _image_reference(image, runtime, project)
         return
     path = _image_path(image, project)
     kind = _image_kind(path, runtime)

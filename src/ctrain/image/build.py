@@ -21,6 +21,7 @@ from typing import Any
 
 from ctrain import proc, ui
 from ctrain.errors import CommandError, ConfigError, CtrainError
+from ctrain.files import make_dirs, remove_dirs, writable_dir_problem
 from ctrain.image import store
 
 BUILDERS = ("docker", "podman", "buildah", "apptainer")
@@ -275,6 +276,12 @@ def explain_failure(exc: CommandError, req: BuildRequest, where: str) -> CtrainE
     """A failed build as one line that says what failed and what to do (the builder's own output
     is already on the screen above)."""
     base = req.base or "the Dockerfile's default base (nvcr.io/nvidia/pytorch)"
+    if "no space left on device" in exc.stderr.lower():
+        return CtrainError(
+            "the build ran out of disk space (the image store: /var/lib/containers for podman and buildah, "
+            "/var/lib/docker for Docker, the temporary directory for Apptainer): free space there, e.g. remove "
+            "old images (podman image prune), and build again"
+        )
     for line in reversed(exc.stderr.splitlines()):
         match = _PULL_FAILED.search(line)
         if match:
@@ -322,17 +329,23 @@ def _build_sif(req: BuildRequest, args: dict[str, str], emit: Callable[[str], No
     if req.sif_dir is None:
         raise ValueError("sif_dir is needed for the apptainer builder")
     final = sif_path(req.sif_dir, req.ref)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    fix = "set convert.output_dir in ctrain.yaml to a directory you can write (the SIF goes there)"
+    made = make_dirs(final.parent, fix)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     progress = Progress(emit)
     try:
+        problem = writable_dir_problem(final.parent)
+        if problem:
+            raise CtrainError(f"cannot write the SIF: {problem}: {fix}")
         try:
             run_apptainer(apptainer_command(req, args, tmp), on_line=progress, cwd=req.context)
         except CommandError as exc:
             raise explain_failure(exc, req, progress.where) from None
         os.replace(tmp, final)
-    finally:
+    except BaseException:
         tmp.unlink(missing_ok=True)
+        remove_dirs(made)
+        raise
     return store.Image(str(final), "sha256:" + sha256_file(final), "sif", None, final)
 
 

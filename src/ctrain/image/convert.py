@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ctrain import proc, ui
 from ctrain.errors import CommandError, ConfigError, CtrainError
-from ctrain.files import atomic_write_json, writable_dir_problem
+from ctrain.files import atomic_write_json, make_dirs, remove_dirs, writable_dir_problem
 from ctrain.image import sqsh, store
 from ctrain.image.build import Progress, run_apptainer
 
@@ -177,31 +177,6 @@ def _locked(output: Path, emit: Callable[[str], None]) -> Iterator[None]:
         handle.close()
 
 
-def _make_dirs(directory: Path) -> list[Path]:
-    """Create ``directory`` and its missing parents; returns those it created, deepest first, so a
-    failed conversion can take them away again."""
-    missing = []
-    here = directory
-    while not here.exists() and here != here.parent:
-        missing.append(here)
-        here = here.parent
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        _remove_dirs(missing)
-        raise CtrainError(
-            f"cannot create {directory} ({exc.strerror}): write the output elsewhere with -o/--output "
-            "(or convert.output_dir in ctrain.yaml)"
-        ) from exc
-    return missing
-
-
-def _remove_dirs(directories: list[Path]) -> None:
-    for directory in directories:
-        with contextlib.suppress(OSError):
-            directory.rmdir()
-
-
 def check_output(output: Path, to: str) -> None:
     """The output names a file of the format asked for."""
     if output.is_dir():
@@ -285,7 +260,7 @@ def convert(
     start = time.monotonic()
     output = output.absolute()
     check_output(output, to)
-    made = _make_dirs(output.parent)
+    made = make_dirs(output.parent, "write the output elsewhere with -o/--output (or convert.output_dir in ctrain.yaml)")
     try:
         problem = writable_dir_problem(output.parent)
         if problem:
@@ -310,7 +285,7 @@ def convert(
                     raise
                 raise failure from exc
     except BaseException:
-        _remove_dirs(made)
+        remove_dirs(made)
         raise
     seconds = time.monotonic() - start
     emit(f"convert: wrote {output} ({output.stat().st_size / 1e6:.0f} MB) in {seconds:.0f} s")

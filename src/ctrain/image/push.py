@@ -138,6 +138,39 @@ def push_image(
     verify = _verify_tls(host, tls_verify)
     tls = [] if verify else ["--dest-tls-verify=false"]
     emit(f"push: {image.ref} ({image.short_id}) -> {destination}")
+    try:
+        digest = _copy_to_registry(image, destination, verify, tls)
+    except CommandError as exc:
+        raise registry_failure(exc, host) from exc
+    served = registry_digest(destination, tls_verify=verify)
+    if served != digest:
+        raise CtrainError(f"pushed {digest}, but {destination} now resolves to {served}: another push raced this one?")
+    name = destination.rsplit(":", 1)[0] if ":" in destination.rsplit("/", 1)[-1] else destination
+    return f"{name}@{digest}"
+
+
+def registry_failure(exc: CommandError, host: str) -> CtrainError:
+    """A registry that refused or could not be reached, as one line saying what to do; anything
+    else as the tool said it."""
+    text = exc.stderr or exc.stdout
+    if "server gave HTTP response to HTTPS client" in text:
+        return CtrainError(f"{host} speaks plain HTTP, not HTTPS: set push.tls_verify: false in ctrain.yaml if you "
+                           "trust it (loopback registries need nothing)")  # fmt: skip
+    if re.search(r"unauthorized|authentication required|denied|403 Forbidden", text, re.IGNORECASE):
+        return CtrainError(f"{host} refused the push (not logged in, or no write access): log in once with `skopeo "
+                           f"login {host}` (or podman/docker login) and check the namespace is yours")  # fmt: skip
+    if re.search(r"pinging container registry|no such host|connection refused|i/o timeout|network is unreachable",
+                 text, re.IGNORECASE):  # fmt: skip
+        ping = re.search(r"pinging container registry [^\n]*", text)
+        said = ping.group(0) if ping else next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+        said = said.replace('\\"', '"').rstrip('"')
+        return CtrainError(f"cannot reach the registry {host} ({said[-200:]}): check the address and port in "
+                           "--registry (push.registry), and that this machine can reach it")  # fmt: skip
+    return CtrainError(str(exc))
+
+
+def _copy_to_registry(image: store.Image, destination: str, verify: bool, tls: list[str]) -> str:
+    """Copy with skopeo (else podman or docker push); returns the manifest digest written."""
     with tempfile.TemporaryDirectory(prefix="ctrain-push-") as tmp:
         digestfile = Path(tmp) / "digest"
         if proc.which("skopeo"):
@@ -167,12 +200,7 @@ def push_image(
             digestfile.write_text(match.group(1))
         else:
             proc.require("skopeo")
-        digest = store.normalise_id(digestfile.read_text())
-    served = registry_digest(destination, tls_verify=verify)
-    if served != digest:
-        raise CtrainError(f"pushed {digest}, but {destination} now resolves to {served}: another push raced this one?")
-    name = destination.rsplit(":", 1)[0] if ":" in destination.rsplit("/", 1)[-1] else destination
-    return f"{name}@{digest}"
+        return store.normalise_id(digestfile.read_text())
 
 
 def registry_digest(reference: str, *, tls_verify: bool | None = None) -> str:
