@@ -47,7 +47,7 @@ _TRANSPORTS = ("containers-storage:", "oci:", "oci-archive:", "docker-archive:",
 
 def check_base(base: str, builder: str) -> None:
     """A base image reference, checked before the builder spends seconds of retries on it."""
-    if builder == "apptainer" and reference.scheme(base) not in (None, "docker"):
+    if builder in ("apptainer", "auto") and reference.scheme(base) not in (None, "docker"):
         return  # Apptainer's other bootstrap agents (oci://DIR, library://...) name their own things
     if builder != "apptainer" and base.startswith(_TRANSPORTS):
         return
@@ -68,19 +68,19 @@ def run_build(
 ) -> store.Image:
     cfg = config.image
     ref = image_ref(config, tag)
-    builder = builder_mod.choose(builder or cfg.builder)
     flavour = flavour or ("cpu" if local_base else cfg.flavour)
     base = base or cfg.base
+    if local_base and base:
+        raise ConfigError("--local-base makes the base image itself; drop --base (or image.base in ctrain.yaml)")
+    if local_base and flavour != "cpu":
+        raise ConfigError("--local-base is a plain Debian: it serves the cpu flavour only (--flavour cpu)")
+    if base:
+        check_base(base, builder or cfg.builder)
+    builder = builder_mod.choose(builder or cfg.builder)
     if local_base:
-        if base:
-            raise ConfigError("--local-base makes the base image itself; drop --base (or image.base in ctrain.yaml)")
-        if flavour != "cpu":
-            raise ConfigError("--local-base is a plain Debian: it serves the cpu flavour only (--flavour cpu)")
         if builder == "apptainer":
             raise ConfigError("--local-base needs docker, podman or buildah (Apptainer cannot read their image store)")
         base = base_image.debootstrap_base(builder=builder).ref
-    if base:
-        check_base(base, builder)
     if flavour == "cpu" and not base:
         base = CPU_BASE
     wheels = wheelhouse_dir or (config.resolve(cfg.wheelhouse) if cfg.wheelhouse else None)
@@ -123,8 +123,10 @@ def run_convert(
     ref: str | None = None,
     force: bool = False,
 ) -> convert_mod.Converted:
-    image = find_image(config, ref)
     to = to or config.convert.to
+    if output is not None:
+        convert_mod.check_target(output.absolute(), to)
+    image = find_image(config, ref)
     target = output or convert_mod.default_output(config.resolve(config.convert.output_dir), image.ref, to)
     if image.path is not None and target.absolute() == image.path.absolute():
         ui.info(f"convert: {target} is the image itself (built by Apptainer): nothing to do")

@@ -189,6 +189,20 @@ def check_output(output: Path, to: str) -> None:
         )
 
 
+def check_target(output: Path, to: str) -> None:
+    """What can be known of ``output`` before the image is even looked up: it names a file of the
+    format asked for, in a place that takes files (the nearest existing directory, as the rest is
+    created)."""
+    check_output(output, to)
+    existing = next(d for d in (output.parent, *output.parent.parents) if d.exists() or d == d.parent)
+    problem = writable_dir_problem(existing)
+    if problem:
+        raise CtrainError(
+            f"cannot write {output}: {problem}: write it elsewhere with -o/--output DIR/{output.name} "
+            "(or convert.output_dir in ctrain.yaml)"
+        )
+
+
 def _check_tools(image: store.Image, to: str, context: Path) -> None:
     """Every program and file the conversion needs, before any work starts."""
     if image.store == "sif":
