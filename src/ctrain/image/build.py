@@ -195,10 +195,10 @@ def build(req: BuildRequest, *, emit: Callable[[str], None] = ui.info) -> store.
         try:
             proc.stream(_oci_command(builder, req, iidfile, args), on_line=progress, cwd=req.context)
         except CommandError as exc:
-            _clean_up(builder, before)
+            _clean_up(builder, before, containers=False)
             raise explain_failure(exc, req, progress.where) from None
         except BaseException:
-            _clean_up(builder, before)
+            _clean_up(builder, before, containers=True)
             raise
         image_id = store.normalise_id(iidfile.read_text())
     image = store.inspect(req.ref, "docker" if builder == "docker" else "containers")
@@ -221,44 +221,56 @@ def _leftovers(builder: str) -> _Leftovers | None:
     if builder == "buildah":
         containers = proc.run(["buildah", "containers", "--quiet", "--notruncate"], check=False)
         images = proc.run(["buildah", "images", "--all", "--json", "--no-trunc"], check=False)
-        found = _ids(containers.stdout.split() if containers.returncode == 0 else [])
-        return _Leftovers(found, _nameless(images.stdout if images.returncode == 0 else "", "id", "names"))
+        listed = _json_list(images.stdout) if images.returncode == 0 else None
+        if containers.returncode != 0 or listed is None:
+            return None  # nothing known, so nothing will be removed
+        return _Leftovers(_ids(containers.stdout.split()), _nameless(listed, "id", "names"))
     if builder == "podman":
-        listed = proc.run(["podman", "ps", "--all", "--external", "--format", "json"], check=False)
+        ps = proc.run(["podman", "ps", "--all", "--external", "--format", "json"], check=False)
         images = proc.run(["podman", "images", "--all", "--format", "json"], check=False)
-        entries = _json_list(listed.stdout if listed.returncode == 0 else "")
+        entries = _json_list(ps.stdout) if ps.returncode == 0 else None
+        listed = _json_list(images.stdout) if images.returncode == 0 else None
+        if entries is None or listed is None:
+            return None
         found = _ids(e.get("Id", "") for e in entries if str(e.get("State", "")).lower() == "storage")
-        return _Leftovers(found, _nameless(images.stdout if images.returncode == 0 else "", "Id", "Names"))
+        return _Leftovers(found, _nameless(listed, "Id", "Names"))
     return None
 
 
-def _json_list(text: str) -> list[dict[str, Any]]:
+def _json_list(text: str) -> list[dict[str, Any]] | None:
+    """A JSON list of objects, or None when ``text`` is not one."""
     try:
         data = json.loads(text or "[]")
     except ValueError:
-        return []
-    return [entry for entry in data if isinstance(entry, dict)] if isinstance(data, list) else []
+        return None
+    return [entry for entry in data if isinstance(entry, dict)] if isinstance(data, list) else None
 
 
 def _ids(values: Any) -> frozenset[str]:
     return frozenset(str(v).removeprefix("sha256:") for v in values if v)
 
 
-def _nameless(text: str, key: str, names: str) -> frozenset[str]:
-    return _ids(entry.get(key) for entry in _json_list(text) if not entry.get(names))
+def _nameless(listed: list[dict[str, Any]], key: str, names: str) -> frozenset[str]:
+    return _ids(entry.get(key) for entry in listed if not entry.get(names))
 
 
-def _clean_up(builder: str, before: _Leftovers | None) -> None:
-    """Remove the build containers and nameless (intermediate) images that appeared since
-    ``before``: what the failed build made, never what was there already. (A second build running
-    at the same moment in the same store would lose its intermediate images, that is its cache;
-    images in use by its containers stay, as rmi refuses them.)"""
-    after = _leftovers(builder)
-    if before is None or after is None:
+def _clean_up(builder: str, before: _Leftovers | None, *, containers: bool) -> None:
+    """Remove the nameless (intermediate) images that appeared since ``before``, and with
+    ``containers`` the build containers: what the failed build made, never what was there already.
+
+    A failed build's containers are the builder's own to remove (``--force-rm``), which it does
+    exactly; ctrain removes containers only after an interruption, when the builder may not have.
+    A second build running at the same moment in the same store could lose intermediate images it
+    has finished with (its cache); those its containers use stay, as rmi refuses them.
+    """
+    if before is None:
         return
-    containers = sorted(after.containers - before.containers)
-    if containers:
-        proc.run([builder, "rm", *containers], check=False)
+    after = _leftovers(builder)
+    if after is None:
+        return
+    made = sorted(after.containers - before.containers)
+    if containers and made:
+        proc.run([builder, "rm", *made], check=False)
     images = sorted(after.images - before.images)
     if images:
         proc.run([builder, "rmi", *images], check=False)
