@@ -486,8 +486,7 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
     if dry_run:
         return
     if write_script:
-        job.log_dir.mkdir(parents=True, exist_ok=True)
-        write_script.write_text(job.text)
+        jobs.write_script(job, write_script)
         info(f"wrote {write_script}; queue it from {job.project} with: sbatch {write_script}")
         return
     job_id, log = jobs.submit(job)

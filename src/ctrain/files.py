@@ -54,6 +54,15 @@ def writable_dir_problem(directory: Path) -> str | None:
     return None
 
 
+def creatable_dir_problem(directory: Path) -> str | None:
+    """Why ``directory`` cannot be made, or once made cannot take files; None when it can. Checks
+    the nearest part of it that exists, so nothing is created to find out."""
+    existing = next(d for d in (directory, *directory.parents) if d.exists() or d == d.parent)
+    if existing != directory and not existing.is_dir():
+        return f"{existing} is not a directory"
+    return writable_dir_problem(existing)
+
+
 def make_dirs(directory: Path, fix: str) -> list[Path]:
     """Create ``directory`` and its missing parents; returns those it created, deepest first, so a
     command that fails later can take them away again (:func:`remove_dirs`). ``fix`` completes the

@@ -580,9 +580,34 @@ def check_gpus(job: Job) -> list[str]:
 # --- submit ---------------------------------------------------------------------------------------
 
 
+def make_log_dir(job: Job) -> None:
+    """The job's log directory, made and checked before anything is queued: Slurm does not create
+    the --output directory, and a job that cannot write its log fails without a word."""
+    from ctrain.files import creatable_dir_problem, make_dirs
+
+    fix = "run from a project directory you can write, or point --output (#SBATCH) elsewhere"
+    problem = creatable_dir_problem(job.log_dir)
+    if problem:
+        raise CtrainError(f"the job could not write its log: {problem}: {fix}")
+    make_dirs(job.log_dir, fix)
+
+
+def write_script(job: Job, path: Path) -> None:
+    """The rendered script to ``path``, for ``sbatch FILE`` later; checked first, written whole."""
+    from ctrain.files import atomic_write_text, writable_dir_problem
+
+    if path.is_dir():
+        raise CtrainError(f"--write-script {path} is a directory: give a file name, e.g. {path}/job.sbatch")
+    problem = writable_dir_problem(path.parent.absolute())
+    if problem:
+        raise CtrainError(f"cannot write {path}: {problem}: give --write-script a path in a directory you can write")
+    make_log_dir(job)
+    atomic_write_text(path, job.text)
+
+
 def submit(job: Job) -> tuple[str, Path]:
     """Queue the job; returns its id and its log, beside which a copy of the script is kept (.sbatch)."""
-    job.log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the --output directory
+    make_log_dir(job)
     job_id = slurm.sbatch([], cwd=job.project, script=job.text)
     log = slurm.log_path(job_id, search=[job.log_dir])
     log.with_suffix(".sbatch").write_text(job.text)

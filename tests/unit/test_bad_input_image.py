@@ -22,6 +22,7 @@ import pytest
 from ctrain.config import load_config
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.image import convert, reference, store
+from ctrain import submit as submit_mod
 from ctrain.submit import image_is_file, prepare
 from tests.badinput import Case, run_case
 from tests.conftest import need
@@ -126,6 +127,8 @@ CASES = [
     Case("push-remote-missing-dir", ["push", "--remote", "shared/images/"], ["does not exist", "mkdir -p"],
          project()),  # fmt: skip
     Case("push-remote-read-only", ["push", "--remote", "ro/"], ["not writable"], project(ro=None), read_only=["ro"]),
+    Case("push-remote-full-disk", ["push", "--remote", "full/", "--file", "big.sqsh"], ["not enough free space"],
+         project(full=None, **{"big.sqsh": SQSH_HEAD + bytes(2 << 20)}), full_disk=["full"]),  # fmt: skip
     Case("push-file-missing", ["push", "--remote", "out/", "--file", "images/none.sif"], ["--file", "does not exist"],
          project(out=None)),  # fmt: skip
     Case("push-file-not-an-image", ["push", "--remote", "out/", "--file", "notes.sif"], ["neither a SIF nor"],
@@ -133,6 +136,8 @@ CASES = [
     Case("push-bad-image-ref", ["push", "--image", "Ctrain", "--registry", "ghcr.io/team"], ["--image", "lowercase"],
          project()),  # fmt: skip
     Case("push-nowhere", ["push"], ["nowhere to push"], project()),
+    Case("wheelhouse-read-only", ["wheelhouse", "ro/wheels"], ["cannot fill the wheelhouse", "not writable"],
+         project(ro=None), read_only=["ro"]),  # fmt: skip
     # --- submit: the image, before anything is queued --------------------------------------------
     Case("submit-missing-file", submit("--image", "images/ctrain.sqsh"), ["does not exist", "ctrain convert --to sqsh"],
          project(PYXIS)),  # fmt: skip
@@ -249,6 +254,17 @@ def test_a_successful_conversion_leaves_no_lock(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(convert, "_write", lambda image, to, output, *args: output.write_bytes(SQSH_HEAD))
     convert.convert(image, "sqsh", tmp_path / "c.sqsh", context=REPO)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.sqsh"]
+
+
+def test_write_script_checks_where_it_writes(tmp_path: Path) -> None:
+    (tmp_path / "ctrain.yaml").write_text("slurm:\n  runtime: pyxis\n  image: nvcr.io/nvidia/pytorch:24.10-py3\n")
+    job = prepare(load_config(tmp_path / "ctrain.yaml"))
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(CtrainError, match="notes.txt is not a directory"):
+        submit_mod.write_script(job, tmp_path / "notes.txt" / "job.sbatch")
+    with pytest.raises(CtrainError, match="is a directory: give a file name"):
+        submit_mod.write_script(job, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ctrain.yaml", "notes.txt"]
 
 
 # --- the file-or-reference rule, once in Python and once in bash ---------------------------------

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ctrain import proc, ui
 from ctrain.errors import CommandError, ConfigError, CtrainError
-from ctrain.files import atomic_write_json, make_dirs, remove_dirs, writable_dir_problem
+from ctrain.files import atomic_write_json, creatable_dir_problem, make_dirs, remove_dirs, writable_dir_problem
 from ctrain.image import sqsh, store
 from ctrain.image.build import Progress, run_apptainer
 
@@ -194,8 +194,7 @@ def check_target(output: Path, to: str) -> None:
     format asked for, in a place that takes files (the nearest existing directory, as the rest is
     created)."""
     check_output(output, to)
-    existing = next(d for d in (output.parent, *output.parent.parents) if d.exists() or d == d.parent)
-    problem = writable_dir_problem(existing)
+    problem = creatable_dir_problem(output.parent)
     if problem:
         raise CtrainError(
             f"cannot write {output}: {problem}: write it elsewhere with -o/--output DIR/{output.name} "
