@@ -64,10 +64,10 @@ def _namespaced(case: Case, workdir: Path, command: list[str]) -> list[str]:
         command = ["setpriv", f"--bounding-set={dropped}", f"--inh-caps={dropped}", *command]
     if not case.read_only and not case.full_disk:
         return command
-    mounts = [f"mount --bind -o ro {shlex.quote(str(workdir / d))} {shlex.quote(str(workdir / d))}" for d in case.read_only]
-    mounts += [f"mount -t tmpfs -o size={shlex.quote(case.full_size)} tmpfs {shlex.quote(str(workdir / d))}"
-               for d in case.full_disk]  # fmt: skip
-    listing = " ".join(shlex.quote(str(workdir / d)) for d in case.full_disk)
+    quoted = {d: shlex.quote(str(workdir / d)) for d in [*case.read_only, *case.full_disk]}
+    mounts = [f"mount --bind -o ro {quoted[d]} {quoted[d]}" for d in case.read_only]
+    mounts += [f"mount -t tmpfs -o size={shlex.quote(case.full_size)} tmpfs {quoted[d]}" for d in case.full_disk]
+    listing = " ".join(quoted[d] for d in case.full_disk)
     script = (
         " && ".join(mounts) + ' || exit 99; "$@"; rc=$?; '
         + (f'for d in {listing}; do ls -A "$d" | sed "s|^|{_LEFTOVER}$d/|" >&2; done; ' if listing else "")

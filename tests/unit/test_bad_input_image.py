@@ -86,8 +86,8 @@ CASES = [
          project(**{"wheels.txt": "x"})),  # fmt: skip
     Case("build-local-base-and-base", ["build", "--local-base", "--base", "debian:12"], ["drop --base"], project()),
     # --- convert: the output checked before the image is looked up --------------------------------
-    Case("convert-suffix-mismatch", ["convert", "--to", "sif", "-o", "out/ctrain.sqsh"], ["--to sqsh", "name the output .sif"],
-         project()),  # fmt: skip
+    Case("convert-suffix-mismatch", ["convert", "--to", "sif", "-o", "out/ctrain.sqsh"],
+         ["--to sqsh", "name the output .sif"], project()),  # fmt: skip
     Case("convert-squashfs-suffix", ["convert", "--to", "sif", "-o", "ctrain.squashfs"], ["--to sqsh"], project()),
     Case("convert-output-is-a-dir", ["convert", "-o", "images"], ["directory", "--help"], project(images=None)),
     Case("convert-unknown-format", ["convert", "--to", "tar"], ["'tar' is not one of"], project()),
@@ -157,8 +157,8 @@ CASES = [
          lambda root: (project(PYXIS, images=None)(root), (root / "images/c.sqsh").symlink_to(root / "gone.sqsh"))),
     Case("submit-fifo", submit("--image", "images/c.sqsh"), ["not a regular file"],
          lambda root: (project(PYXIS, images=None)(root), os.mkfifo(root / "images/c.sqsh"))),
-    Case("submit-typo-in-path", submit("--image", "images/ctrain.sqs"), ["does not exist", "docker.io/images/ctrain.sqs"],
-         project(PYXIS, **{"images__ctrain.sqsh": SQSH_HEAD})),  # fmt: skip
+    Case("submit-typo-in-path", submit("--image", "images/ctrain.sqs"),
+         ["does not exist", "docker.io/images/ctrain.sqs"], project(PYXIS, **{"images__ctrain.sqsh": SQSH_HEAD})),
     Case("submit-config-image-missing", submit(), ["does not exist"],
          project(PYXIS + "  image: images/missing.sqsh\n")),  # fmt: skip
     # --- the pyxis reference rule: references checked, only Docker's kind ------------------------

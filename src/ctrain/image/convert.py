@@ -273,7 +273,7 @@ def convert(
     start = time.monotonic()
     output = output.absolute()
     check_output(output, to)
-    made = make_dirs(output.parent, "write the output elsewhere with -o/--output (or convert.output_dir in ctrain.yaml)")
+    made = make_dirs(output.parent, "write it elsewhere with -o/--output (or convert.output_dir in ctrain.yaml)")
     try:
         problem = writable_dir_problem(output.parent)
         if problem:

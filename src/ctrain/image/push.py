@@ -65,7 +65,9 @@ def is_loopback(host: str) -> bool:
     return bool(_LOOPBACK.match(host))
 
 
-_REGISTRY_FORM = "HOST[:PORT][/NAMESPACE] like ghcr.io/team or localhost:5000 (lowercase; the image's NAME:TAG is added)"
+_REGISTRY_FORM = (
+    "HOST[:PORT][/NAMESPACE] like ghcr.io/team or localhost:5000 (lowercase; the image's NAME:TAG is added)"
+)
 
 
 @_redacted
@@ -162,7 +164,8 @@ def registry_failure(exc: CommandError, host: str) -> CtrainError:
     if re.search(r"pinging container registry|no such host|connection refused|i/o timeout|network is unreachable",
                  text, re.IGNORECASE):  # fmt: skip
         ping = re.search(r"pinging container registry [^\n]*", text)
-        said = ping.group(0) if ping else next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+        lines = [line.strip() for line in text.splitlines() if line.strip()] or [""]
+        said = ping.group(0) if ping else lines[-1]
         said = said.replace('\\"', '"').rstrip('"')
         return CtrainError(f"cannot reach the registry {host} ({said[-200:]}): check the address and port in "
                            "--registry (push.registry), and that this machine can reach it")  # fmt: skip
@@ -240,8 +243,10 @@ class Remote:
         if text.startswith("ssh://"):
             authority, slash, path = text.removeprefix("ssh://").partition("/")
             user, at, host_port = authority.rpartition("@")
-            login, colon, port = host_port.rpartition(":") if ":" in host_port.rpartition("]")[2] else (host_port, "", "")
-            login = f"{user}{at}{login}"
+            host, colon, port = host_port, "", ""
+            if ":" in host_port.rpartition("]")[2]:  # a port, not the colons of an [IPv6] address
+                host, colon, port = host_port.rpartition(":")
+            login = f"{user}{at}{host}"
             _check_login(login, text)
             if not slash:
                 raise ConfigError(f"remote {text!r}: expected ssh://[USER@]HOST[:PORT]/PATH (a path after the host)")
@@ -268,7 +273,8 @@ class Remote:
 
 
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?")
-_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9a-fA-F:.]+\]")
+_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOST = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*|\[[0-9a-fA-F:.]+\]")
 
 
 def _check_login(login: str, text: str) -> None:
@@ -306,7 +312,8 @@ class _Target:
         if self.remote.host is None:
             problem = writable_dir_problem(Path(directory))
             if problem:
-                fix = f"create it (mkdir -p {directory})" if not Path(directory).exists() else "choose one you can write"
+                exists = Path(directory).exists()
+                fix = "choose one you can write" if exists else f"create it (mkdir -p {directory})"
                 raise ConfigError(f"remote {destination!r}: {problem}: {fix}")
             return
         probe = 'test -d "$1" || exit 3; test -w "$1" || exit 4'
