@@ -195,12 +195,13 @@ def build(req: BuildRequest, *, emit: Callable[[str], None] = ui.info) -> store.
         try:
             proc.stream(_oci_command(builder, req, iidfile, args), on_line=progress, cwd=req.context)
         except CommandError as exc:
-            _clean_up(builder, before, containers=False)
+            _clean_up(builder, before)
             raise explain_failure(exc, req, progress.where) from None
         except BaseException:
             _clean_up(builder, before, containers=True)
             raise
         image_id = store.normalise_id(iidfile.read_text())
+    _clean_up(builder, before, failed=False)
     image = store.inspect(req.ref, "docker" if builder == "docker" else "containers")
     if image is None or image.id != image_id:
         raise CtrainError(f"{builder} reported image {image_id}, but {req.ref} does not resolve to it")
@@ -209,10 +210,11 @@ def build(req: BuildRequest, *, emit: Callable[[str], None] = ui.info) -> store.
 
 @dataclass(frozen=True)
 class _Leftovers:
-    """Build containers and nameless images in containers-storage (podman, buildah) at one moment."""
+    """Build containers and images in containers-storage (podman, buildah) at one moment."""
 
     containers: frozenset[str]
     images: frozenset[str]
+    nameless: frozenset[str]
 
 
 def _leftovers(builder: str) -> _Leftovers | None:
@@ -224,7 +226,7 @@ def _leftovers(builder: str) -> _Leftovers | None:
         listed = _json_list(images.stdout) if images.returncode == 0 else None
         if containers.returncode != 0 or listed is None:
             return None  # nothing known, so nothing will be removed
-        return _Leftovers(_ids(containers.stdout.split()), _nameless(listed, "id", "names"))
+        return _Leftovers(_ids(containers.stdout.split()), _all(listed, "id"), _nameless(listed, "id", "names"))
     if builder == "podman":
         ps = proc.run(["podman", "ps", "--all", "--external", "--format", "json"], check=False)
         images = proc.run(["podman", "images", "--all", "--format", "json"], check=False)
@@ -233,7 +235,7 @@ def _leftovers(builder: str) -> _Leftovers | None:
         if entries is None or listed is None:
             return None
         found = _ids(e.get("Id", "") for e in entries if str(e.get("State", "")).lower() == "storage")
-        return _Leftovers(found, _nameless(listed, "Id", "Names"))
+        return _Leftovers(found, _all(listed, "Id"), _nameless(listed, "Id", "Names"))
     return None
 
 
@@ -250,13 +252,30 @@ def _ids(values: Any) -> frozenset[str]:
     return frozenset(str(v).removeprefix("sha256:") for v in values if v)
 
 
+def _all(listed: list[dict[str, Any]], key: str) -> frozenset[str]:
+    return _ids(entry.get(key) for entry in listed)
+
+
 def _nameless(listed: list[dict[str, Any]], key: str, names: str) -> frozenset[str]:
     return _ids(entry.get(key) for entry in listed if not entry.get(names))
 
 
-def _clean_up(builder: str, before: _Leftovers | None, *, containers: bool) -> None:
-    """Remove the nameless (intermediate) images that appeared since ``before``, and with
-    ``containers`` the build containers: what the failed build made, never what was there already.
+def _dangling(builder: str) -> frozenset[str] | None:
+    """Nameless images nothing builds on: the stage images a build leaves (``FROM scratch AS
+    wheelhouse`` makes a new one each time)."""
+    args = ["images", "--all", "--filter", "dangling=true"]
+    result = proc.run([builder, *args, "--json", "--no-trunc"] if builder == "buildah" else
+                      [builder, *args, "--format", "json"], check=False)  # fmt: skip
+    listed = _json_list(result.stdout) if result.returncode == 0 else None
+    return None if listed is None else _ids(entry.get("id") or entry.get("Id") for entry in listed)
+
+
+def _clean_up(builder: str, before: _Leftovers | None, *, containers: bool = False, failed: bool = True) -> None:
+    """Remove the nameless images that appeared since ``before``: after a failure all of them (the
+    failed build's intermediate images), after a success the dangling ones (its stage images; the
+    intermediate images under the new image are its cache). With ``containers`` also the build
+    containers. Never what was there already: an image the new one took the tag from stays, as
+    builders leave it.
 
     A failed build's containers are the builder's own to remove (``--force-rm``), which it does
     exactly; ctrain removes containers only after an interruption, when the builder may not have.
@@ -271,9 +290,11 @@ def _clean_up(builder: str, before: _Leftovers | None, *, containers: bool) -> N
     made = sorted(after.containers - before.containers)
     if containers and made:
         proc.run([builder, "rm", *made], check=False)
-    images = sorted(after.images - before.images)
+    images = after.nameless - before.images
+    if not failed:
+        images &= _dangling(builder) or frozenset()
     if images:
-        proc.run([builder, "rmi", *images], check=False)
+        proc.run([builder, "rmi", *sorted(images)], check=False)
 
 
 # What builders print when the base image cannot be pulled (buildah/podman, docker BuildKit).
