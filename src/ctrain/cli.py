@@ -18,13 +18,18 @@ from ctrain.redact import redact
 
 
 class _Group(click.Group):
-    """Turns :class:`CtrainError` into ``error: ...`` (credentials masked) and the error's exit code."""
+    """Turns :class:`CtrainError` into ``error: ...`` (credentials masked) and the error's exit code; a
+    bad option value (a missing ``--file``, an unknown ``--to``) reads the same way, with a pointer to --help."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except CtrainError as exc:
             click.echo(f"error: {redact(str(exc))}", err=True)
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx else "ctrain"
+            click.echo(f"error: {exc.format_message()} (see {where} --help)", err=True)
             sys.exit(exc.exit_code)
 
 
@@ -488,8 +493,7 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
     if dry_run:
         return
     if write_script:
-        job.log_dir.mkdir(parents=True, exist_ok=True)
-        write_script.write_text(job.text)
+        jobs.write_script(job, write_script)
         info(f"wrote {write_script}; queue it from {job.project} with: sbatch {write_script}")
         return
     job_id, log = jobs.submit(job)
