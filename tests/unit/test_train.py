@@ -192,6 +192,8 @@ def test_seal_marks_what_opens_and_leaves_a_broken_file_unmarked(tmp_path: Path)
     damage = checkpoint.seal(bad, {"step": 6})
     assert damage is not None and damage.reason == "unreadable"
     assert checkpoint.read_marker(bad) is None
+    (bad / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00[]")  # a header, not an object
+    assert checkpoint.seal(bad, {"step": 6}).reason == "unreadable"
 
 
 def test_checksums_match_the_standard_tools(tmp_path: Path) -> None:

@@ -256,7 +256,8 @@ class FiniteGuard(TrainerCallback):
         if not logs or "loss" not in logs:
             return
         keys = ("loss", "grad_norm") if self.check_grad_norm else ("loss",)
-        bad = [f"{key} {logs[key]}" for key in keys if isinstance(logs.get(key), (int, float)) and not math.isfinite(logs[key])]
+        values = {key: logs[key] for key in keys if isinstance(logs.get(key), (int, float))}
+        bad = [f"{key} {value}" for key, value in values.items() if not math.isfinite(value)]
         if bad:
             raise NonFiniteTraining(
                 f"step {state.global_step}: {' and '.join(bad)}; training stopped before saving this state (no "

@@ -91,7 +91,8 @@ def container_problem(path: Path) -> str | None:
                 for info in archive.infolist():
                     if info.header_offset + info.compress_size > size:
                         return f"zip member {info.filename} ends past the end of the file"
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, LookupError, TypeError, AttributeError, zipfile.BadZipFile) as exc:
+        # Whatever a damaged header makes the parsing trip over: it would not load either.
         return f"{type(exc).__name__}: {exc}"
     return None
 
@@ -259,7 +260,10 @@ def seal(directory: Path, info: dict[str, Any], rank: int = 0, world: int = 1) -
         problem = container_problem(path)
         if problem is not None:
             return name, Damage(name, "unreadable", problem), None
-        return name, None, file_digest(path)
+        try:
+            return name, None, file_digest(path)
+        except OSError as exc:  # every rank must reach the gather below, whatever one of them finds
+            return name, Damage(name, "unreadable", str(exc)), None
 
     results = [r for part in _gather(_each(share(sizes, rank, world), work)) for r in part]
     damages = sorted((d for _, d, _ in results if d is not None), key=lambda d: d.file)
