@@ -280,8 +280,8 @@ def test_fast_engine_on_two_processes_matches_trls_own_metrics(tiny_recipe: Path
 
 
 def _figure(what: str, seconds: float, detail: str = "") -> None:
-    """Print a measured figure for docs/reliability.md (shown with pytest -s or -rP)."""
-    print(f"reliability | {what} | {seconds:.1f} s | {detail}")
+    """Print a measured figure for docs/reliability.md (shown with pytest -s)."""
+    print(f"\nreliability | {what} | {seconds:.1f} s | {detail}")
 
 
 @pytest.fixture(scope="module")
@@ -408,10 +408,6 @@ def test_restart_after_a_kill_during_the_final_save_trains_no_step(finished_run:
 
 def test_eval_refuses_a_final_model_without_its_marker(finished_run: Path, tmp_path: Path, ctrain) -> None:
     output = _copy_of(finished_run, tmp_path)
-    evaluated = ctrain("eval", "tiny.yaml", "--max-examples", "4")
-    assert evaluated.returncode == 0, evaluated.stderr
-    assert re.search(r"final: \d+ files, [0-9.]+ MB verified in", evaluated.stderr), evaluated.stderr
-    (output / "eval.json").unlink()
     (output / "final" / COMPLETE_MARKER).unlink()
     started = time.monotonic()
     refused = ctrain("eval", "tiny.yaml")

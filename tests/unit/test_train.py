@@ -180,6 +180,28 @@ def test_ranks_share_the_files_once_each_and_evenly() -> None:
     assert checkpoint.share(sizes, 0, 1) == sorted(sizes, key=lambda n: (-sizes[n], n))
 
 
+def test_big_files_are_checksummed_in_segments_that_ranks_share(tmp_path: Path, monkeypatch) -> None:
+    """One checksum per SEGMENT bytes, so one big file is read by several ranks and threads at once."""
+    import zlib
+
+    monkeypatch.setattr(checkpoint, "SEGMENT", 1000)
+    directory = tmp_path / "checkpoint-1"
+    directory.mkdir()
+    data = bytes(range(256)) * 14  # 3584 bytes: 4 segments
+    (directory / "optimizer.bin").write_bytes(data)
+    (directory / "small.bin").write_bytes(b"abc")
+    checkpoint.write_marker(directory, {"step": 1})
+    entry = checkpoint.read_marker(directory)["manifest"]["optimizer.bin"]
+    assert entry == [3584, [f"{zlib.crc32(data[i : i + 1000]):08x}" for i in range(0, 3584, 1000)]]
+    sizes = {"optimizer.bin": 3584, "small.bin": 3}
+    parts = [checkpoint.share(checkpoint.pieces(sizes), rank, 2) for rank in range(2)]
+    assert {name for name, _ in parts[0]} & {name for name, _ in parts[1]} == {"optimizer.bin"}
+    assert checkpoint.verify(directory).damage is None
+    _scramble(directory / "optimizer.bin", 2500)
+    damage = checkpoint.verify(directory).damage
+    assert damage.reason == "checksum" and "of bytes 2,000-3,000" in damage.detail
+
+
 def test_seal_marks_what_opens_and_leaves_a_broken_file_unmarked(tmp_path: Path) -> None:
     good = tmp_path / "checkpoint-5"
     good.mkdir()

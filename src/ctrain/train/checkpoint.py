@@ -12,10 +12,12 @@ Before a checkpoint is trusted, :func:`verify` compares sizes and checksums and 
 container (safetensors header, torch's zip archive, JSON) as the loaders would. A damaged
 checkpoint is moved aside (:func:`quarantine`), never deleted, and the next older one is tried.
 
-The checksum is CRC-32 in 8 MiB chunks: on the machines measured it runs at the speed of reading
-the file (docs/reliability.md), and it detects truncation and random damage; it is not meant
-against deliberate tampering. On several ranks the files are shared out by size, so each rank
-reads only its part and every rank gets the same verdict (:func:`seal`, :func:`verify`).
+The checksum is CRC-32 in 8 MiB chunks, one per GiB of a larger file: 1.8 GB/s on one core
+where measured, 1.5 times sha256 and almost 4 times blake2b, about as fast as reading the file
+from disk (docs/reliability.md). It detects truncation and random damage; it is not meant
+against deliberate tampering. The pieces are shared out among the ranks by size and hashed in
+threads, so each rank reads only its part, and every rank gets the same verdict (:func:`seal`,
+:func:`verify`).
 """
 
 from __future__ import annotations
@@ -43,32 +45,62 @@ log = logging.getLogger("ctrain.train")
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 DIGEST = "crc32"
 CHUNK = 8 << 20
+# Files larger than this get one checksum per segment, so that the ranks and threads share the
+# reading of one big file (a DDP run's optimizer.pt, a large unsharded model) instead of one
+# thread reading it all.
+SEGMENT = 1 << 30
 # Files are hashed in threads (zlib and hashlib release the GIL): reading in parallel is faster
 # on network filesystems, and one rank then does not take long on a checkpoint of few ranks.
 THREADS = min(4, os.cpu_count() or 1)
-# A manifest entry: file path relative to the checkpoint -> [size in bytes, checksum].
+# A manifest entry: file path relative to the checkpoint -> [size in bytes, checksum], the
+# checksum a list of one per SEGMENT bytes for larger files.
 Manifest = dict[str, list[Any]]
+Piece = tuple[str, int]  # a file and one of its segments: the unit of work shared out
 
 
 # --- one file -------------------------------------------------------------------------------------
 
 
-def file_digest(path: Path, algorithm: str = DIGEST) -> str:
-    """The checksum of one file: ``crc32`` (8 hex digits) or any :mod:`hashlib` algorithm."""
+def file_digest(path: Path, algorithm: str = DIGEST, segment: int | None = None) -> str:
+    """The checksum of a file (or of its ``segment``-th SEGMENT bytes): ``crc32`` or any :mod:`hashlib` algorithm."""
+    import hashlib
+
+    left = -1 if segment is None else SEGMENT
+    crc, digest = 0, (None if algorithm == "crc32" else hashlib.new(algorithm))
     buffer = bytearray(CHUNK)
     view = memoryview(buffer)
     with path.open("rb", buffering=0) as handle:
-        if algorithm == "crc32":
-            crc = 0
-            while size := handle.readinto(buffer):
+        if segment:
+            handle.seek(segment * SEGMENT)
+        while left and (size := handle.readinto(view[: CHUNK if left < 0 else min(CHUNK, left)])):
+            left = left - size if left > 0 else left
+            if digest is None:
                 crc = zlib.crc32(view[:size], crc)
-            return f"{crc:08x}"
-        import hashlib
+            else:
+                digest.update(view[:size])
+    return f"{crc:08x}" if digest is None else digest.hexdigest()
 
-        digest = hashlib.new(algorithm)
-        while size := handle.readinto(buffer):
-            digest.update(view[:size])
-        return digest.hexdigest()
+
+def segments(size: int) -> int:
+    return max(1, -(-size // SEGMENT))
+
+
+def pieces(sizes: dict[str, int]) -> dict[Piece, int]:
+    """Every file's segments with their lengths (a file of at most SEGMENT bytes is one piece)."""
+    return {
+        (name, index): min(SEGMENT, size - index * SEGMENT) if size > SEGMENT else size
+        for name, size in sizes.items()
+        for index in range(segments(size))
+    }
+
+
+def _entry(size: int, digests: list[str]) -> list[Any]:
+    return [size, digests[0] if len(digests) == 1 else digests]
+
+
+def _piece_digest(directory: Path, piece: Piece, size: int, algorithm: str) -> str:
+    name, index = piece
+    return file_digest(directory / name, algorithm, index if size > SEGMENT else None)
 
 
 def container_problem(path: Path) -> str | None:
@@ -125,8 +157,12 @@ class Damage:
         return f"{self.file}: {self.detail}"
 
 
-def check_file(directory: Path, name: str, expected: list[Any] | None, algorithm: str) -> Damage | None:
-    """Compare one file with its manifest entry ``[size, checksum]`` (None: containers only)."""
+def check_piece(directory: Path, piece: Piece, expected: list[Any] | None, algorithm: str) -> Damage | None:
+    """Compare one file's segment with its manifest entry ``[size, checksum]`` (None: containers only).
+
+    The size first (free), the container with the first segment, then the checksum.
+    """
+    name, index = piece
     path = directory / name
     try:
         size = path.stat().st_size
@@ -136,16 +172,21 @@ def check_file(directory: Path, name: str, expected: list[Any] | None, algorithm
         return Damage(name, "unreadable", str(exc))
     if expected is not None and size != expected[0]:
         return Damage(name, "size", f"{size:,} bytes, the marker recorded {expected[0]:,}")
-    problem = container_problem(path)
-    if problem is not None:
-        return Damage(name, "unreadable", problem)
-    if expected is not None:
-        try:
-            digest = file_digest(path, algorithm)
-        except OSError as exc:
-            return Damage(name, "unreadable", str(exc))
-        if digest != expected[1]:
-            return Damage(name, "checksum", f"{algorithm} {digest}, the marker recorded {expected[1]}")
+    if index == 0:
+        problem = container_problem(path)
+        if problem is not None:
+            return Damage(name, "unreadable", problem)
+    if expected is None:
+        return None
+    try:
+        digest = _piece_digest(directory, piece, size, algorithm)
+    except OSError as exc:
+        return Damage(name, "unreadable", str(exc))
+    recorded = expected[1] if isinstance(expected[1], str) else expected[1][index]
+    if digest != recorded:
+        end = min(size, (index + 1) * SEGMENT)
+        where = "" if isinstance(expected[1], str) else f" of bytes {index * SEGMENT:,}-{end:,}"
+        return Damage(name, "checksum", f"{algorithm}{where} {digest}, the marker recorded {recorded}")
     return None
 
 
@@ -179,23 +220,27 @@ def _gather(value: Any) -> list[Any]:
     return out
 
 
-def share(sizes: dict[str, int], rank: int, world: int) -> list[str]:
-    """The files rank ``rank`` of ``world`` reads: largest first, each to the least loaded rank."""
+def share(weights: dict[Any, int], rank: int, world: int) -> list[Any]:
+    """The pieces rank ``rank`` of ``world`` reads: largest first, each to the least loaded rank."""
     loads = [0] * world
     mine = []
-    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+    for key in sorted(weights, key=lambda k: (-weights[k], k)):
         target = loads.index(min(loads))
-        loads[target] += sizes[name] + 1
+        loads[target] += weights[key] + 1
         if target == rank:
-            mine.append(name)
+            mine.append(key)
     return mine
 
 
-def _each(names: list[str], work: Callable[[str], Any]) -> list[Any]:
-    if len(names) <= 1:
-        return [work(name) for name in names]
-    with ThreadPoolExecutor(min(THREADS, len(names))) as pool:
-        return list(pool.map(work, names))
+def _each(items: list[Any], work: Callable[[Any], Any]) -> list[Any]:
+    if len(items) <= 1:
+        return [work(item) for item in items]
+    with ThreadPoolExecutor(min(THREADS, len(items))) as pool:
+        return list(pool.map(work, items))
+
+
+def _assemble(sizes: dict[str, int], digests: dict[Piece, str]) -> Manifest:
+    return {name: _entry(size, [digests[(name, i)] for i in range(segments(size))]) for name, size in sizes.items()}
 
 
 # --- markers --------------------------------------------------------------------------------------
@@ -210,28 +255,27 @@ def _listing(directory: Path) -> dict[str, int]:
     }
 
 
-def manifest(directory: Path, names: list[str] | None = None, algorithm: str = DIGEST) -> Manifest:
-    """Size and checksum of ``names`` (default: every file) in ``directory``, read in threads."""
-    names = list(_listing(directory)) if names is None else names
-    digests = _each(names, lambda n: file_digest(directory / n, algorithm))
-    return {n: [(directory / n).stat().st_size, d] for n, d in zip(names, digests)}
+def manifest(directory: Path, algorithm: str = DIGEST) -> Manifest:
+    """Size and checksum(s) of every file in ``directory``, read in threads by this process alone."""
+    sizes = _listing(directory)
+    work = list(pieces(sizes))
+    digests = _each(work, lambda piece: _piece_digest(directory, piece, sizes[piece[0]], algorithm))
+    return _assemble(sizes, dict(zip(work, digests)))
 
 
-def write_marker(
-    directory: Path, info: dict[str, Any], files: Manifest | None = None, algorithm: str = DIGEST
-) -> None:
+def write_marker(directory: Path, info: dict[str, Any], files: Manifest | None = None) -> None:
     """Mark ``directory`` complete: the marker appears whole (temp file, fsync, rename) or not at all.
 
     ``files`` is the manifest when the ranks computed it together (:func:`seal`); by default this
     process reads every file.
     """
-    files = manifest(directory, algorithm=algorithm) if files is None else files
+    files = manifest(directory) if files is None else files
     record = {
         **info,
         "files": len(files),
         "bytes": sum(size for size, _ in files.values()),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "digest": algorithm,
+        "digest": DIGEST,
         "manifest": dict(sorted(files.items())),
     }
     atomic_write_json(directory / COMPLETE_MARKER, record)
@@ -255,22 +299,22 @@ def seal(directory: Path, info: dict[str, Any], rank: int = 0, world: int = 1) -
     """
     sizes = _from_rank0(_listing(directory) if rank == 0 else None)
 
-    def work(name: str) -> tuple[str, Damage | None, str | None]:
-        path = directory / name
-        problem = container_problem(path)
+    def work(piece: Piece) -> tuple[Piece, Damage | None, str | None]:
+        name, index = piece
+        problem = container_problem(directory / name) if index == 0 else None
         if problem is not None:
-            return name, Damage(name, "unreadable", problem), None
+            return piece, Damage(name, "unreadable", problem), None
         try:
-            return name, None, file_digest(path)
+            return piece, None, _piece_digest(directory, piece, sizes[name], DIGEST)
         except OSError as exc:  # every rank must reach the gather below, whatever one of them finds
-            return name, Damage(name, "unreadable", str(exc)), None
+            return piece, Damage(name, "unreadable", str(exc)), None
 
-    results = [r for part in _gather(_each(share(sizes, rank, world), work)) for r in part]
+    results = [r for part in _gather(_each(share(pieces(sizes), rank, world), work)) for r in part]
     damages = sorted((d for _, d, _ in results if d is not None), key=lambda d: d.file)
     if damages:
         return damages[0]
     if rank == 0:
-        write_marker(directory, info, {name: [sizes[name], digest] for name, _, digest in results})
+        write_marker(directory, info, _assemble(sizes, {piece: digest for piece, _, digest in results}))
     return None
 
 
@@ -307,8 +351,8 @@ def verify(directory: Path, rank: int = 0, world: int = 1) -> Verdict:
         plan = None
     files, algorithm = _from_rank0(plan)
     sizes = {name: (entry[0] if entry else 0) for name, entry in files.items()}
-    mine = share(sizes, rank, world)
-    found = _gather(_each(mine, lambda name: check_file(directory, name, files[name], algorithm)))
+    work = share(pieces(sizes), rank, world)
+    found = _gather(_each(work, lambda piece: check_piece(directory, piece, files[piece[0]], algorithm)))
     damages = sorted((d for part in found for d in part if d is not None), key=lambda d: d.file)
     checksummed = all(entry is not None for entry in files.values())
     total = sum(sizes.values()) if checksummed else sum(_listing(directory).values())
