@@ -419,10 +419,11 @@ def explain(found: Scan) -> list[str]:
 def choose(found: Scan, rank: int = 0, world: int = 1) -> Path | None:
     """The newest complete checkpoint that verifies; every rank calls it and gets the same answer.
 
-    Damaged ones are moved aside by rank 0, each with one log line; the other ranks wait for that
-    before they go on, so no rank sees a directory half renamed.
+    The candidates are rank 0's (a shared filesystem may show another node a directory listing a
+    moment old). Damaged ones are moved aside by rank 0, each with one log line; the other ranks
+    wait for that before they go on, so no rank sees a directory half renamed.
     """
-    candidates = list(found.complete)
+    candidates: list[Path] = _from_rank0(list(found.complete) if rank == 0 else None)
     for index, directory in enumerate(candidates):
         verdict = verify(directory, rank, world)
         if verdict.damage is None:
