@@ -365,8 +365,10 @@ def train(recipe: Path, overrides: tuple[str, ...], check: bool, world_size: int
     The same command runs as one process, under torchrun, accelerate launch or DeepSpeed:
       ctrain train recipes/demo-addition.yaml
       torchrun --nproc-per-node 4 -m ctrain train RECIPE.yaml
-    Resumes from the newest complete checkpoint in the output directory. Exit 75: stopped on a
-    preemption signal after saving a checkpoint (requeue to resume). See docs/training.md.
+    Resumes from the newest complete checkpoint in the output directory that verifies (damaged
+    ones are moved aside). Exit 75: stopped on a preemption signal after saving a checkpoint
+    (requeue to resume). Exit 65: stopped at a NaN or infinite loss before saving it (do not
+    requeue). See docs/training.md.
     """
     from ctrain.train.recipe import check_recipe
 
@@ -420,7 +422,8 @@ def eval_(recipe: Path, overrides: tuple[str, ...], model_dir: Path | None, max_
 
     \b
     For the demo: ctrain eval recipes/demo-addition.yaml --min-accuracy 0.9
-    Writes OUTPUT_DIR/eval.json.
+    Writes OUTPUT_DIR/eval.json. Refuses a model directory that ctrain did not finish saving (no
+    ctrain-complete.json) or whose files changed since (checksums).
     """
     from ctrain.train import logs
     from ctrain.train.evaluate import evaluate

@@ -25,6 +25,15 @@ class ToolNotFound(CtrainError):
     exit_code = 3
 
 
+class NonFiniteTraining(CtrainError):
+    """The loss or gradient norm became NaN or infinite: the run stops before saving that state.
+
+    A distinct exit code, so a job script does not requeue it (resuming would diverge again).
+    """
+
+    exit_code = 65  # EX_DATAERR from sysexits.h: the numbers went bad, requeueing will not help
+
+
 class CommandError(CtrainError):
     """An external program failed; carries the command, its stderr and stdout.
 

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from ctrain.train.recipe import COMPLETE_MARKER, PREEMPTED_EXIT_CODE, PREEMPTED_FILE
-from tests.plugins.train import REPO, TINY_RECIPE, TORCHRUN, start, wait_for
+from ctrain.train import checkpoint
+from ctrain.train.recipe import COMPLETE_MARKER, NONFINITE_EXIT_CODE, PREEMPTED_EXIT_CODE, PREEMPTED_FILE
+from tests.plugins.train import REPO, TINY_RECIPE, TORCHRUN, start, train_env, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -270,6 +274,155 @@ def test_fast_engine_on_two_processes_matches_trls_own_metrics(tiny_recipe: Path
     for name in ("deferred", "trl"):  # the saved trainer state carries the exact count too
         state = json.loads((work / f"outputs/{name}/checkpoint-3/trainer_state.json").read_text())
         assert state["num_input_tokens_seen"] == runs["trl"][3]["num_input_tokens_seen"], name
+
+
+# --- damaged checkpoints, NaN, restarts at the end -------------------------------------------------
+
+
+def _figure(what: str, seconds: float, detail: str = "") -> None:
+    """Print a measured figure for docs/reliability.md (shown with pytest -s)."""
+    print(f"\nreliability | {what} | {seconds:.1f} s | {detail}")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny run of 20 steps (checkpoints 10 and 20, final model), trained once; tests damage copies of it."""
+    work = tmp_path_factory.mktemp("finished")
+    (work / "tiny.yaml").write_text(TINY_RECIPE)
+    result = subprocess.run(
+        [sys.executable, "-m", "ctrain", "train", "tiny.yaml", "training.max_steps=20"],
+        cwd=work, env=train_env(work), capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return work
+
+
+def _copy_of(finished_run: Path, tmp_path: Path) -> Path:
+    shutil.copytree(finished_run, tmp_path, dirs_exist_ok=True)
+    return tmp_path / "outputs/tiny"
+
+
+def _truncate(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def _scramble(path: Path) -> None:
+    """Overwrite 4 KiB in the middle (the tensors' data) with other bytes: same size, same header."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 4096] = bytes(255 - b for b in data[middle : middle + 4096])
+    path.write_bytes(bytes(data))
+
+
+def _verified_seconds(stderr: str) -> float:
+    return float(re.search(r"resuming from .* verified in ([0-9.]+) s\)", stderr).group(1))
+
+
+DAMAGES = [
+    ("truncated weights", "model.safetensors", _truncate, "size", ()),
+    ("scrambled weights, same size", "model.safetensors", _scramble, "checksum", ()),
+    ("truncated optimizer state, 2 processes", "optimizer.pt", _truncate, "size", TORCHRUN),
+]
+
+
+@pytest.mark.parametrize(("name", "damage", "reason", "launcher"), [d[1:] for d in DAMAGES],
+                         ids=[d[0] for d in DAMAGES])  # fmt: skip
+def test_damaged_newest_checkpoint_is_moved_aside_and_the_run_finishes_from_the_older_one(
+    finished_run: Path, tmp_path: Path, ctrain, name: str, damage, reason: str, launcher: tuple[str, ...]
+) -> None:
+    output = _copy_of(finished_run, tmp_path)
+    shutil.rmtree(output / "final")  # the run had not finished when the damage happened
+    damage(output / "checkpoint-20" / name)
+    started = time.monotonic()
+    again = ctrain("train", "tiny.yaml", "training.max_steps=20", launcher=launcher)
+    seconds = time.monotonic() - started
+    assert again.returncode == 0, again.stderr
+    assert "Traceback" not in again.stderr
+    damaged = [line for line in again.stderr.splitlines() if " is damaged (" in line]
+    assert len(damaged) == 1, damaged  # one line, from rank 0 only
+    assert damaged[0].startswith("[rank 0 host ")
+    assert f"outputs/tiny/checkpoint-20 is damaged ({name}: " in damaged[0]
+    assert damaged[0].endswith(f"moved it to checkpoint-20.damaged-{reason} and falling back to checkpoint-10")
+    assert "resuming from outputs/tiny/checkpoint-10 " in again.stderr
+    kept = output / f"checkpoint-20.damaged-{reason}"
+    assert (kept / name).is_file() and complete(kept), "the damaged checkpoint is kept as it was, for inspection"
+    runs = losses(output)
+    first, second = (runs[run] for run in sorted(runs))
+    assert sorted(second) == list(range(11, 21)), "the run did not continue from checkpoint-10"
+    if not launcher:
+        for step, loss in second.items():
+            assert loss == pytest.approx(first[step], rel=1e-4, abs=1e-5), f"step {step}"
+    assert json.loads((output / "final" / COMPLETE_MARKER).read_text())["step"] == 20
+    assert checkpoint.verify(output / "checkpoint-20").damage is None
+    assert seconds < 240
+    _figure(f"restart, newest checkpoint with {name} {reason} damage", seconds,
+            f"verify {_verified_seconds(again.stderr):.2f} s")  # fmt: skip
+
+
+def test_nan_loss_stops_before_any_checkpoint_or_final_model(tiny_recipe: Path, ctrain) -> None:
+    """A learning rate of 1e30 makes the weights overflow after the first step; the save at step 5 must not happen."""
+    work = tiny_recipe.parent
+    started = time.monotonic()
+    result = ctrain("train", tiny_recipe.name, "training.max_steps=20", "training.save_steps=5",
+                    "training.logging_steps=100", "training.learning_rate=1e30")  # fmt: skip
+    seconds = time.monotonic() - started
+    assert result.returncode == NONFINITE_EXIT_CODE, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error: " in line]
+    assert len(errors) == 1 and "error: step 5: loss nan" in errors[0], errors
+    assert "Traceback" not in result.stderr
+    output = work / "outputs/tiny"
+    assert not list(output.glob("checkpoint-*")), "a checkpoint of the diverged state was written"
+    assert not (output / "final").exists()
+    assert seconds < 120
+    _figure("NaN loss (learning rate 1e30), caught at the save of step 5", seconds, f"exit {result.returncode}")
+
+
+def test_restart_after_a_kill_during_the_final_save_trains_no_step(finished_run: Path, tmp_path: Path, ctrain) -> None:
+    output = _copy_of(finished_run, tmp_path)
+    (output / "final" / COMPLETE_MARKER).unlink()  # as a kill while saving the final model leaves it
+    _truncate(output / "final" / "model.safetensors")
+    started = time.monotonic()
+    again = ctrain("train", "tiny.yaml", "training.max_steps=20")
+    seconds = time.monotonic() - started
+    assert again.returncode == 0, again.stderr
+    assert "checkpoint-20 is at step 20 of 20: nothing left to train; saving the final model from it" in again.stderr
+    assert "removing outputs/tiny/final: it has no ctrain-complete.json" in again.stderr
+    runs = losses(output)
+    assert len(runs) == 1, "the restart trained a step"
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-20"]
+    final = json.loads((output / "final" / COMPLETE_MARKER).read_text())
+    saved = json.loads((output / "checkpoint-20" / COMPLETE_MARKER).read_text())
+    assert final["step"] == 20
+    assert final["manifest"]["model.safetensors"] == saved["manifest"]["model.safetensors"], "not step 20's weights"
+    _figure("restart after a kill during the final save", seconds, "0 steps trained, final written")
+
+    started = time.monotonic()
+    done = ctrain("train", "tiny.yaml", "training.max_steps=20")
+    seconds = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert "outputs/tiny/final is complete: this run already finished; nothing to do" in done.stderr
+    assert len(losses(output)) == 1
+    assert seconds < 60
+    _figure("restart after a complete final model", seconds, "no-op, exit 0")
+
+
+def test_eval_refuses_a_final_model_without_its_marker(finished_run: Path, tmp_path: Path, ctrain) -> None:
+    output = _copy_of(finished_run, tmp_path)
+    (output / "final" / COMPLETE_MARKER).unlink()
+    started = time.monotonic()
+    refused = ctrain("eval", "tiny.yaml")
+    seconds = time.monotonic() - started
+    text = refused.stdout + refused.stderr
+    assert refused.returncode == 2, text
+    errors = [line for line in text.splitlines() if "error:" in line]
+    assert errors == [
+        f"error: {output.relative_to(tmp_path)}/final has no {COMPLETE_MARKER}: the run stopped while saving it, so "
+        "it may be unfinished; run the same `ctrain train` command again (it saves the final model from the last "
+        "checkpoint without training further), or pass --model with a complete model directory"
+    ], text
+    assert "Traceback" not in text and "accuracy" not in text
+    assert not (output / "eval.json").exists()
+    _figure("ctrain eval of a final model without its marker", seconds, "error, exit 2")
 
 
 # --- the demo -------------------------------------------------------------------------------------

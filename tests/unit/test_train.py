@@ -29,13 +29,15 @@ def test_every_line_gets_the_rank_prefix() -> None:
 def _checkpoint(root: Path, step: int, complete: bool) -> Path:
     directory = root / f"checkpoint-{step}"
     directory.mkdir(parents=True)
-    (directory / "model.safetensors").write_bytes(b"x" * 10)
+    (directory / "weights.bin").write_bytes(b"x" * 10)
     if complete:
         checkpoint.write_marker(directory, {"step": step})
     return directory
 
 
-def test_resume_takes_the_newest_complete_checkpoint(tmp_path: Path) -> None:
+def test_resume_takes_the_newest_complete_checkpoint(tmp_path: Path, caplog) -> None:
+    import zlib
+
     _checkpoint(tmp_path, 10, True)
     twenty = _checkpoint(tmp_path, 20, True)
     torn = _checkpoint(tmp_path, 30, False)
@@ -45,21 +47,261 @@ def test_resume_takes_the_newest_complete_checkpoint(tmp_path: Path) -> None:
     assert found.latest == twenty
     assert found.torn == [wrong, torn]
     lines = checkpoint.explain(found)
-    assert lines[0].startswith(f"resuming from {twenty}")
     assert any(str(torn) in line and "not finished" in line for line in lines)
     marker = json.loads((twenty / COMPLETE_MARKER).read_text())
     assert marker["step"] == 20 and marker["files"] == 1 and marker["bytes"] == 10
-    assert not list(twenty.glob(".*tmp"))
+    assert marker["digest"] == "crc32"
+    assert marker["manifest"] == {"weights.bin": [10, f"{zlib.crc32(b'x' * 10):08x}"]}
+    assert not list(twenty.glob(".*tmp*"))
+    with caplog.at_level("INFO", logger="ctrain.train"):
+        assert checkpoint.choose(found) == twenty
+    assert f"resuming from {twenty} (newest checkpoint with {COMPLETE_MARKER}; 1 files" in caplog.text
 
 
 def test_rotation_keeps_the_newest_complete_checkpoints(tmp_path: Path) -> None:
     for step in (5, 10, 15):
         _checkpoint(tmp_path, step, True)
     torn = _checkpoint(tmp_path, 20, False)
-    removed = checkpoint.rotate(tmp_path, 2)
+    removed = checkpoint.rotate(tmp_path, 2, tmp_path / "checkpoint-15")
     assert [p.name for p in removed] == ["checkpoint-5"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-15", torn.name]
-    assert checkpoint.rotate(tmp_path, None) == []
+    assert checkpoint.rotate(tmp_path, None, tmp_path / "checkpoint-15") == []
+
+
+def test_rotation_waits_for_the_new_checkpoint_and_spares_newer_ones(tmp_path: Path) -> None:
+    """Nothing is deleted for a checkpoint that is not sealed, and never one newer than the one just sealed."""
+    for step in (10, 20, 300):  # 300: from an earlier run in the same output directory
+        _checkpoint(tmp_path, step, True)
+    unsealed = _checkpoint(tmp_path, 30, False)
+    assert checkpoint.rotate(tmp_path, 1, unsealed) == []
+    checkpoint.write_marker(unsealed, {"step": 30})
+    assert [p.name for p in checkpoint.rotate(tmp_path, 1, unsealed)] == ["checkpoint-20", "checkpoint-10"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-30", "checkpoint-300"]
+
+
+# --- verification ---------------------------------------------------------------------------------
+
+
+def _real_checkpoint(root: Path, step: int) -> Path:
+    """A checkpoint with the files the Trainer writes: safetensors weights, torch.save archives, JSON."""
+    import torch
+    from safetensors.torch import save_file
+
+    directory = root / f"checkpoint-{step}"
+    directory.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(step)
+    save_file({"w": torch.randn(64, 64, generator=generator), "b": torch.zeros(64)}, directory / "model.safetensors")
+    torch.save({"state": {0: {"exp_avg": torch.randn(64, 64, generator=generator)}}}, directory / "optimizer.pt")
+    (directory / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    checkpoint.write_marker(directory, {"step": step})
+    return directory
+
+
+def _scramble(path: Path, offset: int | None = None) -> None:
+    """Flip one byte (default: in the middle, in the tensors' data), keeping the size."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 if offset is None else offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda d: _truncate(d / "model.safetensors"), "size"),
+        (lambda d: _scramble(d / "model.safetensors"), "checksum"),
+        (lambda d: _truncate(d / "optimizer.pt"), "size"),
+        (lambda d: _scramble(d / "optimizer.pt"), "checksum"),
+        (lambda d: (d / "trainer_state.json").unlink(), "missing"),
+    ],
+    ids=["truncated-weights", "scrambled-weights", "truncated-optimizer", "scrambled-optimizer", "missing-state"],
+)
+def test_verify_finds_damage_the_marker_did_not_record(tmp_path: Path, damage, reason: str) -> None:
+    directory = _real_checkpoint(tmp_path, 10)
+    intact = checkpoint.verify(directory)
+    assert intact.damage is None and intact.checksummed and intact.files == 3
+    damage(directory)
+    verdict = checkpoint.verify(directory)
+    assert verdict.damage is not None and verdict.damage.reason == reason, verdict
+
+
+def test_checkpoints_marked_without_checksums_are_still_opened(tmp_path: Path) -> None:
+    """Markers written before checksums were recorded: a short file still fails to open."""
+    for step, name in ((10, "model.safetensors"), (20, "optimizer.pt")):
+        directory = _real_checkpoint(tmp_path, step)
+        legacy = json.loads((directory / COMPLETE_MARKER).read_text())
+        del legacy["manifest"], legacy["digest"]
+        (directory / COMPLETE_MARKER).write_text(json.dumps(legacy))
+        verdict = checkpoint.verify(directory)
+        assert verdict.damage is None and not verdict.checksummed
+        assert "opened (no checksums in its marker)" in verdict.summary()
+        _truncate(directory / name, 0.9)
+        verdict = checkpoint.verify(directory)
+        assert verdict.damage is not None and verdict.damage.reason == "unreadable" and verdict.damage.file == name
+
+
+def test_a_damaged_checkpoint_is_moved_aside_and_the_older_one_resumes(tmp_path: Path, caplog) -> None:
+    ten, twenty, thirty = (_real_checkpoint(tmp_path, step) for step in (10, 20, 30))
+    _scramble(thirty / "model.safetensors")
+    _truncate(twenty / "optimizer.pt")
+    with caplog.at_level("INFO", logger="ctrain.train"):
+        assert checkpoint.choose(checkpoint.scan(tmp_path)) == ten
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith(f"{thirty} is damaged (model.safetensors: crc32 ")
+    assert lines[0].endswith("moved it to checkpoint-30.damaged-checksum and falling back to checkpoint-20")
+    assert lines[1].startswith(f"{twenty} is damaged (optimizer.pt: ")
+    assert lines[1].endswith("moved it to checkpoint-20.damaged-size and falling back to checkpoint-10")
+    assert lines[2].startswith(f"resuming from {ten} ")
+    assert len(lines) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-10", "checkpoint-20.damaged-size", "checkpoint-30.damaged-checksum"
+    ]  # fmt: skip
+    assert (tmp_path / "checkpoint-30.damaged-checksum" / "model.safetensors").is_file(), "kept for inspection"
+    # Damaged again later: the first one kept is not overwritten; nothing left to resume from: step 0.
+    _scramble(ten / "trainer_state.json", 0)
+    (tmp_path / "checkpoint-10.damaged-checksum").mkdir()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="ctrain.train"):
+        assert checkpoint.choose(checkpoint.scan(tmp_path)) is None
+    assert (tmp_path / "checkpoint-10.damaged-unreadable").is_dir()
+    assert caplog.records[-1].getMessage().endswith("falling back to step 0 (no older complete checkpoint)")
+
+
+def test_ranks_share_the_files_once_each_and_evenly() -> None:
+    sizes = {f"f{i}": size for i, size in enumerate([900, 500, 400, 300, 300, 100, 0, 0])}
+    parts = [checkpoint.share(sizes, rank, 3) for rank in range(3)]
+    assert sorted(n for part in parts for n in part) == sorted(sizes)
+    loads = [sum(sizes[n] for n in part) for part in parts]
+    assert max(loads) - min(loads) <= 200
+    assert checkpoint.share(sizes, 0, 1) == sorted(sizes, key=lambda n: (-sizes[n], n))
+
+
+def test_big_files_are_checksummed_in_segments_that_ranks_share(tmp_path: Path, monkeypatch) -> None:
+    """One checksum per SEGMENT bytes, so one big file is read by several ranks and threads at once."""
+    import zlib
+
+    monkeypatch.setattr(checkpoint, "SEGMENT", 1000)
+    directory = tmp_path / "checkpoint-1"
+    directory.mkdir()
+    data = bytes(range(256)) * 14  # 3584 bytes: 4 segments
+    (directory / "optimizer.bin").write_bytes(data)
+    (directory / "small.bin").write_bytes(b"abc")
+    checkpoint.write_marker(directory, {"step": 1})
+    entry = checkpoint.read_marker(directory)["manifest"]["optimizer.bin"]
+    assert entry == [3584, [f"{zlib.crc32(data[i : i + 1000]):08x}" for i in range(0, 3584, 1000)]]
+    sizes = {"optimizer.bin": 3584, "small.bin": 3}
+    parts = [checkpoint.share(checkpoint.pieces(sizes), rank, 2) for rank in range(2)]
+    assert {name for name, _ in parts[0]} & {name for name, _ in parts[1]} == {"optimizer.bin"}
+    assert checkpoint.verify(directory).damage is None
+    _scramble(directory / "optimizer.bin", 2500)
+    damage = checkpoint.verify(directory).damage
+    assert damage.reason == "checksum" and "of bytes 2,000-3,000" in damage.detail
+
+
+def test_seal_marks_what_opens_and_leaves_a_broken_file_unmarked(tmp_path: Path) -> None:
+    good = tmp_path / "checkpoint-5"
+    good.mkdir()
+    (good / "config.json").write_text("{}")
+    assert checkpoint.seal(good, {"step": 5}) is None
+    assert checkpoint.read_marker(good)["manifest"]["config.json"][0] == 2
+    bad = tmp_path / "checkpoint-6"
+    bad.mkdir()
+    (bad / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
+    damage = checkpoint.seal(bad, {"step": 6})
+    assert damage is not None and damage.reason == "unreadable"
+    assert checkpoint.read_marker(bad) is None
+    (bad / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00[]")  # a header, not an object
+    assert checkpoint.seal(bad, {"step": 6}).reason == "unreadable"
+
+
+def test_checksums_match_the_standard_tools(tmp_path: Path) -> None:
+    import hashlib
+    import zlib
+
+    path = tmp_path / "blob"
+    path.write_bytes(bytes(range(256)) * 70000)  # more than one chunk
+    assert checkpoint.file_digest(path) == f"{zlib.crc32(path.read_bytes()):08x}"
+    assert checkpoint.file_digest(path, "sha256") == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --- non-finite losses, restarts at the end, eval of unfinished models ------------------------------
+
+
+class _State:
+    global_step = 12
+    max_steps = 12
+
+
+class _Control:
+    should_save = should_log = should_training_stop = False
+
+
+def test_a_nan_loss_or_gradient_norm_stops_the_run_naming_the_step() -> None:
+    pytest.importorskip("transformers")
+    from ctrain.errors import NonFiniteTraining
+    from ctrain.train.callbacks import FiniteGuard
+    from ctrain.train.recipe import NONFINITE_EXIT_CODE, PREEMPTED_EXIT_CODE
+
+    assert NONFINITE_EXIT_CODE == NonFiniteTraining.exit_code == 65 != PREEMPTED_EXIT_CODE
+    guard = FiniteGuard(check_grad_norm=True)
+    guard.on_log(None, _State(), _Control(), logs={"loss": 1.5, "grad_norm": 3.0})
+    guard.on_log(None, _State(), _Control(), logs={"eval_loss": float("nan")})  # not a training log
+    with pytest.raises(NonFiniteTraining, match=r"^step 12: loss nan and grad_norm inf; training stopped before"):
+        guard.on_log(None, _State(), _Control(), logs={"loss": float("nan"), "grad_norm": float("inf")})
+    with pytest.raises(NonFiniteTraining, match=r"^step 12: grad_norm nan;"):
+        guard.on_log(None, _State(), _Control(), logs={"loss": 0.0, "grad_norm": float("nan")})
+    fp16 = FiniteGuard(check_grad_norm=False)  # the loss scaler skips steps with an infinite gradient norm
+    fp16.on_log(None, _State(), _Control(), logs={"loss": 1.0, "grad_norm": float("inf")})
+    with pytest.raises(NonFiniteTraining):
+        fp16.on_log(None, _State(), _Control(), logs={"loss": float("inf")})
+    control = _Control()
+    guard.on_step_end(None, _State(), control)
+    assert not control.should_log
+    control.should_save = True
+    guard.on_step_end(None, _State(), control)
+    assert control.should_log, "a step that saves must be logged (and so checked) first"
+
+
+def test_a_checkpoint_at_max_steps_trains_no_step() -> None:
+    pytest.importorskip("transformers")
+    from ctrain.train.callbacks import AlreadyTrained, StopAtMaxSteps
+
+    with pytest.raises(AlreadyTrained):
+        StopAtMaxSteps().on_train_begin(None, _State(), _Control())
+    state = _State()
+    state.global_step = 11
+    StopAtMaxSteps().on_train_begin(None, state, _Control())
+
+
+def test_eval_refuses_models_ctrain_did_not_finish_saving(tmp_path: Path) -> None:
+    from ctrain.train.evaluate import check_model_dir
+
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "config.json").write_text("{}")
+    (final / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(ConfigError, match=f"{final} has no {COMPLETE_MARKER}: the run stopped while saving it"):
+        check_model_dir(final)
+    torn = tmp_path / "checkpoint-7"
+    torn.mkdir()
+    (torn / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="run the same `ctrain train` command again"):
+        check_model_dir(torn)
+    checkpoint.write_marker(final, {"step": 3})
+    check_model_dir(final)
+    _scramble(final / "config.json", 0)
+    with pytest.raises(ConfigError, match=r"final is damaged \(config.json: "):
+        check_model_dir(final)
+    mine = tmp_path / "my-model"  # not ctrain's: no marker to ask for
+    mine.mkdir()
+    (mine / "config.json").write_text("{}")
+    check_model_dir(mine)
+    with pytest.raises(ConfigError, match="no trained model in"):
+        check_model_dir(tmp_path / "nothing")
 
 
 def test_addition_data_is_every_problem_once_in_a_seeded_order() -> None:

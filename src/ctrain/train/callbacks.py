@@ -1,4 +1,4 @@
-"""Trainer callbacks: progress lines, memory and throughput, complete checkpoints, preemption.
+"""Trainer callbacks: progress lines, memory and throughput, complete checkpoints, preemption, NaN stop.
 
 All run on every rank; only rank 0 writes files. Collective calls (barrier, all-reduce) happen at
 points every rank reaches in the same order (a step's end, a save), so they cannot deadlock.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import resource
 import signal
 import time
@@ -17,6 +18,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from ctrain.errors import NonFiniteTraining
 from ctrain.train import checkpoint
 from ctrain.train.recipe import METRICS_FILE, PREEMPTED_EXIT_CODE
 
@@ -179,7 +181,8 @@ class Progress(TrainerCallback):
 
 
 class CompleteCheckpoints(TrainerCallback):
-    """After every rank has written a checkpoint, rank 0 marks it complete and drops the oldest."""
+    """After every rank has written a checkpoint, the ranks check and checksum it, rank 0 marks it
+    complete and only then drops the oldest (:func:`checkpoint.seal`, :func:`checkpoint.rotate`)."""
 
     def __init__(self, output_dir: Path, keep: int | None, world_size: int) -> None:
         self.output_dir = output_dir
@@ -188,16 +191,79 @@ class CompleteCheckpoints(TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         barrier()
+        directory = self.output_dir / f"checkpoint-{state.global_step}"
+        info = {"step": state.global_step, "world_size": self.world_size}
+        started = time.perf_counter()
+        damage = checkpoint.seal(directory, info, args.process_index, self.world_size)
         if state.is_world_process_zero:
-            directory = self.output_dir / f"checkpoint-{state.global_step}"
-            checkpoint.write_marker(directory, {"step": state.global_step, "world_size": self.world_size})
-            removed = checkpoint.rotate(self.output_dir, self.keep)
-            log.info(
-                "checkpoint %s complete%s", directory,
-                f"; removed older {', '.join(p.name for p in removed)}" if removed else "",
-            )  # fmt: skip
+            if damage is not None:
+                log.warning(
+                    "%s was written but cannot be read back (%s): not marked complete; older checkpoints kept",
+                    directory, damage,
+                )  # fmt: skip
+            else:
+                removed = checkpoint.rotate(self.output_dir, self.keep, directory)
+                log.info(
+                    "checkpoint %s complete (checksummed in %.2f s)%s", directory, time.perf_counter() - started,
+                    f"; removed older {', '.join(p.name for p in removed)}" if removed else "",
+                )  # fmt: skip
         # No rank moves on (and may exit, ending rank 0 through the launcher) before the marker is written.
         barrier()
+
+
+class AlreadyTrained(Exception):
+    """Raised by :class:`StopAtMaxSteps`: the checkpoint resumed from is at (or past) the last step."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"resumed at step {step}: nothing left to train")
+        self.step = step
+
+
+class StopAtMaxSteps(TrainerCallback):
+    """Train no step when resuming from a checkpoint at ``max_steps``.
+
+    Left alone, the Trainer runs one more step before it notices that the schedule is done (and
+    saves ``checkpoint-MAX+1``), again on every restart. The model and optimizer are loaded by
+    then, so the caller can save the final model from the checkpoint's weights.
+    """
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.max_steps > 0 and state.global_step >= state.max_steps:
+            raise AlreadyTrained(state.global_step)
+
+
+class FiniteGuard(TrainerCallback):
+    """Stop the run at a NaN or infinite loss or gradient norm, before anything of that step is saved.
+
+    It reads only numbers the Trainer brings to the host for logging anyway (the engines keep the
+    loss and gradient norm on the device between logging steps), so it adds no host sync to a
+    step. A step that saves without logging is made a logging step too: a save waits for the
+    device anyway, and this way no checkpoint (and no final model) is written from a state whose
+    loss was not looked at. Must come after every callback that can ask for a save.
+
+    With fp16 loss scaling an infinite gradient norm is normal (the scaler skips that step and
+    lowers its scale), so then only the loss counts.
+    """
+
+    def __init__(self, check_grad_norm: bool) -> None:
+        self.check_grad_norm = check_grad_norm
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if control.should_save:
+            control.should_log = True
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if not logs or "loss" not in logs:
+            return
+        keys = ("loss", "grad_norm") if self.check_grad_norm else ("loss",)
+        values = {key: logs[key] for key in keys if isinstance(logs.get(key), (int, float))}
+        bad = [f"{key} {value}" for key, value in values.items() if not math.isfinite(value)]
+        if bad:
+            raise NonFiniteTraining(
+                f"step {state.global_step}: {' and '.join(bad)}; training stopped before saving this state (no "
+                "checkpoint or final model of it): lower training.learning_rate or check the data, then run again "
+                "to resume from the last complete checkpoint"
+            )
 
 
 class Preemption(TrainerCallback):

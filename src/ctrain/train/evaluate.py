@@ -15,7 +15,7 @@ from typing import Any
 
 from ctrain.errors import ConfigError
 from ctrain.train import checkpoint
-from ctrain.train.recipe import FINAL_DIR, Recipe, example_kind
+from ctrain.train.recipe import COMPLETE_MARKER, FINAL_DIR, RECIPE_COPY, Recipe, example_kind
 
 log = logging.getLogger("ctrain.train")
 
@@ -43,16 +43,51 @@ def _pairs(rows: Any, recipe: Recipe) -> list[tuple[Any, str]]:
     return pairs
 
 
+def written_by_ctrain(model_dir: Path) -> bool:
+    """Whether ``model_dir`` is a final model or checkpoint that ``ctrain train`` writes (and marks)."""
+    return (
+        model_dir.name == FINAL_DIR
+        or checkpoint.step_of(model_dir) is not None
+        or (model_dir / RECIPE_COPY).is_file()
+        or (model_dir / "trainer_state.json").is_file()
+    )
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """Refuse a model ctrain did not finish saving, or whose files changed since (ConfigError).
+
+    A final model without its marker is what a job killed while saving it leaves: its weights
+    may be missing, short or from the wrong step, and it may even load and give wrong answers.
+    """
+    if checkpoint.read_marker(model_dir) is None:
+        if written_by_ctrain(model_dir) and model_dir.is_dir():
+            raise ConfigError(
+                f"{model_dir} has no {COMPLETE_MARKER}: the run stopped while saving it, so it may be unfinished; "
+                "run the same `ctrain train` command again (it saves the final model from the last checkpoint "
+                "without training further), or pass --model with a complete model directory"
+            )
+        if not (model_dir / "config.json").is_file():
+            raise ConfigError(f"no trained model in {model_dir}: run `ctrain train` first (or pass --model DIR)")
+        return
+    verdict = checkpoint.verify(model_dir)
+    if verdict.damage is not None:
+        raise ConfigError(
+            f"{model_dir} is damaged ({verdict.damage}): its files changed after ctrain saved it; save it again "
+            "(delete it and run the same `ctrain train` command: it saves the final model from the last checkpoint) "
+            "or pass --model with another model directory"
+        )
+    log.info("%s: %s", model_dir, verdict.summary())
+
+
 def evaluate(recipe: Recipe, model_dir: Path | None = None, max_examples: int | None = None) -> dict[str, Any]:
     """Exact-match accuracy of the model in ``model_dir`` (default: the recipe's final model) on held-out examples."""
+    model_dir = model_dir or recipe.output_dir / FINAL_DIR
+    check_model_dir(model_dir)  # before torch is imported: a refusal takes no time
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ctrain.train.data import load_raw
 
-    model_dir = model_dir or recipe.output_dir / FINAL_DIR
-    if checkpoint.read_marker(model_dir) is None and not (model_dir / "config.json").is_file():
-        raise ConfigError(f"no trained model in {model_dir}: run `ctrain train` first (or pass --model DIR)")
     _, held_out = load_raw(recipe, streaming=False)
     if held_out is None:
         raise ConfigError("ctrain eval asks held-out examples: set data.eval_size or data.eval_split in the recipe")

@@ -23,13 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ctrain.errors import ConfigError
+from ctrain.errors import ConfigError, NonFiniteTraining
 from ctrain.fast import FastSettings
 from ctrain.settings import apply_overrides, from_mapping, load_yaml, to_mapping
 
 # Exit code of a run that stopped on a preemption signal after saving a complete checkpoint:
 # "checkpointed, requeue me" (EX_TEMPFAIL from sysexits.h). The sbatch scripts requeue on it.
 PREEMPTED_EXIT_CODE = 75
+# Exit code of a run stopped because its loss or gradient norm was NaN or infinite, before that
+# state was saved: do not requeue (it would diverge again); lower the learning rate or fix the data.
+NONFINITE_EXIT_CODE = NonFiniteTraining.exit_code  # 65, EX_DATAERR
 
 # Files ctrain writes into the output directory (documented in docs/training.md).
 COMPLETE_MARKER = "ctrain-complete.json"  # last file of a checkpoint or final model: it is whole

@@ -6,7 +6,8 @@ which process this is. :func:`training_arguments` and :func:`build_trainer` are 
 trainer is put together, so ``training.engine`` can switch how.
 
 Exit codes: 0 done (or already done), 75 (:data:`PREEMPTED_EXIT_CODE`) stopped on a preemption
-signal after a complete checkpoint, 2 recipe errors (nothing was trained or written).
+signal after a complete checkpoint, 65 (:data:`NONFINITE_EXIT_CODE`) stopped at a NaN or infinite
+loss or gradient norm before saving it, 2 recipe errors (nothing was trained or written).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ctrain.errors import ConfigError, CtrainError
 from ctrain.files import atomic_write_json
 from ctrain.train import checkpoint, logs
 from ctrain.train.recipe import (
+    COMPLETE_MARKER,
     FINAL_DIR,
     PREEMPTED_EXIT_CODE,
     PREEMPTED_FILE,
@@ -156,6 +158,9 @@ def training_arguments(recipe: Recipe, layout: Layout, output_dir: Path, report_
         "logging_strategy": "steps",
         "logging_steps": training.logging_steps,
         "logging_first_step": True,
+        # The filter replaces a NaN loss by the running mean (and reads the loss back every step):
+        # ctrain stops at a NaN instead (callbacks.FiniteGuard), so it must see it.
+        "logging_nan_inf_filter": False,
         "save_strategy": "steps",
         "save_steps": training.save_steps,
         "save_total_limit": None,  # ctrain rotates complete checkpoints only (callbacks.CompleteCheckpoints)
@@ -279,8 +284,14 @@ def obtain_data(recipe: Recipe, layout: Layout) -> Any:
 # --- resume ---------------------------------------------------------------------------------------
 
 
-def resume_point(recipe: Recipe, output_dir: Path, rank: int) -> str | None:
-    """The checkpoint to resume from (``training.resume``): auto picks the newest complete one."""
+def resume_point(recipe: Recipe, output_dir: Path, rank: int, world: int = 1) -> str | None:
+    """The checkpoint to resume from (``training.resume``): auto picks the newest one that verifies.
+
+    Every rank calls it and gets the same answer: the ranks verify the files together, and only
+    rank 0 removes torn checkpoints and moves damaged ones aside (checkpoint.choose).
+    """
+    from ctrain.train.callbacks import barrier
+
     setting = recipe.training.resume
     if setting == "never":
         return None
@@ -288,16 +299,23 @@ def resume_point(recipe: Recipe, output_dir: Path, rank: int) -> str | None:
         path = expand_path(setting)
         if checkpoint.read_marker(path) is None:
             raise ConfigError(f"training.resume: {path} is not a complete checkpoint (no ctrain-complete.json)")
+        verdict = checkpoint.verify(path, rank, world)
+        if verdict.damage is not None:
+            raise ConfigError(
+                f"training.resume: {path} is damaged ({verdict.damage}); point it at another checkpoint "
+                "(or set training.resume: auto to take the newest intact one in the output directory)"
+            )
+        if rank == 0:
+            log.info("resuming from %s (%s)", path, verdict.summary())
         return str(path)
     found = checkpoint.scan(output_dir)
     if rank == 0:
         for line in checkpoint.explain(found):
             log.info(line)
         checkpoint.remove(found.torn)
-    from ctrain.train.callbacks import barrier
-
     barrier()
-    return str(found.latest) if found.latest else None
+    chosen = checkpoint.choose(found, rank, world)
+    return str(chosen) if chosen else None
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -344,7 +362,16 @@ def run(recipe: Recipe) -> int:
     # 2. With the training stack: device, precision, the model's config, reporting, the hub.
     from transformers import PrinterCallback, set_seed
 
-    from ctrain.train.callbacks import CompleteCheckpoints, Preemption, Progress, barrier, peak_tflops
+    from ctrain.train.callbacks import (
+        AlreadyTrained,
+        CompleteCheckpoints,
+        FiniteGuard,
+        Preemption,
+        Progress,
+        StopAtMaxSteps,
+        barrier,
+        peak_tflops,
+    )
     from ctrain.train.model import build_model, check_sizes, load_config
 
     logs.quiet_libraries()
@@ -360,16 +387,22 @@ def run(recipe: Recipe) -> int:
     logs.rebind_handlers()
     set_seed(recipe.seed)  # a new model's weights: the same on every rank and every world size
     model = build_model(recipe, config, data.tokenizer, layout.precision, layout.device_type)
-    resume = resume_point(recipe, output_dir, rank)
+    resume = resume_point(recipe, output_dir, rank, world)
     run_id = time.strftime("%Y%m%dT%H%M%S")
     if rank == 0:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / RECIPE_COPY).write_text(recipe.to_yaml())
         (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
+        if final.exists():
+            log.info("removing %s: it has no %s (the run stopped while saving it); it is saved again", final,
+                     COMPLETE_MARKER)  # fmt: skip
+            checkpoint.remove([final])
     preemption = Preemption(signals, args.device)
     callbacks = [
         CompleteCheckpoints(output_dir, recipe.training.save_total_limit, world),
         preemption,
+        StopAtMaxSteps(),
+        FiniteGuard(check_grad_norm=layout.precision != "fp16"),  # last: after every callback that asks to save
     ]
     trainer = build_trainer(recipe, layout, args, model, data, callbacks)
     progress = Progress(
@@ -390,6 +423,10 @@ def run(recipe: Recipe) -> int:
     logs.rebind_handlers()
     try:
         trainer.train(resume_from_checkpoint=resume)
+    except AlreadyTrained as done:
+        if rank == 0:
+            log.info("%s is at step %d of %d: nothing left to train; saving the final model from it",
+                     resume, done.step, trainer.state.max_steps)  # fmt: skip
     finally:
         preemption.restore()
     stopped = preemption.stopped_at
@@ -413,7 +450,11 @@ def run(recipe: Recipe) -> int:
     barrier()
     if rank == 0:
         (final / RECIPE_COPY).write_text(recipe.to_yaml())
-        checkpoint.write_marker(final, {"step": trainer.state.global_step, "world_size": world})
+    barrier()
+    damage = checkpoint.seal(final, {"step": trainer.state.global_step, "world_size": world}, rank, world)
+    if damage is not None:
+        raise CtrainError(f"the final model in {final} cannot be read back ({damage}); it is not marked complete")
+    if rank == 0:
         log.info("saved the final model and tokenizer to %s", final)
         if recipe.hub.repo_id:
             _push(recipe, final)
