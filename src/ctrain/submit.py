@@ -24,6 +24,7 @@ from pathlib import Path
 from ctrain import proc, slurm
 from ctrain.config import ProjectConfig, SlurmConfig
 from ctrain.errors import ConfigError, CtrainError
+from ctrain.files import check_directory, check_file, name_problem, shorten
 
 LIB = Path("sbatch/lib/ctrain.sh")
 # How every script in sbatch/ loads the library (the line `ctrain submit` replaces by the library).
@@ -123,6 +124,10 @@ def check_slurm_config(c: SlurmConfig) -> None:
     for arg in c.sbatch_args:
         if not arg.startswith("-"):
             raise ConfigError(f"slurm.sbatch_args entry {arg!r} must be an sbatch option like --qos=high")
+    if c.job_name is not None:
+        problem = name_problem(c.job_name)
+        if problem:
+            raise ConfigError(f"job name {shorten(c.job_name)!r} {problem}: it names the job's log, logs/NAME-JOBID.out")
 
 
 # --- the job --------------------------------------------------------------------------------------
@@ -523,8 +528,17 @@ def check_gpus(job: Job) -> list[str]:
 # --- submit ---------------------------------------------------------------------------------------
 
 
+def check_writable(job: Job, script: Path | None = None) -> None:
+    """The log directory (and the script to write) can be written, before anything is: a refused
+    submit leaves no logs/ behind."""
+    if script is not None:
+        check_file(script, "the script", "choose another --write-script file")
+    check_directory(job.log_dir, "the log directory", f"submit from a project directory you can write ({job.project})")
+
+
 def submit(job: Job) -> tuple[str, Path]:
     """Queue the job; returns its id and its log, beside which a copy of the script is kept (.sbatch)."""
+    check_writable(job)
     job.log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the --output directory
     job_id = slurm.sbatch([], cwd=job.project, script=job.text)
     log = slurm.log_path(job_id, search=[job.log_dir])

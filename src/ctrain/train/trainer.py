@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError, CtrainError
-from ctrain.files import atomic_write_json
+from ctrain.files import atomic_write_json, check_tree
 from ctrain.train import checkpoint, logs
 from ctrain.train.recipe import (
     FINAL_DIR,
@@ -338,6 +338,17 @@ def run(recipe: Recipe) -> int:
                 final,
             )
         return 0
+    # A run as another user (root in a container) leaves the directory to it: say so before any work.
+    check_tree(output_dir, "training.output_dir", "set training.output_dir to a directory you can write",
+               skip=[recipe.prepared_dir])  # fmt: skip
+    for directory in (final, recipe.prepared_dir):
+        if directory.exists() and not directory.is_dir():
+            raise ConfigError(f"{directory} is a file where ctrain keeps a directory: move it away")
+    if rank == 0 and not recipe.data.streaming:
+        from ctrain.train import data
+
+        if data.prepared_info(recipe, recipe.prepared_dir) is None:
+            data.check_target(recipe.prepared_dir)
     if rank == 0:
         for note in notes:
             log.info("note: %s", note)
