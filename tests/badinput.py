@@ -9,6 +9,8 @@ as a subprocess in its own directory, so what the command leaves on disk can be 
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -32,6 +34,26 @@ class Case:
     max_seconds: float = 10.0
     # Paths (relative to the case's directory) the command may create, such as a lock it removes.
     may_leave: Sequence[str] = ()
+    # A command the run goes through, such as read_only(...): WRAP... python -m ctrain ARGS.
+    wrap: Sequence[str] = ()
+
+
+def read_only(*paths: str) -> tuple[str, ...]:
+    """A ``wrap`` that mounts ``paths`` (relative to the case's directory) read-only for the command alone,
+    in a private mount namespace: writing there fails with EROFS, for root too (root ignores modes)."""
+    mounts = " && ".join(
+        f"mount --bind {q} {q} && mount -o remount,bind,ro {q}" for q in (shlex.quote(p) for p in paths)
+    )
+    as_root = () if os.geteuid() == 0 else ("--map-root-user",)
+    return ("unshare", "--mount", *as_root, "sh", "-c", f'{mounts} && exec "$@"', "sh")
+
+
+def can_wrap_read_only() -> bool:
+    """Whether :func:`read_only` works here (unshare present, mount namespaces allowed)."""
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run([*read_only("."), "true"], cwd="/tmp", capture_output=True, check=False)
+    return probe.returncode == 0
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
@@ -55,9 +77,12 @@ def run_case(case: Case, workdir: Path, python: str = sys.executable) -> subproc
     before = _snapshot(workdir)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **case.env}
     env.pop("CTRAIN_CONFIG", None)
+    # The command runs in ``workdir``: a relative PYTHONPATH (PYTHONPATH=src) must still find this checkout.
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep) if p)
     started = time.monotonic()
     result = subprocess.run(
-        [python, "-m", "ctrain", *case.args],
+        [*case.wrap, python, "-m", "ctrain", *case.args],
         cwd=workdir,
         env=env,
         capture_output=True,
