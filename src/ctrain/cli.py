@@ -435,11 +435,12 @@ def prepare(recipe: Path, overrides: tuple[str, ...], output: Path | None, force
     loaded = _recipe(recipe, overrides)
     notes = check_recipe(loaded)  # type: ignore[arg-type]
     from ctrain.train import logs
-    from ctrain.train.data import check_target
+    from ctrain.train.data import check_cache, check_target
     from ctrain.train.data import prepare as run_prepare
 
     target = output or loaded.prepared_dir  # type: ignore[attr-defined]
     check_target(target)
+    check_cache(loaded)  # type: ignore[arg-type]
     logs.setup(prefix=False)
     logs.quiet_libraries()
     for note in notes:
@@ -455,8 +456,9 @@ def prepare(recipe: Path, overrides: tuple[str, ...], output: Path | None, force
 @click.argument("overrides", nargs=-1)
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Model directory (default: the recipe's OUTPUT_DIR/final).")  # fmt: skip
-@click.option("--max-examples", type=int, help="Ask only the first N held-out examples.")
-@click.option("--min-accuracy", type=float, help="Exit 1 when the accuracy is below this (for scripts and CI).")
+@click.option("--max-examples", type=click.IntRange(min=1), help="Ask only the first N held-out examples.")
+@click.option("--min-accuracy", type=click.FloatRange(0, 1), help="Exit 1 when the accuracy is below this "
+              "(for scripts and CI).")  # fmt: skip
 def eval_(recipe: Path, overrides: tuple[str, ...], model_dir: Path | None, max_examples: int | None,
           min_accuracy: float | None) -> None:  # fmt: skip
     """Exact-match accuracy of the trained model on RECIPE's held-out examples (generation).

@@ -64,6 +64,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"'{where}' is {value!r}; valid values: {', '.join(map(str, choices))}", key=where)
         return value
     if dataclasses.is_dataclass(tp):
+        if value is None:  # a section whose settings are all commented out
+            return from_mapping(tp, {}, where=where)
         if not isinstance(value, Mapping):
             raise ConfigError(f"'{where}' must be a mapping of settings, got {value!r}", key=where)
         return from_mapping(tp, value, where=where)

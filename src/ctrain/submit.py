@@ -127,7 +127,10 @@ def check_slurm_config(c: SlurmConfig) -> None:
     if c.job_name is not None:
         problem = name_problem(c.job_name)
         if problem:
-            raise ConfigError(f"job name {shorten(c.job_name)!r} {problem}: it names the job's log, logs/NAME-JOBID.out")
+            raise ConfigError(
+                f"the job name (slurm.job_name, --job-name) {shorten(c.job_name)!r} {problem}: it names the job's "
+                "log, logs/NAME-JOBID.out"
+            )
 
 
 # --- the job --------------------------------------------------------------------------------------

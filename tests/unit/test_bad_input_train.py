@@ -74,6 +74,19 @@ def edit(old: str, new: str) -> str:
     return RECIPE.replace(old, new)
 
 
+def parquet(rows: list[dict[str, object]]) -> Callable[[Path], None]:
+    """A project whose data is d.parquet holding ``rows``."""
+
+    def make(tmp: Path) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        project(tmp)
+        pq.write_table(pa.Table.from_pylist(rows), tmp / "d.parquet")
+
+    return make
+
+
 def trained(tmp: Path) -> None:
     """A project whose run looks finished (for eval): outputs/r/final with a model config."""
     project(tmp, files={"outputs/r/final/config.json": "{}"})
@@ -121,6 +134,19 @@ CASES = [
     Case("parquet-that-is-not", ["train", "--check", "r.yaml", "data.source=d.parquet"], ["d.parquet", "parquet"],
          setup(files={"d.parquet": b"this is not parquet at all"})),
     Case("empty-data-file", ["train", "r.yaml"], ["data.jsonl", "empty"], setup(data="")),
+    Case("parquet-null-messages", ["train", "--check", "r.yaml", "data.source=d.parquet"],
+         ["d.parquet", "row 3", "'messages'"], parquet([CHAT, CHAT, {"messages": None}])),
+    Case("parquet-chat-without-assistant", ["prepare", "r.yaml", "data.source=d.parquet"],
+         ["d.parquet", "row 2", "assistant"], parquet([CHAT, {"messages": [{"role": "user", "content": "hi"}]}])),
+    Case("jsonl-content-is-a-number", ["train", "r.yaml"], ["data.jsonl", "row 2", "content", "a number"],
+         setup(data=lines([CHAT, {"messages": [{"role": "user", "content": 5}, {"role": "assistant",
+                                                                              "content": "5"}]}]))),
+    Case("saved-data-set-damaged", ["train", "--check", "r.yaml", "data.source=saved"],
+         ["saved/dataset_info.json", "not valid JSON"], setup(files={"saved/dataset_info.json": "{"})),
+    Case("prepared-marker-damaged", ["train", "r.yaml"], ["ctrain-prepared.json", "damaged", "--force"],
+         setup(files={"outputs/r/prepared/ctrain-prepared.json": "{half"})),
+    Case("datasets-cache-read-only", ["prepare", "r.yaml"], ["HF_DATASETS_CACHE", "read-only"],
+         setup(dirs=("hf",)), env={"HF_DATASETS_CACHE": "hf/datasets"}, wrap=read_only("hf")),
     Case("data-source-missing", ["prepare", "r.yaml", "data.source=nope.jsonl"], ["nope.jsonl", "does not exist"],
          setup()),
     # 2. recipes that are not YAML mappings of known keys of the right types
@@ -146,6 +172,10 @@ CASES = [
          setup(files={"ctrain.yaml": b"slurm:\xff\n"})),
     Case("ctrain-yaml-invalid", [*SUBMIT, "--dry-run", "r.yaml"], ["ctrain.yaml", "line 2", "not valid YAML"],
          setup(files={"ctrain.yaml": "slurm:\n  nodes: [1\n"})),
+    Case("ctrain-yaml-is-a-list", [*SUBMIT, "--dry-run", "r.yaml"], ["ctrain.yaml", "a list"],
+         setup(files={"ctrain.yaml": "- slurm\n"})),
+    Case("ctrain-yaml-job-name", [*SUBMIT, "--dry-run", "r.yaml"], ["ctrain.yaml", "line 3", "job name", "'/'"],
+         setup(files={"ctrain.yaml": "slurm:\n  nodes: 1\n  job_name: team/run\n"})),
     Case("ctrain-yaml-unknown-key", [*SUBMIT, "--dry-run", "r.yaml"], ["ctrain.yaml", "line 2", "slurm.nodez"],
          setup(files={"ctrain.yaml": "slurm:\n  nodez: 2\n"})),
     # 6. empty recipes say what the least recipe is
@@ -197,6 +227,7 @@ CASES = [
          setup(files={"outputs/r/final": "x"})),
     Case("eval-output-read-only", ["eval", "r.yaml"], ["outputs/r", "read-only"], trained,
          wrap=read_only("outputs/r")),
+    Case("eval-max-examples-zero", ["eval", "r.yaml", "--max-examples", "0"], ["--max-examples"], trained),
     Case("eval-no-model", ["eval", "r.yaml"], ["no trained model", "ctrain train"], setup()),
     # numbers out of range, paths of the wrong kind, overrides with unknown keys or bad values
     Case("max-length-over-positions", ["train", "r.yaml", "data.max_length=4096"],
@@ -227,6 +258,9 @@ CASES = [
          ["override 'training.max_stepz=5'", "did you mean 'max_steps'"], setup()),
     Case("override-bad-value", ["prepare", "r.yaml", "training.max_steps=lots"],
          ["override 'training.max_steps=lots'", "integer"], setup()),
+    Case("override-without-key", ["train", "r.yaml", "=5"], ["key=value"], setup()),
+    Case("optimizer-unknown", ["train", "r.yaml", "training.optim=adamw_fast"], ["training.optim", "adamw_torch"],
+         setup(), max_seconds=30),
     Case("override-without-equals", ["train", "r.yaml", "training.max_steps"], ["key=value"], setup()),
     Case("override-section-value", ["train", "--check", "r.yaml", "training=5"], ["override 'training=5'", "mapping"],
          setup()),
@@ -250,3 +284,84 @@ def test_bad_input(case: Case, tmp_path: Path) -> None:
     if case.wrap and not can_wrap_read_only():
         pytest.skip("needs unshare and mount namespaces to make a directory read-only")
     run_case(case, tmp_path, python=sys.executable)
+
+
+# --- the safety net and the messages a non-root user gets -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "says"),
+    [
+        (OSError(30, "Read-only file system", "/data/out"), "/data/out: read-only file system (EROFS): choose a directory"),
+        (PermissionError(13, "Permission denied", "/data/out"), "(EACCES): choose a directory you can write"),
+        (OSError(28, "No space left on device", "/data/out"), "(ENOSPC): free some space"),
+        (OSError(36, "File name too long", "/data/" + LONG), "(ENAMETOOLONG): choose a shorter name"),
+    ],
+)
+def test_file_system_refusals_that_escape_are_one_error_line(error: OSError, says: str) -> None:
+    from click.testing import CliRunner
+
+    from ctrain.cli import main
+
+    @main.command("_raise", hidden=True)
+    def _raise() -> None:
+        raise error
+
+    try:
+        result = CliRunner().invoke(main, ["_raise"])
+    finally:
+        main.commands.pop("_raise")
+    assert result.exit_code == 1
+    assert [line for line in result.output.splitlines() if line.startswith("error:")] == [
+        line for line in result.output.splitlines() if line.strip()
+    ]
+    assert says in result.output
+
+
+def test_other_os_errors_stay_tracebacks() -> None:
+    """A missing file the code itself should have checked is a bug: it must not hide behind error:."""
+    from click.testing import CliRunner
+
+    from ctrain.cli import main
+
+    @main.command("_raise", hidden=True)
+    def _raise() -> None:
+        raise FileNotFoundError(2, "No such file or directory", "/x")
+
+    try:
+        result = CliRunner().invoke(main, ["_raise"])
+    finally:
+        main.commands.pop("_raise")
+    assert isinstance(result.exception, FileNotFoundError)
+
+
+def test_a_directory_left_by_root_says_to_chown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a user sees after a run as root left outputs/NAME behind (root cannot be refused, so pretend)."""
+    import os
+
+    from ctrain import files
+    from ctrain.errors import ConfigError
+
+    out = tmp_path / "outputs" / "run"
+    (out / "checkpoint-10").mkdir(parents=True)
+    me = os.geteuid() + 1000
+    monkeypatch.setattr(files.os, "geteuid", lambda: me)
+    monkeypatch.setattr(files, "_can_write", lambda path: path.name != "checkpoint-10")
+    monkeypatch.setattr(files, "_user", lambda uid: "alice" if uid == me else "root")
+    with pytest.raises(ConfigError) as err:
+        files.check_tree(out, "training.output_dir", "set training.output_dir to a directory you can write")
+    text = str(err.value)
+    assert "checkpoint-10 belongs to root and alice cannot write to it" in text
+    assert f"sudo chown -R alice {out}" in text and "or set training.output_dir" in text
+
+
+def test_the_error_line_starts_the_line_under_the_rank_prefix() -> None:
+    import io
+
+    from ctrain.train.logs import PrefixedWriter
+
+    sink = io.StringIO()
+    writer = PrefixedWriter(sink, "[rank 0 host h] ")
+    writer.write("half a line")
+    writer.write_marked("error: ", "it broke")
+    assert sink.getvalue().splitlines() == ["[rank 0 host h] half a line", "error: [rank 0 host h] it broke"]

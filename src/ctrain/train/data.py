@@ -155,6 +155,17 @@ def _load_split(recipe: Recipe, source: Source, split: str, what: str, streaming
         raise
 
 
+def check_cache(recipe: Recipe) -> None:
+    """datasets converts files and hub data sets into Arrow files in its cache before anything else:
+    a cache that cannot be written fails the load, so say so first."""
+    if resolve_source(recipe.data).kind not in ("files", "hub"):
+        return
+    import datasets
+
+    check_directory(Path(datasets.config.HF_DATASETS_CACHE), "the datasets cache (HF_DATASETS_CACHE)",
+                    "set HF_HOME or HF_DATASETS_CACHE to a directory you can write")  # fmt: skip
+
+
 def load_raw(recipe: Recipe, streaming: bool | None = None) -> tuple[Any, Any | None]:
     """The recipe's (train, eval) examples before tokenization; eval is None without eval_split/eval_size."""
     data = recipe.data
@@ -164,6 +175,8 @@ def load_raw(recipe: Recipe, streaming: bool | None = None) -> tuple[Any, Any | 
         raise ConfigError(
             f"data.eval_split: {data.source} has a single split; hold examples out with data.eval_size instead"
         )
+    if not streaming:
+        check_cache(recipe)
     try:
         train = _load_split(recipe, source, data.split, "data.split", streaming)
         evaluation = (

@@ -59,6 +59,9 @@ def check(recipe: Recipe, model_dir: Path | None = None) -> None:
     check_directory(recipe.output_dir, "the output directory", other)
     if recipe.output_dir.is_dir():
         check_file(recipe.output_dir / EVAL_FILE, "the result", other)
+    from ctrain.train.data import check_cache
+
+    check_cache(recipe)
 
 
 def evaluate(recipe: Recipe, model_dir: Path | None = None, max_examples: int | None = None) -> dict[str, Any]:

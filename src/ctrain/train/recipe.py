@@ -616,17 +616,30 @@ def _arrow_columns(path: Path, fmt: str) -> list[str]:
         raise ConfigError(f"data.source: {path} is not a readable {fmt} file ({detail})") from None
 
 
+def _json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from a file datasets wrote; a ConfigError naming the file when it is damaged."""
+    try:
+        data = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"data.source: cannot read {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"data.source: {path} is not valid JSON ({exc}): save the data set again") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"data.source: {path} is not a JSON object: save the data set again")
+    return data
+
+
 def _disk_columns(directory: Path, split: str) -> list[str] | None:
     if (directory / "dataset_dict.json").is_file():
-        splits = json.loads((directory / "dataset_dict.json").read_text()).get("splits", [])
+        splits = _json_object(directory / "dataset_dict.json").get("splits") or []
         if split not in splits:
-            raise ConfigError(f"data.split: {directory} has no split '{split}'; splits: {', '.join(splits)}")
+            raise ConfigError(f"data.split: {directory} has no split '{split}'; splits: {', '.join(map(str, splits))}")
         directory = directory / split
     info = directory / "dataset_info.json"
     if not info.is_file():
         return None
-    features = json.loads(info.read_text()).get("features") or {}
-    return list(features) or None
+    features = _json_object(info).get("features") or {}
+    return list(features) if isinstance(features, dict) and features else None
 
 
 def example_kind(columns: list[str], recipe: Recipe) -> Literal["messages", "prompt_completion", "text"]:

@@ -60,6 +60,10 @@ def _chat_problem(chat: Any, name: str, recipe: Recipe, need_assistant: bool) ->
             )
         if not isinstance(message["role"], str):
             return f"has {_kind_name(message['role'])} as the role of message {number} of '{name}', not a string"
+        if not isinstance(message["content"], (str, list)):
+            return (
+                f"has {_kind_name(message['content'])} as the content of message {number} of '{name}', not a string"
+            )
     if need_assistant and not any(m["role"] == "assistant" for m in chat):
         return (
             f"has a chat in '{name}' without an assistant message: with data.assistant_only_loss there is nothing "
@@ -215,11 +219,50 @@ def header_columns(path: Path, fmt: str) -> list[str]:
     raise ConfigError(f"data.source: {path} holds no rows")
 
 
+def _arrow_file(path: Path, fmt: str, kind: str, recipe: Recipe) -> None:
+    """Check the columns the task reads of one parquet or Arrow file, as :func:`check_loaded` does."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = recipe.data
+    names = {
+        "messages": [data.messages_column],
+        "prompt_completion": [data.prompt_column, data.completion_column],
+        "text": [data.text_column],
+    }[kind]
+    try:
+        if fmt == "parquet":
+            present = pq.read_schema(path).names
+            table = pq.read_table(path, columns=[n for n in names if n in present])
+        else:
+            with pa.memory_map(str(path)) as source:
+                try:
+                    table = pa.ipc.open_stream(source).read_all()
+                except pa.ArrowInvalid:
+                    table = pa.ipc.open_file(source).read_all()
+    except (pa.ArrowException, ValueError, KeyError) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"data.source: {path} is not a readable {fmt} file ({detail})") from None
+    missing = [n for n in names if n not in table.column_names]
+    if missing:
+        raise ConfigError(
+            f"data.source: {path} has no column {missing[0]!r} (its columns: {', '.join(table.column_names)}; "
+            f"every file needs {' and '.join(map(repr, names))}, as the first one has)"
+        )
+    _check_table(table, names, kind, recipe, lambda i: f"{path} row {i + 1}")
+
+
 def scan_files(source: Source, kind: str, recipe: Recipe, budget: int | None = SCAN_BYTES) -> bool:
-    """Check each row of local JSON/CSV files (ConfigError at the first bad one); False when the byte
-    budget ran out first (the rest is checked once the data set loads)."""
+    """Check each row of local files (ConfigError at the first bad one); False when the byte budget
+    ran out first (the rest is checked once the data set loads)."""
     read = 0
     for path in source.files:
+        if source.format in ("parquet", "arrow"):
+            read += path.stat().st_size
+            if budget is not None and read > budget:
+                return False
+            _arrow_file(path, source.format, kind, recipe)
+            continue
         if source.format not in ("json", "csv"):
             return True
         rows = json_rows(path) if source.format == "json" else csv_rows(path)
@@ -261,6 +304,9 @@ def _column_problem(column: Any, name: str, kind: str, recipe: Recipe) -> tuple[
     item = column.type.value_type
     if not pa.types.is_struct(item) or {"role", "content"} - {item.field(i).name for i in range(item.num_fields)}:
         return 0, f"has {item} messages in '{name}', not {{role, content}} objects"
+    content = item.field("content").type
+    if not (pa.types.is_string(content) or pa.types.is_large_string(content) or pa.types.is_list(content)):
+        return 0, f"has {content} message contents in '{name}', not strings"
     if kind == "messages":
         row = _first(pc.equal(pc.list_value_length(column), 0))
         if row is not None:
@@ -290,7 +336,10 @@ def check_loaded(dataset: Any, kind: str, recipe: Recipe, where: Callable[[int],
         "prompt_completion": [data.prompt_column, data.completion_column],
         "text": [data.text_column],
     }[kind]
-    table = getattr(dataset.data, "table", dataset.data)
+    _check_table(getattr(dataset.data, "table", dataset.data), names, kind, recipe, where)
+
+
+def _check_table(table: Any, names: list[str], kind: str, recipe: Recipe, where: Callable[[int], str]) -> None:
     for name in names:
         offset = 0
         for chunk in table.column(name).chunks:

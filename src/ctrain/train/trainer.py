@@ -91,6 +91,11 @@ def plan(recipe: Recipe) -> Layout:
         )
     if engine == "fast" and recipe.fast.batching == "packed" and not recipe.data.packing:
         raise ConfigError("fast.batching: packed needs data.packing: true (or set fast.batching: padded)")
+    from transformers.training_args import OptimizerNames
+
+    optimizers = [o.value for o in OptimizerNames]
+    if recipe.training.optim not in ("auto", *optimizers):
+        raise ConfigError(f"training.optim is {recipe.training.optim!r}; valid: auto, {', '.join(optimizers)}")
     return Layout(rank, world, device_type, _precision(recipe, device_type), engine, per_device, accumulation)
 
 
@@ -349,6 +354,7 @@ def run(recipe: Recipe) -> int:
 
         if data.prepared_info(recipe, recipe.prepared_dir) is None:
             data.check_target(recipe.prepared_dir)
+            data.check_cache(recipe)
     if rank == 0:
         for note in notes:
             log.info("note: %s", note)
