@@ -592,6 +592,7 @@ def source_columns(source: Source, data: DataSettings) -> list[str] | None:
                 import pyarrow.parquet as pq  # noqa: F401
             except ImportError:
                 return None
+            # Every file's footer (cheap): a broken one among many is named here, not by the loader.
             columns = [_arrow_columns(path, source.format) for path in source.files]
             return columns[0]
     except OSError as exc:
