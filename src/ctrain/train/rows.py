@@ -52,7 +52,9 @@ def _chat_problem(chat: Any, name: str, recipe: Recipe, need_assistant: bool) ->
     for number, message in enumerate(chat, 1):
         if not isinstance(message, dict):
             return f"has {_kind_name(message)} as message {number} of '{name}', not a {{role, content}} object"
-        missing = [key for key in ("role", "content") if message.get(key) is None]
+        # An assistant turn that calls tools may have no content.
+        needed = ("role",) if message.get("tool_calls") else ("role", "content")
+        missing = [key for key in needed if message.get(key) is None]
         if missing:
             return (
                 f"has no {' or '.join(repr(k) for k in missing)} in message {number} of '{name}' "
@@ -60,7 +62,7 @@ def _chat_problem(chat: Any, name: str, recipe: Recipe, need_assistant: bool) ->
             )
         if not isinstance(message["role"], str):
             return f"has {_kind_name(message['role'])} as the role of message {number} of '{name}', not a string"
-        if not isinstance(message["content"], (str, list)):
+        if message.get("content") is not None and not isinstance(message["content"], (str, list)):
             return (
                 f"has {_kind_name(message['content'])} as the content of message {number} of '{name}', not a string"
             )
@@ -313,8 +315,12 @@ def _column_problem(column: Any, name: str, kind: str, recipe: Recipe) -> tuple[
             return row, f"has an empty chat in '{name}'"
     parents = pc.list_parent_indices(column)
     messages = pc.list_flatten(column)
+    fields = {item.field(i).name for i in range(item.num_fields)}
     for key in ("role", "content"):
-        at = _first(pc.is_null(pc.struct_field(messages, key)))
+        missing = pc.is_null(pc.struct_field(messages, key))
+        if key == "content" and "tool_calls" in fields:  # an assistant turn that calls tools may have no content
+            missing = pc.and_(missing, pc.is_null(pc.struct_field(messages, "tool_calls")))
+        at = _first(missing)
         if at is not None:
             return parents[at].as_py(), f"has a message without '{key}' in '{name}'"
     if kind == "messages" and recipe.data.assistant_only_loss:
