@@ -8,6 +8,7 @@ as a subprocess in its own directory, so what the command leaves on disk can be 
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import shutil
@@ -48,6 +49,7 @@ def read_only(*paths: str) -> tuple[str, ...]:
     return ("unshare", "--mount", *as_root, "sh", "-c", f'{mounts} && exec "$@"', "sh")
 
 
+@functools.cache
 def can_wrap_read_only() -> bool:
     """Whether :func:`read_only` works here (unshare present, mount namespaces allowed)."""
     if shutil.which("unshare") is None:

@@ -2,10 +2,11 @@
 is not a list of messages, or a line that is not JSON stops the run at once, with the file and the
 row, instead of as a ``TypeError`` deep inside tokenization minutes later.
 
-Two passes share one notion of a good row (:func:`row_problem`): :func:`scan_files` reads local
-JSON Lines, JSON and CSV files as plain text, without torch or datasets (``ctrain train --check``
-and ``ctrain submit`` run it on a login node), up to a byte budget; :func:`check_loaded` checks the
-whole loaded data set column by column in Arrow, whatever its format, before tokenizing.
+Two passes share one notion of a good row: :func:`scan_files` reads local files without torch or
+datasets (``ctrain train --check`` and ``ctrain submit`` run it on a login node), up to a byte
+budget: JSON Lines, JSON and CSV as text (:func:`row_problem`), parquet and Arrow with pyarrow;
+:func:`check_loaded` checks the whole loaded data set column by column in Arrow, whatever its
+format, before tokenizing.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def _columns(row: Mapping[str, Any]) -> str:
     return ", ".join(f"'{k}'" for k in row) or "none"
 
 
-def _chat_problem(chat: Any, name: str, recipe: Recipe, need_assistant: bool) -> str | None:
+def _chat_problem(chat: Any, name: str, need_assistant: bool) -> str | None:
     if not isinstance(chat, list):
         return f"has {_kind_name(chat)} in '{name}', not a chat (a list of {{role, content}} messages)"
     if not chat:
@@ -74,27 +75,33 @@ def _chat_problem(chat: Any, name: str, recipe: Recipe, need_assistant: bool) ->
     return None
 
 
+def columns_read(kind: str, recipe: Recipe) -> list[str]:
+    """The columns the task reads from each example of shape ``kind``."""
+    data = recipe.data
+    return {
+        "messages": [data.messages_column],
+        "prompt_completion": [data.prompt_column, data.completion_column],
+        "text": [data.text_column],
+    }[kind]
+
+
 def row_problem(row: Any, kind: str, recipe: Recipe) -> str | None:
     """What is wrong with one example for the shape ``kind`` the task reads it as; None if nothing."""
     data = recipe.data
     if not isinstance(row, dict):
         return _NOT_OBJECT.format(_kind_name(row))
-    wanted = {
-        "messages": [data.messages_column],
-        "prompt_completion": [data.prompt_column, data.completion_column],
-        "text": [data.text_column],
-    }[kind]
+    wanted = columns_read(kind, recipe)
     for name in wanted:
         if row.get(name) is None:
             what = f"no '{name}'" if name not in row else f"an empty (null) '{name}'"
             return f"has {what} (its columns: {_columns(row)}; every row needs {' and '.join(map(repr, wanted))})"
     if kind == "messages":
-        return _chat_problem(row[data.messages_column], data.messages_column, recipe, data.assistant_only_loss)
+        return _chat_problem(row[data.messages_column], data.messages_column, data.assistant_only_loss)
     if kind == "prompt_completion":
         prompt, completion = row[data.prompt_column], row[data.completion_column]
         if isinstance(prompt, list) and isinstance(completion, list):
-            return _chat_problem(prompt, data.prompt_column, recipe, False) or _chat_problem(
-                completion, data.completion_column, recipe, False
+            return _chat_problem(prompt, data.prompt_column, False) or _chat_problem(
+                completion, data.completion_column, False
             )
         if not (isinstance(prompt, str) and isinstance(completion, str)):
             return (
@@ -226,15 +233,10 @@ def _arrow_file(path: Path, fmt: str, kind: str, recipe: Recipe) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    data = recipe.data
-    names = {
-        "messages": [data.messages_column],
-        "prompt_completion": [data.prompt_column, data.completion_column],
-        "text": [data.text_column],
-    }[kind]
+    names = columns_read(kind, recipe)
     try:
         if fmt == "parquet":
-            present = pq.read_schema(path).names
+            present = list(pq.read_schema(path).names)
             table = pq.read_table(path, columns=[n for n in names if n in present])
         else:
             with pa.memory_map(str(path)) as source:
@@ -242,13 +244,14 @@ def _arrow_file(path: Path, fmt: str, kind: str, recipe: Recipe) -> None:
                     table = pa.ipc.open_stream(source).read_all()
                 except pa.ArrowInvalid:
                     table = pa.ipc.open_file(source).read_all()
+            present = list(table.column_names)
     except (pa.ArrowException, ValueError, KeyError) as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"data.source: {path} is not a readable {fmt} file ({detail})") from None
-    missing = [n for n in names if n not in table.column_names]
+    missing = [n for n in names if n not in present]
     if missing:
         raise ConfigError(
-            f"data.source: {path} has no column {missing[0]!r} (its columns: {', '.join(table.column_names)}; "
+            f"data.source: {path} has no column {missing[0]!r} (its columns: {', '.join(present)}; "
             f"every file needs {' and '.join(map(repr, names))}, as the first one has)"
         )
     _check_table(table, names, kind, recipe, lambda i: f"{path} row {i + 1}")
@@ -324,10 +327,13 @@ def _column_problem(column: Any, name: str, kind: str, recipe: Recipe) -> tuple[
         if at is not None:
             return parents[at].as_py(), f"has a message without '{key}' in '{name}'"
     if kind == "messages" and recipe.data.assistant_only_loss:
-        answered = pc.unique(pc.filter(parents, pc.equal(pc.struct_field(messages, "role"), "assistant")))
-        missing = sorted(set(range(len(column))) - set(answered.to_pylist()))
-        if missing:
-            return missing[0], (
+        import numpy as np
+
+        assistant = pc.equal(pc.struct_field(messages, "role"), "assistant").to_numpy(zero_copy_only=False)
+        answers = np.bincount(parents.to_numpy(zero_copy_only=False)[assistant], minlength=len(column))
+        unanswered = np.flatnonzero(answers == 0)
+        if len(unanswered):
+            return int(unanswered[0]), (
                 f"has a chat in '{name}' without an assistant message: with data.assistant_only_loss there is "
                 "nothing to learn from it (remove the row, or set data.assistant_only_loss: false)"
             )
@@ -336,13 +342,7 @@ def _column_problem(column: Any, name: str, kind: str, recipe: Recipe) -> tuple[
 
 def check_loaded(dataset: Any, kind: str, recipe: Recipe, where: Callable[[int], str]) -> None:
     """Check every row of a loaded (not streamed) data set; ``where(i)`` names 0-based row ``i``."""
-    data = recipe.data
-    names = {
-        "messages": [data.messages_column],
-        "prompt_completion": [data.prompt_column, data.completion_column],
-        "text": [data.text_column],
-    }[kind]
-    _check_table(getattr(dataset.data, "table", dataset.data), names, kind, recipe, where)
+    _check_table(getattr(dataset.data, "table", dataset.data), columns_read(kind, recipe), kind, recipe, where)
 
 
 def _check_table(table: Any, names: list[str], kind: str, recipe: Recipe, where: Callable[[int], str]) -> None:
