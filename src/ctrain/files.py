@@ -155,6 +155,10 @@ def check_file(path: Path, what: str, other: str = "choose another file") -> Non
         raise ConfigError(f"{what} {path} cannot be written: {problem[0]}: {problem[1]}, or {other}")
 
 
+# Directories and files check_tree looks at, at most: an output directory holds a few dozen.
+MAX_TREE_ENTRIES = 10_000
+
+
 def check_tree(directory: Path, what: str, other: str, skip: Iterable[Path] = ()) -> None:
     """:func:`check_directory`, and every directory inside and every file at the top can be written:
     a run as another user (root, in a container) leaves its files behind, owned by that user."""
@@ -166,6 +170,8 @@ def check_tree(directory: Path, what: str, other: str, skip: Iterable[Path] = ()
     for root, dirs, _ in os.walk(directory):
         dirs[:] = [d for d in dirs if Path(os.path.abspath(os.path.join(root, d))) not in skipped]
         found.append(Path(root))
+        if len(found) > MAX_TREE_ENTRIES:  # a directory named by mistake (/, a home): do not search it all
+            break
     for path in found:
         if not _can_write(path):
             problem, fix = _why_not(path, directory)

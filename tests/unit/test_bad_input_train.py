@@ -199,6 +199,10 @@ CASES = [
     # 4 and 7. places that cannot be written, found before the work starts
     Case("prepare-output-read-only", ["prepare", "r.yaml", "-o", "ro/prepared"], ["ro", "read-only"],
          setup(dirs=("ro",)), wrap=read_only("ro")),
+    Case("prepare-output-is-the-project", ["prepare", "r.yaml", "-o", "."], ["holds other files", "ctrain-prepared.json",
+                                                                          "new or empty directory"], setup()),
+    Case("prepared-dir-holds-data", ["train", "r.yaml", "data.prepared_dir=mine"], ["mine", "holds other files"],
+         setup(files={"mine/notes.txt": "mine"})),
     Case("prepare-output-is-a-file", ["prepare", "r.yaml", "-o", "data.jsonl"], ["data.jsonl", "is a file"],
          setup()),
     Case("prepare-output-under-a-file", ["prepare", "r.yaml", "-o", "data.jsonl/prepared"],
@@ -365,3 +369,18 @@ def test_the_error_line_starts_the_line_under_the_rank_prefix() -> None:
     writer.write("half a line")
     writer.write_marked("error: ", "it broke")
     assert sink.getvalue().splitlines() == ["[rank 0 host h] half a line", "error: [rank 0 host h] it broke"]
+
+
+def test_a_data_directory_too_large_to_search_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """data.source: ~ or / would be searched for minutes; past a bound it is a mistake, said at once."""
+    from ctrain.errors import ConfigError
+    from ctrain.train import recipe
+
+    for number in range(12):
+        (tmp_path / f"notes-{number}.txt").write_text("x")
+    (tmp_path / "train.jsonl").write_text(lines(GOOD))
+    monkeypatch.setattr(recipe, "MAX_SOURCE_ENTRIES", 10)
+    with pytest.raises(ConfigError, match="holds more than 10 files and directories: point it at the data"):
+        recipe.resolve_source(recipe.DataSettings(source=str(tmp_path)))
+    monkeypatch.setattr(recipe, "MAX_SOURCE_ENTRIES", 100)
+    assert recipe.resolve_source(recipe.DataSettings(source=str(tmp_path))).files == (tmp_path / "train.jsonl",)

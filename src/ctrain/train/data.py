@@ -429,11 +429,18 @@ def _count_tokens(dataset: Any) -> tuple[int, int]:
 
 def check_target(directory: Path) -> None:
     """The prepared data is written beside ``directory``, then renamed into place: both must be
-    writable before any tokenizing starts."""
+    writable before any tokenizing starts, and a directory it replaces must be an earlier prepare's,
+    never one holding other files (the source data, a project)."""
     other = "set data.prepared_dir (or --output) to a directory you can write"
     check_directory(directory, "the prepared data directory", other)
     if directory.exists():
         check_directory(directory.parent, "the prepared data directory's parent", other)
+        if not (directory / PREPARED_MARKER).is_file() and any(directory.iterdir()):
+            raise ConfigError(
+                f"the prepared data directory {directory} holds other files and no {PREPARED_MARKER}, so it is no "
+                "`ctrain prepare` output, and preparing would replace it: choose a new or empty directory "
+                "(--output, data.prepared_dir)"
+            )
 
 
 def prepare(recipe: Recipe, directory: Path | None = None, *, force: bool = False) -> dict[str, Any]:

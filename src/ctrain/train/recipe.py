@@ -503,7 +503,7 @@ def resolve_source(data: DataSettings) -> Source:
                 or (path / "state.json").is_file()
             ):
                 return Source("disk", raw, directory=path)
-            files = tuple(sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FILE_FORMATS))
+            files = _data_files(path, raw)
             if not files:
                 raise ConfigError(
                     f"data.source: {raw} is a directory with no data files ({', '.join(FILE_FORMATS)}) and is not a "
@@ -516,6 +516,27 @@ def resolve_source(data: DataSettings) -> Source:
     if _HUB_NAME.match(raw):
         return Source("hub", raw)
     raise ConfigError(f"data.source: {raw} is neither an existing path nor a hub data set name")
+
+
+# Entries a data.source directory is searched through at most: more is a directory named by
+# mistake (a home directory, /), whose search would take minutes.
+MAX_SOURCE_ENTRIES = 100_000
+
+
+def _data_files(directory: Path, raw: str) -> tuple[Path, ...]:
+    """The data files anywhere under ``directory``, sorted; a ConfigError when it is far too large to search."""
+    found = []
+    seen = 0
+    for root, dirs, names in os.walk(directory):
+        dirs.sort()
+        seen += len(dirs) + len(names)
+        if seen > MAX_SOURCE_ENTRIES:
+            raise ConfigError(
+                f"data.source: {raw} holds more than {MAX_SOURCE_ENTRIES} files and directories: point it at the "
+                f"data (a file, a glob such as {raw.rstrip('/')}/*.jsonl, or a directory of data files)"
+            )
+        found += [Path(root, n) for n in names if Path(n).suffix.lower() in FILE_FORMATS]
+    return tuple(sorted(p for p in found if p.is_file()))
 
 
 def _file_format(files: tuple[Path, ...], data: DataSettings) -> str:
