@@ -245,6 +245,8 @@ CASES = [
     Case("learning-rate-nan", ["train", "r.yaml", "training.learning_rate=.nan"], ["learning_rate", "finite"],
          setup()),
     Case("negative-seed", ["prepare", "r.yaml", "seed=-1"], ["seed", "-1"], setup()),
+    Case("eval-split-of-a-file", ["train", "r.yaml", "data.eval_size=null", "data.eval_split=test"],
+         ["data.eval_split", "single split", "data.eval_size"], setup()),
     Case("zero-eval-batch", ["eval", "r.yaml", "eval.batch_size=0"], ["eval.batch_size", "at least 1"], setup()),
     Case("negative-weight-decay", ["train", "r.yaml", "training.weight_decay=-0.1"], ["weight_decay"], setup()),
     Case("zero-world-size", ["train", "--check", "r.yaml", "--world-size", "0"], ["world size 0"], setup()),
@@ -384,3 +386,14 @@ def test_a_data_directory_too_large_to_search_is_refused(tmp_path: Path, monkeyp
         recipe.resolve_source(recipe.DataSettings(source=str(tmp_path)))
     monkeypatch.setattr(recipe, "MAX_SOURCE_ENTRIES", 100)
     assert recipe.resolve_source(recipe.DataSettings(source=str(tmp_path))).files == (tmp_path / "train.jsonl",)
+
+
+def test_config_overrides_that_make_no_valid_config(tmp_path: Path) -> None:
+    from ctrain.errors import ConfigError
+    from ctrain.train.model import load_config
+    from ctrain.train.recipe import load_recipe
+
+    project(tmp_path)
+    recipe = load_recipe(tmp_path / "r.yaml", ["model.config_overrides.num_attention_heads=3"])
+    with pytest.raises(ConfigError, match=r"do not make a valid llama config: .*not a multiple of .* heads \(3\)"):
+        load_config(recipe)

@@ -773,6 +773,10 @@ def check_recipe(recipe: Recipe, world_size: int | None = None) -> list[str]:
         if prepared.exists() and not (prepared / PREPARED_MARKER).is_file():
             notes.append(f"data.prepared_dir {prepared} exists but is not a finished `ctrain prepare` output")
     source = resolve_source(data)
+    if data.eval_split and source.kind in ("files", "builtin"):
+        raise ConfigError(
+            f"data.eval_split: {data.source} has a single split; hold examples out with data.eval_size instead"
+        )
     if source.kind == "hub":
         notes.append(f"data.source {data.source} is a hub data set: its columns are not checked here")
         return notes
