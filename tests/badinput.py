@@ -91,6 +91,7 @@ def run_case(case: Case, workdir: Path, python: str = sys.executable) -> subproc
         text=True,
         stdin=subprocess.DEVNULL,
         timeout=max(60.0, case.max_seconds * 6),
+        check=False,
     )
     elapsed = time.monotonic() - started
     output = result.stdout + result.stderr

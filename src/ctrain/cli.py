@@ -18,7 +18,6 @@ from ctrain.config import ProjectConfig, load_config
 from ctrain.errors import CtrainError
 from ctrain.redact import redact
 
-
 # What the system says when a place cannot be written: the user's to fix (another directory, space,
 # a shorter name), not a bug; any other OSError stays a traceback, for the bug it is.
 _USER_ERRNOS = {

@@ -332,4 +332,13 @@ def field_names(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
-__all__ = ["SettingsFile", "apply_overrides", "build", "field_names", "from_mapping", "load_yaml", "read_settings", "to_mapping"]
+__all__ = [
+    "SettingsFile",
+    "apply_overrides",
+    "build",
+    "field_names",
+    "from_mapping",
+    "load_yaml",
+    "read_settings",
+    "to_mapping",
+]

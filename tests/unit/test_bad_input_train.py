@@ -96,6 +96,8 @@ SUBMIT = ("submit", "--image", "img.sif")
 NOT_UTF8 = b"model:\n  path: caf\xe9\n"
 LONG = "n" * 300
 
+# One case a line or two, as a table reads best.
+# fmt: off
 CASES = [
     # 1. rows without the column, or of the wrong shape, named by file and row
     Case("train-row-without-messages", ["train", "r.yaml"], ["data.jsonl", "line 3", "row 3", "'messages'", "'text'"],
@@ -199,8 +201,8 @@ CASES = [
     # 4 and 7. places that cannot be written, found before the work starts
     Case("prepare-output-read-only", ["prepare", "r.yaml", "-o", "ro/prepared"], ["ro", "read-only"],
          setup(dirs=("ro",)), wrap=read_only("ro")),
-    Case("prepare-output-is-the-project", ["prepare", "r.yaml", "-o", "."], ["holds other files", "ctrain-prepared.json",
-                                                                          "new or empty directory"], setup()),
+    Case("prepare-output-is-the-project", ["prepare", "r.yaml", "-o", "."],
+         ["holds other files", "ctrain-prepared.json", "new or empty directory"], setup()),
     Case("prepared-dir-holds-data", ["train", "r.yaml", "data.prepared_dir=mine"], ["mine", "holds other files"],
          setup(files={"mine/notes.txt": "mine"})),
     Case("prepare-output-is-a-file", ["prepare", "r.yaml", "-o", "data.jsonl"], ["data.jsonl", "is a file"],
@@ -278,6 +280,7 @@ CASES = [
     Case("submit-recipe-empty", [*SUBMIT, "--write-script", "x.sbatch", "r.yaml"], ["is empty", "model:"],
          setup(recipe="")),
 ]
+# fmt: on
 
 
 def test_the_table_is_large_and_unique() -> None:
@@ -298,7 +301,7 @@ def test_bad_input(case: Case, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("error", "says"),
     [
-        (OSError(30, "Read-only file system", "/data/out"), "/data/out: read-only file system (EROFS): choose a directory"),
+        (OSError(30, "Read-only file system", "/data/out"), "/data/out: read-only file system (EROFS): choose a"),
         (PermissionError(13, "Permission denied", "/data/out"), "(EACCES): choose a directory you can write"),
         (OSError(28, "No space left on device", "/data/out"), "(ENOSPC): free some space"),
         (OSError(36, "File name too long", "/data/" + LONG), "(ENAMETOOLONG): choose a shorter name"),

@@ -64,9 +64,7 @@ def _chat_problem(chat: Any, name: str, need_assistant: bool) -> str | None:
         if not isinstance(message["role"], str):
             return f"has {_kind_name(message['role'])} as the role of message {number} of '{name}', not a string"
         if message.get("content") is not None and not isinstance(message["content"], (str, list)):
-            return (
-                f"has {_kind_name(message['content'])} as the content of message {number} of '{name}', not a string"
-            )
+            return f"has {_kind_name(message['content'])} as the content of message {number} of '{name}', not a string"
     if need_assistant and not any(m["role"] == "assistant" for m in chat):
         return (
             f"has a chat in '{name}' without an assistant message: with data.assistant_only_loss there is nothing "
