@@ -4,20 +4,25 @@ A user's mistake (a broken recipe, a missing image, a read-only directory, count
 fit) must end in exactly one ``error:`` line that says what to do, a non-zero exit, no Python
 traceback, and nothing written or left behind. Each case runs the real ``ctrain`` entry point
 as a subprocess in its own directory, so what the command leaves on disk can be compared.
+
+A read-only directory or a full disk is made for the command alone, in a private mount
+namespace (``unshare -m``; root only): a read-only bind mount of the directory onto itself, or a
+small tmpfs over it, gone when the command ends. Before it ends, what the command left in the
+full tmpfs is listed, so "nothing left behind" holds there too.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import ctrain
 
 Setup = Callable[[Path], None]
 
@@ -35,27 +40,40 @@ class Case:
     max_seconds: float = 10.0
     # Paths (relative to the case's directory) the command may create, such as a lock it removes.
     may_leave: Sequence[str] = ()
-    # A command the run goes through, such as read_only(...): WRAP... python -m ctrain ARGS.
-    wrap: Sequence[str] = ()
+    # Text the output must not contain anywhere (a password given in a URL, say).
+    never_says: Sequence[str] = ()
+    # Directories (relative to the case's directory, made by setup) the command sees read-only.
+    read_only: Sequence[str] = ()
+    # Directories (relative, made by setup) the command sees as a nearly full disk (a tmpfs of full_size).
+    full_disk: Sequence[str] = ()
+    full_size: str = "1m"
+    # Run without root's power over file modes (CAP_DAC_OVERRIDE), so a chmod 000 file is unreadable.
+    respect_modes: bool = False
 
 
-def read_only(*paths: str) -> tuple[str, ...]:
-    """A ``wrap`` that mounts ``paths`` (relative to the case's directory) read-only for the command alone,
-    in a private mount namespace: writing there fails with EROFS, for root too (root ignores modes)."""
-    mounts = " && ".join(
-        f"mount --bind {q} {q} && mount -o remount,bind,ro {q}" for q in (shlex.quote(p) for p in paths)
+_LEFTOVER = "badinput-leftover: "
+_SOURCE = str(Path(ctrain.__file__).resolve().parents[1])
+
+
+def _namespaced(case: Case, workdir: Path, command: list[str]) -> list[str]:
+    """``command`` in a private mount namespace with the case's read-only and full directories (and
+    without root's power over file modes, when asked); afterwards it lists what stayed in the full
+    ones (``badinput-leftover:`` lines)."""
+    if case.respect_modes:
+        dropped = "-dac_override,-dac_read_search"
+        command = ["setpriv", f"--bounding-set={dropped}", f"--inh-caps={dropped}", *command]
+    if not case.read_only and not case.full_disk:
+        return command
+    quoted = {d: shlex.quote(str(workdir / d)) for d in [*case.read_only, *case.full_disk]}
+    mounts = [f"mount --bind -o ro {quoted[d]} {quoted[d]}" for d in case.read_only]
+    mounts += [f"mount -t tmpfs -o size={shlex.quote(case.full_size)} tmpfs {quoted[d]}" for d in case.full_disk]
+    listing = " ".join(quoted[d] for d in case.full_disk)
+    script = (
+        " && ".join(mounts) + ' || exit 99; "$@"; rc=$?; '
+        + (f'for d in {listing}; do ls -A "$d" | sed "s|^|{_LEFTOVER}$d/|" >&2; done; ' if listing else "")
+        + "exit $rc"
     )
-    as_root = () if os.geteuid() == 0 else ("--map-root-user",)
-    return ("unshare", "--mount", *as_root, "sh", "-c", f'{mounts} && exec "$@"', "sh")
-
-
-@functools.cache
-def can_wrap_read_only() -> bool:
-    """Whether :func:`read_only` works here (unshare present, mount namespaces allowed)."""
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run([*read_only("."), "true"], cwd="/tmp", capture_output=True, check=False)
-    return probe.returncode == 0
+    return ["unshare", "-m", "sh", "-c", script, "sh", *command]
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
@@ -78,24 +96,24 @@ def run_case(case: Case, workdir: Path, python: str = sys.executable) -> subproc
         case.setup(workdir)
     before = _snapshot(workdir)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", **case.env}
+    # The command runs the ctrain these tests import, whatever the working directory: a relative
+    # PYTHONPATH (PYTHONPATH=src) would not reach it from the case's directory.
+    env["PYTHONPATH"] = os.pathsep.join([_SOURCE, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
     env.pop("CTRAIN_CONFIG", None)
-    # The command runs in ``workdir``: a relative PYTHONPATH (PYTHONPATH=src) must still find this checkout.
-    if env.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep) if p)
     started = time.monotonic()
     result = subprocess.run(
-        [*case.wrap, python, "-m", "ctrain", *case.args],
+        _namespaced(case, workdir, [python, "-m", "ctrain", *case.args]),
         cwd=workdir,
         env=env,
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
         timeout=max(60.0, case.max_seconds * 6),
-        check=False,
     )
     elapsed = time.monotonic() - started
     output = result.stdout + result.stderr
     where = f"ctrain {' '.join(case.args)}\n--- output ---\n{output}"
+    assert result.returncode != 99 or not (case.read_only or case.full_disk), f"mounts failed (root?): {where}"
     assert result.returncode != 0, f"exit 0 for bad input: {where}"
     if case.exit_code is not None:
         assert result.returncode == case.exit_code, f"exit {result.returncode}, expected {case.exit_code}: {where}"
@@ -105,7 +123,11 @@ def run_case(case: Case, workdir: Path, python: str = sys.executable) -> subproc
     message = output[output.index("error:"):]
     for text in case.says:
         assert text.lower() in message.lower(), f"the error does not say {text!r}: {where}"
+    for text in case.never_says:
+        assert text not in output, f"the output shows {text!r}: {where}"
     assert elapsed < case.max_seconds, f"took {elapsed:.1f} s (limit {case.max_seconds} s): {where}"
+    leftovers = [line.removeprefix(_LEFTOVER) for line in output.splitlines() if line.startswith(_LEFTOVER)]
+    assert not leftovers, f"left behind on the full disk {leftovers}: {where}"
     after = _snapshot(workdir)
     allowed = set(case.may_leave)
     new = sorted(p for p in after if p not in before and not any(p == a or p.startswith(a + "/") for a in allowed))

@@ -46,10 +46,12 @@ ctrain_settings() {
     : "${CTRAIN_DRY_RUN:=0}"                     # 1: print the commands instead of running them
 
     # Files are given relative to the project directory; the containers need absolute paths
-    # (pyxis reads a relative image path as a registry reference).
-    if [[ $CTRAIN_IMAGE == */* || $CTRAIN_IMAGE == *.sif || $CTRAIN_IMAGE == *.sqsh ]] &&
-        [[ $CTRAIN_IMAGE != *://* && $CTRAIN_IMAGE != *#* ]]; then
+    # (pyxis reads a relative image path as a registry reference). pyxis takes a registry
+    # reference in enroot's spelling (nvcr.io#nvidia/pytorch:TAG), users copy Docker's.
+    if ctrain_image_is_file "$CTRAIN_IMAGE"; then
         CTRAIN_IMAGE=$(ctrain_abspath "$CTRAIN_IMAGE")
+    elif [[ $CTRAIN_RUNTIME == pyxis ]]; then
+        CTRAIN_IMAGE=$(ctrain_enroot_image "$CTRAIN_IMAGE")
     fi
     CTRAIN_HF_CACHE=$(ctrain_abspath "$CTRAIN_HF_CACHE")
     CTRAIN_OUTPUTS=$(ctrain_abspath "$CTRAIN_OUTPUTS")
@@ -150,8 +152,11 @@ ctrain_container_apptainer() {
     if [[ $CTRAIN_DRY_RUN != 1 ]]; then
         command -v "$apptainer" >/dev/null ||
             ctrain_die "neither apptainer nor singularity is on PATH (try: module load apptainer)"
-        [[ $CTRAIN_IMAGE == *://* || -r $CTRAIN_IMAGE ]] ||
+        if [[ $CTRAIN_IMAGE != *://* && ! -r $CTRAIN_IMAGE ]]; then
+            ctrain_image_is_file "$CTRAIN_IMAGE" || ctrain_die "image '$CTRAIN_IMAGE' is a registry" \
+                "reference: Apptainer pulls it as IMAGE=docker://$CTRAIN_IMAGE (or run: ctrain convert --to sif)"
             ctrain_die "image '$CTRAIN_IMAGE' cannot be read (set IMAGE=..., or run: ctrain convert --to sif)"
+        fi
     fi
     CTRAIN_CONTAINER=("$apptainer" exec)
     # GPUs only when Slurm gave the job some: --nv on a CPU node only prints warnings.
@@ -172,6 +177,9 @@ ctrain_container_apptainer() {
 # pyxis: options for srun itself (pyxis is a plugin of srun); the command then runs in the image.
 ctrain_container_pyxis() {
     local mounts
+    if [[ $CTRAIN_DRY_RUN != 1 && $CTRAIN_IMAGE == /* && ! -r $CTRAIN_IMAGE ]]; then
+        ctrain_die "image '$CTRAIN_IMAGE' cannot be read (set IMAGE=..., or run: ctrain convert --to sqsh)"
+    fi
     mounts=$(IFS=,; echo "${CTRAIN_MOUNT_LIST[*]}")
     CTRAIN_SRUN_CONTAINER=(
         --container-image="$CTRAIN_IMAGE" # a .sqsh file, or a registry reference (nvcr.io#nvidia/pytorch:TAG)
@@ -328,9 +336,50 @@ ctrain_show() {
     echo "$line"
 }
 
-# An absolute path for a file setting given relative to the project directory.
+# An absolute path for a file setting given relative to the project directory (or to ~).
 ctrain_abspath() {
-    [[ $1 == /* ]] && echo "$1" || echo "$CTRAIN_PROJECT_DIR/${1#./}"
+    case $1 in
+        /*) echo "$1" ;;
+        "~"/*) echo "$HOME/${1#"~/"}" ;;
+        *) echo "$CTRAIN_PROJECT_DIR/${1#./}" ;;
+    esac
+}
+
+# Whether an image setting names a file (else a registry reference): a path (/, ./, ../, ~/), a
+# name ending .sif, .sqsh or .squashfs, or something that exists in the project directory; never
+# a URI (docker://...). The same rule in Python is ctrain.submit.image_is_file; a test keeps the
+# two in agreement.
+ctrain_image_is_file() {
+    case $1 in
+        "") return 1 ;;
+        /* | ./* | ../* | "~"/* | . | ..) return 0 ;;
+        *://*) return 1 ;;
+        *.sif | *.sqsh | *.squashfs) return 0 ;;
+    esac
+    local path
+    path=$(ctrain_abspath "$1")
+    [[ -e $path || -L $path ]]
+}
+
+# A registry reference as enroot spells it for pyxis, [REGISTRY#]IMAGE[:TAG]:
+# nvcr.io/nvidia/pytorch:TAG -> nvcr.io#nvidia/pytorch:TAG, docker.io/library/ubuntu:TAG ->
+# ubuntu:TAG, docker://REF -> REF converted; enroot's own form and other URIs stay as they are.
+# The same conversion in Python (with the checks) is ctrain.image.reference.enroot.
+ctrain_enroot_image() {
+    local ref=${1#docker://} first
+    first=${ref%%/*}
+    if [[ $ref == *://* || $ref == *#* || $ref != */* ]] ||
+        [[ $first != *.* && $first != *:* && $first != localhost ]]; then
+        echo "$ref"
+        return
+    fi
+    case $first in
+        docker.io | index.docker.io | registry-1.docker.io)
+            ref=${ref#*/}
+            echo "${ref#library/}"
+            ;;
+        *) echo "$first#${ref#*/}" ;;
+    esac
 }
 
 ctrain_die() {

@@ -47,8 +47,9 @@ def _error(message: str) -> None:
 
 
 class _Group(click.Group):
-    """Turns :class:`CtrainError`, usage mistakes and the file system's refusals into one ``error: ...`` line
-    (credentials masked) and a non-zero exit."""
+    """Turns :class:`CtrainError`, bad option values (a missing ``--file``, an unknown ``--to``, with a
+    pointer to --help) and the file system's refusals into one ``error: ...`` line (credentials
+    masked) and a non-zero exit."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -57,9 +58,10 @@ class _Group(click.Group):
             _error(str(exc))
             sys.exit(exc.exit_code)
         except click.ClickException as exc:
-            if isinstance(exc, click.UsageError) and exc.ctx is not None:
-                click.echo(f"{exc.ctx.get_usage()}\nTry '{exc.ctx.command_path} --help' for help.", err=True)
-            _error(exc.format_message())
+            hint = ""
+            if isinstance(exc, click.UsageError):
+                hint = f" (see {exc.ctx.command_path if exc.ctx else 'ctrain'} --help)"
+            _error(exc.format_message() + hint)
             sys.exit(exc.exit_code)
         except OSError as exc:
             if exc.errno not in _USER_ERRNOS:
@@ -532,8 +534,6 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
     job = jobs.prepare(project(ctx), recipe=recipe, overrides=overrides, script=script, runtime=runtime, nodes=nodes,
                        time=time_limit, partition=partition, account=account, gpus_per_node=gpus_per_node,
                        ntasks_per_node=ntasks_per_node, image=image, launcher=launcher, job_name=job_name)  # fmt: skip
-    if write_script:
-        jobs.check_writable(job, write_script)
     warnings = jobs.check(job)
     if dry_run:
         click.echo(job.describe(), nl=False)
@@ -542,8 +542,7 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
     if dry_run:
         return
     if write_script:
-        write_script.write_text(job.text)
-        job.log_dir.mkdir(parents=True, exist_ok=True)
+        jobs.write_script(job, write_script)
         info(f"wrote {write_script}; queue it from {job.project} with: sbatch {write_script}")
         return
     job_id, log = jobs.submit(job)

@@ -40,10 +40,19 @@ class ImageConfig:
         return f"{self.name}:{self.tag}"
 
     def validate(self) -> None:
-        if not self.name or any(c in self.name for c in " :@"):
-            raise ConfigError(f"image.name {self.name!r} must be a plain image name (no spaces, ':' or '@')")
-        if not self.tag or any(c in self.tag for c in " :/@"):
-            raise ConfigError(f"image.tag {self.tag!r} must be a plain tag (no spaces, ':', '/' or '@')")
+        from ctrain.image.reference import TAG, problem
+
+        if not self.name or any(c in self.name for c in " :@") or problem(self.name):
+            why = f": {problem(self.name)}" if self.name and problem(self.name) else ""
+            raise ConfigError(
+                f"image.name {self.name!r} must be a plain image name (lowercase letters, digits, . _ - and /; no "
+                f"spaces, ':' or '@'){why}"
+            )
+        if not self.tag or any(c in self.tag for c in " :/@") or not TAG.fullmatch(self.tag):
+            raise ConfigError(
+                f"image.tag {self.tag!r} must be a plain tag (up to 128 letters, digits, _ . -, not starting with . "
+                "or -; no spaces, ':', '/' or '@')"
+            )
 
 
 @dataclass

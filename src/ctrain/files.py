@@ -1,17 +1,19 @@
 """Writing files: small ones so that readers see the old content or the new, never a torn one; and
-checks, before expensive work starts, that the places a command will write to can be written."""
+finding out, before a long job, whether the places a command will write to take files at all."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
 import stat
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ctrain.errors import ConfigError
+from ctrain.errors import ConfigError, CtrainError
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -36,6 +38,56 @@ def atomic_write_text(path: Path, text: str) -> None:
 def atomic_write_json(path: Path, data: Any, indent: int = 1) -> None:
     """:func:`atomic_write_text` of ``data`` as JSON with a trailing newline."""
     atomic_write_text(path, json.dumps(data, indent=indent) + "\n")
+
+
+def writable_dir_problem(directory: Path) -> str | None:
+    """Why files cannot be created in ``directory`` (missing, not a directory, read-only, no
+    permission, full), or None when they can. Found by creating and removing an empty file: the only
+    test that root, read-only mounts, ACLs and quotas all answer truthfully."""
+    if not directory.exists():
+        return f"{directory} does not exist"
+    if not directory.is_dir():
+        return f"{directory} is not a directory"
+    try:
+        descriptor, probe = tempfile.mkstemp(prefix=".ctrain-probe-", dir=directory)
+    except OSError as exc:
+        return f"{directory} is not writable ({exc.strerror})"
+    os.close(descriptor)
+    os.unlink(probe)
+    return None
+
+
+def creatable_dir_problem(directory: Path) -> str | None:
+    """Why ``directory`` cannot be made, or once made cannot take files; None when it can. Checks
+    the nearest part of it that exists, so nothing is created to find out."""
+    existing = next(d for d in (directory, *directory.parents) if d.exists() or d == d.parent)
+    if existing != directory and not existing.is_dir():
+        return f"{existing} is not a directory"
+    return writable_dir_problem(existing)
+
+
+def make_dirs(directory: Path, fix: str) -> list[Path]:
+    """Create ``directory`` and its missing parents; returns those it created, deepest first, so a
+    command that fails later can take them away again (:func:`remove_dirs`). ``fix`` completes the
+    error when they cannot be created."""
+    missing = []
+    here = directory
+    while not here.exists() and here != here.parent:
+        missing.append(here)
+        here = here.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        remove_dirs(missing)
+        raise CtrainError(f"cannot create {directory} ({exc.strerror}): {fix}") from exc
+    return missing
+
+
+def remove_dirs(directories: list[Path]) -> None:
+    """Remove the (empty) directories :func:`make_dirs` created; what is not empty stays."""
+    for directory in directories:
+        with contextlib.suppress(OSError):
+            directory.rmdir()
 
 
 # Linux's limit on one file name (NAME_MAX) and on a whole path (PATH_MAX, with its NUL).
@@ -116,7 +168,8 @@ def _name_problem(path: Path) -> tuple[str, str] | None:
 
 def directory_problem(path: Path) -> tuple[str, str] | None:
     """Why a directory cannot be created at ``path`` (or, when it exists, written into), with the fix;
-    None when it can. Only looks: nothing is created, so a refused command leaves nothing behind."""
+    None when it can. Creates nothing (at most an empty probe file, removed at once), so a refused
+    command leaves nothing behind."""
     path = Path(os.path.abspath(path))
     problem = _name_problem(path)
     if problem is not None:
@@ -127,9 +180,10 @@ def directory_problem(path: Path) -> tuple[str, str] | None:
     if not existing.is_dir():
         where = "" if existing == path else f", so {path} cannot be created"
         return f"{existing} is a file, not a directory{where}", "move the file away"
-    if _can_write(existing):
-        return None
-    return _why_not(existing)
+    if not _can_write(existing):
+        return _why_not(existing)
+    problem = writable_dir_problem(existing)  # what access() cannot know: quotas, root-squashed NFS
+    return (problem, "free some space or choose another directory") if problem else None
 
 
 def check_directory(path: Path, what: str, other: str = "choose another directory") -> None:

@@ -24,7 +24,8 @@ from pathlib import Path
 from ctrain import proc, slurm
 from ctrain.config import ProjectConfig, SlurmConfig
 from ctrain.errors import ConfigError, CtrainError
-from ctrain.files import check_directory, check_file, name_problem, shorten
+from ctrain.files import name_problem, shorten
+from ctrain.image import reference
 
 LIB = Path("sbatch/lib/ctrain.sh")
 # How every script in sbatch/ loads the library (the line `ctrain submit` replaces by the library).
@@ -68,9 +69,7 @@ _URI_SCHEMES = (
     "docker-archive:",
     "oci-archive:",
 )
-_ENROOT_REF = re.compile(r"(?:[\w.-]+@)?(?:[\w.-]+(?::\d+)?#)?[a-z0-9][\w./-]*(?::[\w.-]+|@sha256:[0-9a-f]{64})?")
-_SQUASHFS_MAGIC = b"hsqs"
-_SIF_MAGIC = b"SIF_MAGIC"
+IMAGE_SUFFIXES = (".sif", ".sqsh", ".squashfs")
 
 
 # --- settings checks (also run when ctrain.yaml is loaded) -----------------------------------------
@@ -248,7 +247,7 @@ def settings_env(c: SlurmConfig, config: ProjectConfig, project: Path, runtime: 
     """CTRAIN_* (and the config's own ``env``) values the config sets, as the scripts read them."""
     env: dict[str, str] = {}
     if c.image:
-        env["CTRAIN_IMAGE"] = _image_setting(c.image, config)
+        env["CTRAIN_IMAGE"] = _image_setting(c.image, config, runtime)
     elif not (os.environ.get("CTRAIN_IMAGE") or os.environ.get("IMAGE")):
         # What `ctrain convert` writes for this project's image.name:image.tag.
         from ctrain.image.convert import default_output
@@ -282,15 +281,66 @@ def settings_env(c: SlurmConfig, config: ProjectConfig, project: Path, runtime: 
     return env
 
 
-def _image_setting(image: str, config: ProjectConfig) -> str:
-    """A file path made absolute against the config; registry references and URIs as they are."""
-    if (
-        image.startswith(_URI_SCHEMES)
-        or "#" in image
-        or not ("/" in image or image.endswith((".sif", ".sqsh", ".squashfs")))
-    ):
+def image_is_file(image: str, project: Path) -> bool:
+    """Whether an image setting names a file, else a registry reference: a path (``/``, ``./``,
+    ``../``, ``~/``), a name ending .sif, .sqsh or .squashfs, or something that exists in the
+    project directory; never a URI. Users copy references from registries (nvcr.io/nvidia/pytorch:TAG),
+    so a ``/`` alone does not make a path. The same rule in bash is ``ctrain_image_is_file`` in
+    sbatch/lib/ctrain.sh (for jobs queued with plain sbatch); a test keeps the two in agreement."""
+    if not image:
+        return False
+    if image.startswith(("/", "./", "../", "~/")) or image in (".", ".."):
+        return True
+    if "://" in image:
+        return False
+    if image.endswith(IMAGE_SUFFIXES):
+        return True
+    return os.path.lexists(project / image)
+
+
+def _image_path(image: str, project: Path) -> Path:
+    path = Path(image).expanduser()
+    return path if path.is_absolute() else project / path
+
+
+def _image_setting(image: str, config: ProjectConfig, runtime: str) -> str:
+    """A file made absolute against the config; a registry reference checked, and for pyxis written
+    the way enroot reads it."""
+    if image_is_file(image, config.root):
+        return str(_image_path(image, config.root))
+    return _image_reference(image, runtime, config.root)
+
+
+def _image_reference(image: str, runtime: str, project: Path) -> str:
+    """A registry reference as the runtime takes it (a ConfigError when it cannot)."""
+    first = image.split("/", 1)[0]
+    if "/" in image and "://" not in image and "#" not in image and not reference.is_domain(first):
+        folder = project / first
+        if folder.is_dir():
+            inside = sorted(p.name for p in folder.iterdir() if p.name.endswith(IMAGE_SUFFIXES))
+            hint = f" (it holds {', '.join(inside[:3])})" if inside else ""
+            raise ConfigError(
+                f"image {project / image} does not exist, and {first}/ is a directory here{hint}: fix the file's name, "
+                f"or make it (ctrain convert); for Docker Hub's image {image} write docker.io/{image}"
+            )
+    if runtime == "pyxis":
+        return reference.enroot(image, "the image")
+    if image.startswith(("docker://", "oras://")):
+        reference.parse(image.split("://", 1)[1], f"the image {image!r}:", example=f"docker://{reference.EXAMPLE}")
         return image
-    return str(config.resolve(image))
+    if image.startswith(_URI_SCHEMES):
+        return image
+    as_docker = image.replace("#", "/", 1)
+    if reference.problem(as_docker) is None:
+        raise ConfigError(
+            f"the image {image!r} is a registry reference, which Apptainer pulls through a URI: use "
+            f"docker://{as_docker} (each node then converts it when the job starts), or make a SIF once "
+            "(ctrain convert --to sif) and give its path"
+        )
+    raise ConfigError(
+        f"the image {image!r} is neither an image file (.sif, or a path starting with / or ./) nor a "
+        f"registry URI (docker://{reference.EXAMPLE}); for Apptainer make one with ctrain convert --to sif"
+    )
 
 
 def _inside(path: Path, project: Path, what: str) -> Path:
@@ -387,7 +437,7 @@ def check(job: Job) -> list[str]:
     warnings: list[str] = []
     s = job.settings
     check_signal(job.options)
-    check_image(s["CTRAIN_IMAGE"], job.runtime)
+    check_image(s["CTRAIN_IMAGE"], job.runtime, job.project)
     if s["CTRAIN_LAUNCHER"] == "deepspeed":
         _project_file(job, s["CTRAIN_DEEPSPEED_CONFIG"], "the DeepSpeed config (CTRAIN_DEEPSPEED_CONFIG)")
     warnings += check_recipe(job)
@@ -410,56 +460,63 @@ def check_signal(options: dict[str, str | None]) -> None:
         )
 
 
-def check_image(image: str, runtime: str) -> None:
-    """The image exists and suits the runtime: a local file, or a well-formed reference."""
-    if runtime == "pyxis":
-        if image.startswith(("/", ".")):
-            kind = _image_kind(Path(image))
-            if kind != "squashfs":
-                raise ConfigError(
-                    f"pyxis needs an enroot squashfs, and {image} is {kind}: run `ctrain convert --to sqsh` "
-                    "and set slurm.image (or IMAGE) to the .sqsh"
-                )
-            return
-        ref = image.removeprefix("docker://")
-        first = ref.split("#", 1)[0].split("/", 1)[0] if "#" not in ref else ""
-        if not _ENROOT_REF.fullmatch(ref):
-            raise ConfigError(
-                f"{image!r} is neither a .sqsh path nor an image reference like nvcr.io#nvidia/pytorch:24.10-py3"
-            )
-        if "/" in ref and "#" not in ref and ("." in first or ":" in first or first == "localhost"):
-            fixed = ref.replace("/", "#", 1)
-            raise ConfigError(
-                f"{image!r}: enroot separates the registry with '#', not '/': use {fixed!r} "
-                f"(as written, enroot would look for an image named {ref.split(':')[0]!r} on Docker Hub)"
-            )
+def check_image(image: str, runtime: str, project: Path | None = None) -> None:
+    """The image exists and suits the runtime: a readable file of the runtime's format, or a
+    well-formed reference the runtime can pull."""
+    project = project or Path.cwd()
+    if not image_is_file(image, project):
+        _image_reference(image, runtime, project)
         return
-    if image.startswith(_URI_SCHEMES):
-        return
-    kind = _image_kind(Path(image))
-    if kind not in ("SIF", "squashfs", "a sandbox directory"):
+    path = _image_path(image, project)
+    kind = _image_kind(path, runtime)
+    if runtime == "pyxis" and kind != "squashfs":
+        fix = "ctrain convert --to sqsh" + (", or submit with --runtime apptainer" if kind == "SIF" else "")
+        raise ConfigError(
+            f"pyxis needs an enroot squashfs, and {image} is {'a ' + kind if kind == 'SIF' else kind}: run "
+            f"{fix}, and set slurm.image (or IMAGE) to the .sqsh"
+        )
+    if runtime == "apptainer" and kind == "squashfs":
+        raise ConfigError(
+            f"Apptainer needs a SIF, and {image} is a squashfs (enroot's format, for pyxis): run ctrain convert "
+            "--to sif and give the .sif, or submit with --runtime pyxis"
+        )
+    if runtime == "apptainer" and kind not in ("SIF", "a sandbox directory"):
         raise ConfigError(
             f"Apptainer cannot run {image}: it is {kind} (expected a .sif from `ctrain convert --to sif`)"
         )
 
 
-def _image_kind(path: Path) -> str:
-    if path.is_dir():
-        return "a sandbox directory"
+def _image_kind(path: Path, runtime: str) -> str:
+    """SIF, squashfs, a sandbox directory (Apptainer), or a description of what else it is; a
+    ConfigError for what is no image at all (missing, a plain directory, unreadable)."""
+    make = "ctrain convert --to " + ("sqsh" if runtime == "pyxis" else "sif")
     if not path.exists():
+        broken = " (a symbolic link to nothing)" if path.is_symlink() else ""
         raise ConfigError(
-            f"image {path} does not exist: build and convert it (`ctrain build && ctrain convert`), "
+            f"image {path} does not exist{broken}: build and convert it (`ctrain build && {make}`), "
             "or set slurm.image / IMAGE to an existing image"
         )
+    if path.is_dir():
+        if runtime == "apptainer" and (path / ".singularity.d").is_dir():
+            return "a sandbox directory"
+        inside = sorted(p.name for p in path.iterdir() if p.name.endswith(IMAGE_SUFFIXES))
+        hint = f" (it holds {', '.join(inside[:3])})" if inside else ""
+        raise ConfigError(f"image {path} is a directory, not an image file{hint}: give the image file's path")
+    if not path.is_file():
+        raise ConfigError(f"image {path} is not a regular file (a device or pipe?): give the image file's path")
+    from ctrain.image.convert import file_format
+
     try:
-        with path.open("rb") as handle:
-            head = handle.read(128)
+        found = file_format(path)
     except OSError as exc:
-        raise ConfigError(f"image {path} cannot be read: {exc.strerror}") from exc
-    if head.startswith(_SQUASHFS_MAGIC):
-        return "squashfs"
-    if _SIF_MAGIC in head:
-        return "SIF"
+        raise ConfigError(
+            f"image {path} cannot be read ({exc.strerror}): make it readable by the job's user "
+            f"(chmod a+r {path}) or copy it where they can read it"
+        ) from exc
+    if found is not None:
+        return {"sqsh": "squashfs", "sif": "SIF"}[found]
+    if path.stat().st_size == 0:
+        return "an empty file (an interrupted copy?)"
     return "not a container image (neither SIF nor squashfs)"
 
 
@@ -531,18 +588,34 @@ def check_gpus(job: Job) -> list[str]:
 # --- submit ---------------------------------------------------------------------------------------
 
 
-def check_writable(job: Job, script: Path | None = None) -> None:
-    """The log directory (and the script to write) can be written, before anything is: a refused
-    submit leaves no logs/ behind."""
-    if script is not None:
-        check_file(script, "the script", "choose another --write-script file")
-    check_directory(job.log_dir, "the log directory", f"submit from a project directory you can write ({job.project})")
+def make_log_dir(job: Job) -> None:
+    """The job's log directory, made and checked before anything is queued: Slurm does not create
+    the --output directory, and a job that cannot write its log fails without a word."""
+    from ctrain.files import creatable_dir_problem, make_dirs
+
+    fix = "run from a project directory you can write, or point --output (#SBATCH) elsewhere"
+    problem = creatable_dir_problem(job.log_dir)
+    if problem:
+        raise CtrainError(f"the job could not write its log: {problem}: {fix}")
+    make_dirs(job.log_dir, fix)
+
+
+def write_script(job: Job, path: Path) -> None:
+    """The rendered script to ``path``, for ``sbatch FILE`` later; checked first, written whole."""
+    from ctrain.files import atomic_write_text, writable_dir_problem
+
+    if path.is_dir():
+        raise CtrainError(f"--write-script {path} is a directory: give a file name, e.g. {path}/job.sbatch")
+    problem = writable_dir_problem(path.parent.absolute())
+    if problem:
+        raise CtrainError(f"cannot write {path}: {problem}: give --write-script a path in a directory you can write")
+    make_log_dir(job)
+    atomic_write_text(path, job.text)
 
 
 def submit(job: Job) -> tuple[str, Path]:
     """Queue the job; returns its id and its log, beside which a copy of the script is kept (.sbatch)."""
-    check_writable(job)
-    job.log_dir.mkdir(parents=True, exist_ok=True)  # Slurm does not create the --output directory
+    make_log_dir(job)
     job_id = slurm.sbatch([], cwd=job.project, script=job.text)
     log = slurm.log_path(job_id, search=[job.log_dir])
     log.with_suffix(".sbatch").write_text(job.text)

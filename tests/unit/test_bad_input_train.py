@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.badinput import Case, can_wrap_read_only, read_only, run_case
+from tests.badinput import Case, run_case
+from tests.conftest import need
 
 RECIPE = """\
 model:
@@ -148,7 +151,7 @@ CASES = [
     Case("prepared-marker-damaged", ["train", "r.yaml"], ["ctrain-prepared.json", "damaged", "--force"],
          setup(files={"outputs/r/prepared/ctrain-prepared.json": "{half"})),
     Case("datasets-cache-read-only", ["prepare", "r.yaml"], ["HF_DATASETS_CACHE", "read-only"],
-         setup(dirs=("hf",)), env={"HF_DATASETS_CACHE": "hf/datasets"}, wrap=read_only("hf")),
+         setup(dirs=("hf",)), env={"HF_DATASETS_CACHE": "hf/datasets"}, read_only=["hf"]),
     Case("data-source-missing", ["prepare", "r.yaml", "data.source=nope.jsonl"], ["nope.jsonl", "does not exist"],
          setup()),
     # 2. recipes that are not YAML mappings of known keys of the right types
@@ -200,7 +203,7 @@ CASES = [
          setup()),
     # 4 and 7. places that cannot be written, found before the work starts
     Case("prepare-output-read-only", ["prepare", "r.yaml", "-o", "ro/prepared"], ["ro", "read-only"],
-         setup(dirs=("ro",)), wrap=read_only("ro")),
+         setup(dirs=("ro",)), read_only=["ro"]),
     Case("prepare-output-is-the-project", ["prepare", "r.yaml", "-o", "."],
          ["holds other files", "ctrain-prepared.json", "new or empty directory"], setup()),
     Case("prepared-dir-holds-data", ["train", "r.yaml", "data.prepared_dir=mine"], ["mine", "holds other files"],
@@ -210,21 +213,21 @@ CASES = [
     Case("prepare-output-under-a-file", ["prepare", "r.yaml", "-o", "data.jsonl/prepared"],
          ["data.jsonl", "is a file", "not a directory"], setup()),
     Case("prepared-dir-read-only", ["prepare", "r.yaml", "data.prepared_dir=ro/p"], ["ro/p", "read-only"],
-         setup(dirs=("ro",)), wrap=read_only("ro")),
+         setup(dirs=("ro",)), read_only=["ro"]),
     Case("write-script-read-only", [*SUBMIT, "--write-script", "ro/x.sbatch", "r.yaml"], ["ro", "read-only"],
-         setup(dirs=("ro",)), wrap=read_only("ro")),
+         setup(dirs=("ro",)), read_only=["ro"]),
     Case("write-script-no-directory", [*SUBMIT, "--write-script", "nodir/x.sbatch", "r.yaml"],
          ["nodir", "does not exist"], setup()),
     Case("write-script-is-a-directory", [*SUBMIT, "--write-script", "ro", "r.yaml"], ["ro", "directory"],
          setup(dirs=("ro",))),
     Case("write-script-logs-is-a-file", [*SUBMIT, "--write-script", "x.sbatch", "r.yaml"],
-         ["log directory", "logs", "is a file"], setup(files={"logs": "not a directory"})),
+         ["log", "logs", "not a directory"], setup(files={"logs": "not a directory"})),
     Case("train-output-read-only", ["train", "r.yaml"], ["training.output_dir", "outputs/r", "read-only"],
-         setup(dirs=("outputs/r",)), wrap=read_only("outputs/r")),
+         setup(dirs=("outputs/r",)), read_only=["outputs/r"]),
     Case("train-outputs-parent-read-only", ["train", "r.yaml"], ["training.output_dir", "outputs", "read-only"],
-         setup(dirs=("outputs",)), wrap=read_only("outputs")),
+         setup(dirs=("outputs",)), read_only=["outputs"]),
     Case("train-checkpoint-read-only", ["train", "r.yaml"], ["outputs/r/checkpoint-1", "read-only", "output_dir"],
-         setup(dirs=("outputs/r/checkpoint-1",)), wrap=read_only("outputs/r/checkpoint-1")),
+         setup(dirs=("outputs/r/checkpoint-1",)), read_only=["outputs/r/checkpoint-1"]),
     Case("train-output-is-a-file", ["train", "r.yaml", "training.output_dir=data.jsonl"],
          ["data.jsonl", "is a file"], setup()),
     Case("train-output-name-too-long", ["train", "r.yaml", f"training.output_dir=out/{LONG}"],
@@ -232,7 +235,7 @@ CASES = [
     Case("train-final-is-a-file", ["train", "r.yaml"], ["final", "is a file"],
          setup(files={"outputs/r/final": "x"})),
     Case("eval-output-read-only", ["eval", "r.yaml"], ["outputs/r", "read-only"], trained,
-         wrap=read_only("outputs/r")),
+         read_only=["outputs/r"]),
     Case("eval-max-examples-zero", ["eval", "r.yaml", "--max-examples", "0"], ["--max-examples"], trained),
     Case("eval-no-model", ["eval", "r.yaml"], ["no trained model", "ctrain train"], setup()),
     # numbers out of range, paths of the wrong kind, overrides with unknown keys or bad values
@@ -290,8 +293,8 @@ def test_the_table_is_large_and_unique() -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
 def test_bad_input(case: Case, tmp_path: Path) -> None:
-    if case.wrap and not can_wrap_read_only():
-        pytest.skip("needs unshare and mount namespaces to make a directory read-only")
+    if case.read_only:
+        need(os.geteuid() == 0 and shutil.which("unshare") is not None, "root and unshare (read-only mounts)")
     run_case(case, tmp_path, python=sys.executable)
 
 
@@ -346,8 +349,6 @@ def test_other_os_errors_stay_tracebacks() -> None:
 
 def test_a_directory_left_by_root_says_to_chown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What a user sees after a run as root left outputs/NAME behind (root cannot be refused, so pretend)."""
-    import os
-
     from ctrain import files
     from ctrain.errors import ConfigError
 

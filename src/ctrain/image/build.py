@@ -12,6 +12,7 @@ as a netrc that exists only while the build runs and is mounted for the install 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import tempfile
@@ -23,6 +24,7 @@ from typing import Any
 
 from ctrain import proc, ui
 from ctrain.errors import CommandError, ConfigError, CtrainError
+from ctrain.files import make_dirs, remove_dirs, writable_dir_problem
 from ctrain.image import secrets, store
 
 BUILDERS = ("docker", "podman", "buildah", "apptainer")
@@ -115,21 +117,30 @@ class Progress:
     time, so a long build shows where it is (``[build 5/16 01:23] ...``)."""
 
     _PATTERNS = (
-        re.compile(r"\bSTEP (\d+/\d+)"),  # buildah, podman
-        re.compile(r"^#\d+ \[(?:[\w.-]+ )?(\d+/\d+)\]"),  # docker --progress=plain
+        re.compile(r"\bSTEP (\d+/\d+):?\s*(.*)"),  # buildah, podman
+        re.compile(r"^#\d+ \[(?:[\w.-]+ )?(\d+/\d+)\]\s*(.*)"),  # docker --progress=plain
     )
 
     def __init__(self, emit: Callable[[str], None] = ui.info, label: str = "build") -> None:
         self.label = label
         self.step = ""
+        self.instruction = ""
         self.start = time.monotonic()
         self.emit = emit
+
+    @property
+    def where(self) -> str:
+        """The step the build is on, for an error: ``step 6/17 (RUN ...)``; empty before the first."""
+        if not self.step:
+            return ""
+        instruction = " ".join(self.instruction.split())
+        return f"step {self.step}" + (f" ({instruction[:60]}...)" if len(instruction) > 60 else f" ({instruction})")
 
     def __call__(self, line: str) -> None:
         for pattern in self._PATTERNS:
             match = pattern.search(line)
             if match:
-                self.step = match.group(1)
+                self.step, self.instruction = match.group(1), match.group(2)
                 break
         elapsed = int(time.monotonic() - self.start)
         step = f" {self.step}" if self.step else ""  # apptainer's INFO lines name their phase themselves
@@ -197,15 +208,150 @@ def build(req: BuildRequest, *, emit: Callable[[str], None] = ui.info) -> store.
     with secrets.netrc_file(credentials) as netrc:
         if builder == "apptainer":
             return _build_sif(req, args, emit, netrc)
+        before = _leftovers(builder)
+        progress = Progress(emit)
         with tempfile.TemporaryDirectory(prefix="ctrain-build-") as tmp:
             iidfile = Path(tmp) / "iid"
-            command = _oci_command(builder, req, iidfile, args, netrc)
-            proc.stream(command, on_line=Progress(emit), cwd=req.context)
+            try:
+                proc.stream(_oci_command(builder, req, iidfile, args, netrc), on_line=progress, cwd=req.context)
+            except CommandError as exc:
+                _clean_up(builder, before)
+                raise explain_failure(exc, req, progress.where) from None
+            except BaseException:
+                _clean_up(builder, before, containers=True)
+                raise
             image_id = store.normalise_id(iidfile.read_text())
+    _clean_up(builder, before, failed=False)
     image = store.inspect(req.ref, "docker" if builder == "docker" else "containers")
     if image is None or image.id != image_id:
         raise CtrainError(f"{builder} reported image {image_id}, but {req.ref} does not resolve to it")
     return image
+
+
+@dataclass(frozen=True)
+class _Leftovers:
+    """Build containers and images in containers-storage (podman, buildah) at one moment."""
+
+    containers: frozenset[str]
+    images: frozenset[str]
+    nameless: frozenset[str]
+
+
+def _leftovers(builder: str) -> _Leftovers | None:
+    """What a failed build could leave behind, listed before it starts so that only what it made is
+    taken away afterwards. Docker's BuildKit keeps nothing of a failed build: None."""
+    if builder == "buildah":
+        containers = proc.run(["buildah", "containers", "--quiet", "--notruncate"], check=False)
+        images = proc.run(["buildah", "images", "--all", "--json", "--no-trunc"], check=False)
+        listed = _json_list(images.stdout) if images.returncode == 0 else None
+        if containers.returncode != 0 or listed is None:
+            return None  # nothing known, so nothing will be removed
+        return _Leftovers(_ids(containers.stdout.split()), _all(listed, "id"), _nameless(listed, "id", "names"))
+    if builder == "podman":
+        ps = proc.run(["podman", "ps", "--all", "--external", "--format", "json"], check=False)
+        images = proc.run(["podman", "images", "--all", "--format", "json"], check=False)
+        entries = _json_list(ps.stdout) if ps.returncode == 0 else None
+        listed = _json_list(images.stdout) if images.returncode == 0 else None
+        if entries is None or listed is None:
+            return None
+        found = _ids(e.get("Id", "") for e in entries if str(e.get("State", "")).lower() == "storage")
+        return _Leftovers(found, _all(listed, "Id"), _nameless(listed, "Id", "Names"))
+    return None
+
+
+def _json_list(text: str) -> list[dict[str, Any]] | None:
+    """A JSON list of objects, or None when ``text`` is not one."""
+    try:
+        data = json.loads(text or "[]")
+    except ValueError:
+        return None
+    return [entry for entry in data if isinstance(entry, dict)] if isinstance(data, list) else None
+
+
+def _ids(values: Any) -> frozenset[str]:
+    return frozenset(str(v).removeprefix("sha256:") for v in values if v)
+
+
+def _all(listed: list[dict[str, Any]], key: str) -> frozenset[str]:
+    return _ids(entry.get(key) for entry in listed)
+
+
+def _nameless(listed: list[dict[str, Any]], key: str, names: str) -> frozenset[str]:
+    return _ids(entry.get(key) for entry in listed if not entry.get(names))
+
+
+def _dangling(builder: str) -> frozenset[str] | None:
+    """Nameless images nothing builds on: the stage images a build leaves (``FROM scratch AS
+    wheelhouse`` makes a new one each time)."""
+    args = ["images", "--all", "--filter", "dangling=true"]
+    result = proc.run([builder, *args, "--json", "--no-trunc"] if builder == "buildah" else
+                      [builder, *args, "--format", "json"], check=False)  # fmt: skip
+    listed = _json_list(result.stdout) if result.returncode == 0 else None
+    return None if listed is None else _ids(entry.get("id") or entry.get("Id") for entry in listed)
+
+
+def _clean_up(builder: str, before: _Leftovers | None, *, containers: bool = False, failed: bool = True) -> None:
+    """Remove the nameless images that appeared since ``before``: after a failure all of them (the
+    failed build's intermediate images), after a success the dangling ones (its stage images; the
+    intermediate images under the new image are its cache). With ``containers`` also the build
+    containers. Never what was there already: an image the new one took the tag from stays, as
+    builders leave it.
+
+    A failed build's containers are the builder's own to remove (``--force-rm``), which it does
+    exactly; ctrain removes containers only after an interruption, when the builder may not have.
+    A second build running at the same moment in the same store could lose intermediate images it
+    has finished with (its cache); those its containers use stay, as rmi refuses them.
+    """
+    if before is None:
+        return
+    after = _leftovers(builder)
+    if after is None:
+        return
+    made = sorted(after.containers - before.containers)
+    if containers and made:
+        proc.run([builder, "rm", *made], check=False)
+    images = after.nameless - before.images
+    if not failed:
+        images &= _dangling(builder) or frozenset()
+    if images:
+        proc.run([builder, "rmi", *sorted(images)], check=False)
+
+
+# What builders print when the base image cannot be pulled (buildah/podman, docker BuildKit).
+_PULL_FAILED = re.compile(
+    r"creating build container: (.*)|failed to resolve source metadata for (.*)|pull access denied(.*)|"
+    r"conveyor failed to get: (.*)|(repository .* not found.*)",
+    re.IGNORECASE,
+)
+
+
+def explain_failure(exc: CommandError, req: BuildRequest, where: str) -> CtrainError:
+    """A failed build as one line that says what failed and what to do (the builder's own output
+    is already on the screen above)."""
+    base = req.base or "the Dockerfile's default base (nvcr.io/nvidia/pytorch)"
+    if "no space left on device" in exc.stderr.lower():
+        return CtrainError(
+            "the build ran out of disk space (the image store: /var/lib/containers for podman and buildah, "
+            "/var/lib/docker for Docker, the temporary directory for Apptainer): free space there, e.g. remove "
+            "old images (podman image prune), and build again"
+        )
+    for line in reversed(exc.stderr.splitlines()):
+        match = _PULL_FAILED.search(line)
+        if match:
+            why = next(g for g in match.groups() if g is not None).strip() or line.strip()
+            return CtrainError(
+                f"the base image {base} could not be pulled ({why[-200:]}): check its name and tag, log in if "
+                "the registry needs it (podman login HOST), or build from a reachable registry's base (--base "
+                "REF), or from a local one: --local-base (cpu flavour, no registry)"
+            )
+    lines = [line.strip() for line in exc.stderr.splitlines() if line.strip()] or [f"exit {exc.returncode}"]
+    # buildah and podman end with "Error: building at STEP ...": the line before it says why.
+    cause = lines[-2] if len(lines) > 1 and lines[-1].startswith("Error: building at STEP") else lines[-1]
+    at = f" at {where}" if where else ""
+    return CtrainError(
+        f"the build failed{at}: {cause[-300:]}; the builder's output is above. If the base image is the cause, "
+        "choose another with --base (the cpu flavour needs python3 >= 3.10 with venv) or use --local-base"
+    )
 
 
 def sif_path(sif_dir: Path, ref: str) -> Path:
@@ -244,13 +390,23 @@ def _build_sif(
     if req.sif_dir is None:
         raise ValueError("sif_dir is needed for the apptainer builder")
     final = sif_path(req.sif_dir, req.ref)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    fix = "set convert.output_dir in ctrain.yaml to a directory you can write (the SIF goes there)"
+    made = make_dirs(final.parent, fix)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    progress = Progress(emit)
     try:
-        run_apptainer(apptainer_command(req, args, tmp, netrc), on_line=Progress(emit), cwd=req.context)
+        problem = writable_dir_problem(final.parent)
+        if problem:
+            raise CtrainError(f"cannot write the SIF: {problem}: {fix}")
+        try:
+            run_apptainer(apptainer_command(req, args, tmp, netrc), on_line=progress, cwd=req.context)
+        except CommandError as exc:
+            raise explain_failure(exc, req, progress.where) from None
         os.replace(tmp, final)
-    finally:
+    except BaseException:
         tmp.unlink(missing_ok=True)
+        remove_dirs(made)
+        raise
     return store.Image(str(final), "sha256:" + sha256_file(final), "sif", None, final)
 
 

@@ -14,7 +14,7 @@ from ctrain.image import base as base_image
 from ctrain.image import build as builder_mod
 from ctrain.image import convert as convert_mod
 from ctrain.image import push as push_mod
-from ctrain.image import store, wheelhouse
+from ctrain.image import reference, store, wheelhouse
 
 # The cpu flavour's base when none is given: Python 3.11 (the pinned CPU torch wheel's) with venv.
 CPU_BASE = "docker.io/library/python:3.11-slim-bookworm"
@@ -25,10 +25,34 @@ def _context(config: ProjectConfig) -> Path:
 
 
 def image_ref(config: ProjectConfig, tag: str | None = None) -> str:
-    """``NAME:TAG`` from the config; ``tag`` overrides the tag, or both when it is ``NAME:TAG``."""
-    if tag:
-        return tag if ":" in tag.rsplit("/", 1)[-1] else f"{config.image.name}:{tag}"
-    return config.image.ref
+    """``NAME:TAG`` from the config; ``tag`` overrides the tag, or both when it is ``NAME:TAG``
+    (a ``NAME`` with a ``/`` and no tag keeps the config's tag). Checked, so a bad one fails here
+    rather than after the builder has started."""
+    if not tag:
+        return config.image.ref
+    if ":" in tag.rsplit("/", 1)[-1]:
+        ref = tag
+    elif "/" in tag:
+        ref = f"{tag}:{config.image.tag}"
+    else:
+        ref = f"{config.image.name}:{tag}"
+    reference.parse(ref, f"--tag {tag!r} makes the image name", example="ctrain:cpu or ghcr.io/team/ctrain:1.0",
+                    digest=False)  # fmt: skip
+    return ref
+
+
+# Where builders take a base image from besides a registry (containers-image transports).
+_TRANSPORTS = ("containers-storage:", "oci:", "oci-archive:", "docker-archive:", "docker-daemon:", "dir:")
+
+
+def check_base(base: str, builder: str) -> None:
+    """A base image reference, checked before the builder spends seconds of retries on it."""
+    if builder in ("apptainer", "auto") and reference.scheme(base) not in (None, "docker"):
+        return  # Apptainer's other bootstrap agents (oci://DIR, library://...) name their own things
+    if builder != "apptainer" and base.startswith(_TRANSPORTS):
+        return
+    reference.parse(base.removeprefix("docker://"), "--base", example="python:3.11-slim-bookworm or "
+                    "nvcr.io/nvidia/pytorch:24.10-py3")  # fmt: skip
 
 
 def run_build(
@@ -43,14 +67,17 @@ def run_build(
     no_cache: bool = False,
 ) -> store.Image:
     cfg = config.image
-    builder = builder_mod.choose(builder or cfg.builder)
+    ref = image_ref(config, tag)
     flavour = flavour or ("cpu" if local_base else cfg.flavour)
     base = base or cfg.base
+    if local_base and base:
+        raise ConfigError("--local-base makes the base image itself; drop --base (or image.base in ctrain.yaml)")
+    if local_base and flavour != "cpu":
+        raise ConfigError("--local-base is a plain Debian: it serves the cpu flavour only (--flavour cpu)")
+    if base:
+        check_base(base, builder or cfg.builder)
+    builder = builder_mod.choose(builder or cfg.builder)
     if local_base:
-        if base:
-            raise ConfigError("--local-base makes the base image itself; drop --base (or image.base in ctrain.yaml)")
-        if flavour != "cpu":
-            raise ConfigError("--local-base is a plain Debian: it serves the cpu flavour only (--flavour cpu)")
         if builder == "apptainer":
             raise ConfigError("--local-base needs docker, podman or buildah (Apptainer cannot read their image store)")
         base = base_image.debootstrap_base(builder=builder).ref
@@ -59,7 +86,7 @@ def run_build(
     wheels = wheelhouse_dir or (config.resolve(cfg.wheelhouse) if cfg.wheelhouse else None)
     request = builder_mod.BuildRequest(
         context=_context(config),
-        ref=image_ref(config, tag),
+        ref=ref,
         flavour=flavour,
         base=base,
         wheelhouse=wheels.absolute() if wheels else None,
@@ -74,6 +101,7 @@ def run_build(
 def find_image(config: ProjectConfig, ref: str | None = None) -> store.Image:
     """The built image: in the builder's store, or the SIF the apptainer builder wrote."""
     ref = ref or config.image.ref
+    reference.parse(ref, "--image", example="ctrain:latest or localhost/ctrain:cpu")
     if config.image.builder != "apptainer":
         try:
             return store.locate(ref, config.image.builder)
@@ -95,8 +123,10 @@ def run_convert(
     ref: str | None = None,
     force: bool = False,
 ) -> convert_mod.Converted:
-    image = find_image(config, ref)
     to = to or config.convert.to
+    if output is not None:
+        convert_mod.check_target(output.absolute(), to)
+    image = find_image(config, ref)
     target = output or convert_mod.default_output(config.resolve(config.convert.output_dir), image.ref, to)
     if image.path is not None and target.absolute() == image.path.absolute():
         ui.info(f"convert: {target} is the image itself (built by Apptainer): nothing to do")
@@ -133,6 +163,21 @@ def run_push(
             "nowhere to push: set push.registry, push.oras or push.remote in ctrain.yaml, or pass "
             "--registry HOST/NAMESPACE, --oras oras://HOST/NAME:TAG or --remote [USER@]HOST:/PATH/"
         )
+    # Every destination and file is checked before anything is converted or sent.
+    if registry:
+        registry = push_mod.check_registry(registry)
+    if oras:
+        push_mod.check_oras(oras)
+    formats_of = {f: convert_mod.file_format(f) for f in files}
+    for file, found in formats_of.items():
+        if found is None:
+            raise CtrainError(
+                f"{file} is neither a SIF nor an enroot squashfs: push the files ctrain convert writes "
+                f"({config.convert.output_dir}/NAME-TAG.sif or .sqsh)"
+            )
+    if remote:
+        push_mod.check_destination(remote, len(files) or len(formats or (config.convert.to,)),
+                                   ssh_options=cfg.ssh_options)  # fmt: skip
     pushed = []
     image = find_image(config, ref) if (registry or not files) else None
     if registry:
@@ -144,7 +189,7 @@ def run_push(
         return run_convert(config, to=to, ref=ref).path
 
     if oras:
-        sif = next((f for f in files if f.suffix == ".sif"), None) or converted("sif")
+        sif = next((f for f, found in formats_of.items() if found == "sif"), None) or converted("sif")
         pushed.append(Pushed("oras", push_mod.push_oras(sif, oras, tls_verify=cfg.tls_verify)))
     if remote:
         to_send = list(files) or [converted(to) for to in (formats or (config.convert.to,))]

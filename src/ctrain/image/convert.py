@@ -3,12 +3,15 @@
 Cached by image ID: a sidecar file (``.NAME.ctrain.json``) records which image, format and
 compression the output was made from; the same again does no work. Atomic: the output is written
 to a temporary name in the same directory and renamed at the end, so a killed conversion never
-leaves a file at the final path; its leftovers are removed by the next conversion.
+leaves a file at the final path; its leftovers are removed by the next conversion. Checked first:
+the output directory takes files, the tools are there, and the disk has room for the image
+unpacked; a conversion that fails anyway leaves no lock, temporary file or directory it made.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -21,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctrain import proc, ui
-from ctrain.errors import CtrainError
-from ctrain.files import atomic_write_json
+from ctrain.errors import CommandError, ConfigError, CtrainError
+from ctrain.files import atomic_write_json, creatable_dir_problem, make_dirs, remove_dirs, writable_dir_problem
 from ctrain.image import sqsh, store
 from ctrain.image.build import Progress, run_apptainer
 
@@ -31,6 +34,15 @@ FROM_IMAGE_DEF = Path("containers/ctrain.def")
 # "auto": Apptainer's own default for SIF (gzip, which every kernel and squashfuse reads), zstd for
 # enroot images (small and fast to decompress; use "none" for the fastest pyxis start).
 AUTO_COMPRESSION = {"sif": "gzip", "sqsh": "zstd"}
+SUFFIXES = {"sif": (".sif",), "sqsh": (".sqsh", ".squashfs")}
+# Free space a conversion needs, in image sizes: the exported OCI layout, the unpacked root
+# filesystem (umoci for sqsh, Apptainer's for SIF) and the output exist at the same time, each up
+# to the image's size; plus a margin for the filesystem's own use.
+SPACE_FACTOR = 3
+SPACE_MARGIN = 64 << 20
+_SQUASHFS_MAGIC = b"hsqs"
+_SIF_MAGIC = b"SIF_MAGIC"
+_NO_SPACE = "no space left on device"
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,27 @@ def resolve_compression(to: str, compression: str) -> str:
     if value not in sqsh.SQUASH_OPTIONS:
         raise CtrainError(f"unknown compression '{compression}'; valid: auto, {', '.join(sqsh.SQUASH_OPTIONS)}")
     return value
+
+
+def file_format(path: Path) -> str | None:
+    """``sif`` or ``sqsh`` from a file's first bytes (None for anything else); OSError when it
+    cannot be read."""
+    with path.open("rb") as handle:
+        head = handle.read(128)
+    if head.startswith(_SQUASHFS_MAGIC):
+        return "sqsh"
+    if _SIF_MAGIC in head:
+        return "sif"
+    return None
+
+
+def human(size: float) -> str:
+    """Bytes as people read them: 950 KB, 3.0 MB, 12.4 GB."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit in ("B", "KB") else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} TB"
 
 
 def default_output(output_dir: Path, ref: str, to: str) -> Path:
@@ -112,15 +145,110 @@ def clean_stale(output: Path) -> list[Path]:
 
 @contextlib.contextmanager
 def _locked(output: Path, emit: Callable[[str], None]) -> Iterator[None]:
-    """One conversion per output at a time (a second waits for the first, then finds it cached)."""
+    """One conversion per output at a time (a second waits for the first, then finds it cached).
+
+    The lock file goes when the conversion ends, success or not. A waiter may then hold a lock on
+    the removed file, so each holder checks it locked the file that is still there, else retries.
+    """
     lock = output.parent / f".{output.name}.lock"
-    with open(lock, "a") as handle:
+    while True:
+        handle = open(lock, "a")
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            emit(f"convert: waiting for another conversion of {output} to finish")
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                emit(f"convert: waiting for another conversion of {output} to finish")
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            held = os.fstat(handle.fileno())
+            try:
+                current = os.stat(lock)
+            except FileNotFoundError:
+                current = None
+        except BaseException:
+            handle.close()
+            raise
+        if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+            break
+        handle.close()
+    try:
         yield
+    finally:
+        lock.unlink(missing_ok=True)
+        handle.close()
+
+
+def check_output(output: Path, to: str) -> None:
+    """The output names a file of the format asked for."""
+    if output.is_dir():
+        raise ConfigError(f"{output} is a directory: give the output file's name, e.g. {output}/NAME.{to}")
+    other = next((f for f, suffixes in SUFFIXES.items() if f != to and output.name.endswith(suffixes)), None)
+    if other:
+        raise ConfigError(
+            f"--to {to} writes {'a SIF' if to == 'sif' else 'an enroot squashfs'}, but {output.name} is named as "
+            f"{'a SIF' if other == 'sif' else 'an enroot squashfs'}: use --to {other}, or name the output .{to}"
+        )
+
+
+def check_target(output: Path, to: str) -> None:
+    """What can be known of ``output`` before the image is even looked up: it names a file of the
+    format asked for, in a place that takes files (the nearest existing directory, as the rest is
+    created)."""
+    check_output(output, to)
+    problem = creatable_dir_problem(output.parent)
+    if problem:
+        raise CtrainError(
+            f"cannot write {output}: {problem}: write it elsewhere with -o/--output DIR/{output.name} "
+            "(or convert.output_dir in ctrain.yaml)"
+        )
+
+
+def _check_tools(image: store.Image, to: str, context: Path) -> None:
+    """Every program and file the conversion needs, before any work starts."""
+    if image.store == "sif":
+        return
+    proc.require("skopeo")
+    if to == "sqsh":
+        proc.require("umoci")
+        proc.require("mksquashfs")
+        return
+    definition = context / FROM_IMAGE_DEF
+    if not definition.is_file():
+        raise CtrainError(
+            f"{definition} not found: run ctrain convert in the ctrain checkout (or point --config at it)"
+        )
+    proc.require("apptainer")
+
+
+def space_needed(image: store.Image) -> int | None:
+    """Bytes a conversion of ``image`` needs in the output's filesystem (None: size unknown)."""
+    if image.store == "sif" and image.path is not None:
+        return image.path.stat().st_size + SPACE_MARGIN
+    return None if image.size is None else image.size * SPACE_FACTOR + SPACE_MARGIN
+
+
+def _check_space(image: store.Image, output: Path, to: str) -> None:
+    needed = space_needed(image)
+    free = shutil.disk_usage(output.parent).free
+    if needed is not None and free < needed:
+        size = image.path.stat().st_size if image.path is not None else image.size or 0
+        raise CtrainError(
+            f"not enough free space in {output.parent} to convert {image.ref} ({human(size)}): about "
+            f"{human(needed)} needed (the image unpacked, and the {to}), {human(free)} free: free some space, "
+            f"or write elsewhere with -o/--output DIR/{output.name} (or convert.output_dir in ctrain.yaml)"
+        )
+
+
+def _failed(exc: OSError | CommandError, output: Path) -> CtrainError | None:
+    """A conversion that failed on the way, as one message (None: the tool's own error says it
+    best); a full disk says so and what to do."""
+    if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or _NO_SPACE in str(exc).lower():
+        return CtrainError(
+            f"ran out of space in {output.parent} while converting (nothing was kept): free some space, or write "
+            f"elsewhere with -o/--output DIR/{output.name}"
+        )
+    if isinstance(exc, OSError):
+        return CtrainError(f"converting to {output} failed: {exc.strerror or exc} ({exc.filename or output.parent})")
+    return None
 
 
 def convert(
@@ -144,47 +272,73 @@ def convert(
         )
     start = time.monotonic()
     output = output.absolute()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(output, emit):
-        for path in clean_stale(output):
-            emit(f"convert: removed {path.name}, left by an interrupted conversion")
-        if not force and up_to_date(output, image.id, to, compression):
-            emit(f"convert: {output} is up to date (image {image.short_id}, {to}, {compression}): nothing to do")
-            return Converted(output, image.id, to, compression, True, time.monotonic() - start)
-        emit(f"convert: {image.ref} ({image.short_id}) -> {output} ({to}, {compression})")
-        tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
-        work = Path(tempfile.mkdtemp(prefix=f".{output.name}.work-{os.getpid()}-", dir=output.parent))
-        try:
-            if image.store == "sif":
-                assert image.path is not None
-                shutil.copyfile(image.path, tmp)
-            else:
-                layout = work / "oci"
-                emit("convert: exporting the image as an OCI layout")
-                store.export_oci(image, layout, "image")
-                if to == "sif":
-                    _sif(image, layout, tmp, compression, context, work, emit)
-                else:
-                    sqsh.write(layout, "image", store.oci_config(layout), tmp, compression, work, emit=emit)
-            tmp.chmod(0o644)
-            _sidecar(output).unlink(missing_ok=True)
-            os.replace(tmp, output)
-            st = output.stat()
-            record = {
-                "image_id": image.id,
-                "image_ref": image.ref,
-                "to": to,
-                "compression": compression,
-                "size": st.st_size,
-                "mtime_ns": st.st_mtime_ns,
-            }
-            atomic_write_json(_sidecar(output), record)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-            tmp.unlink(missing_ok=True)
+    check_output(output, to)
+    made = make_dirs(output.parent, "write it elsewhere with -o/--output (or convert.output_dir in ctrain.yaml)")
+    try:
+        problem = writable_dir_problem(output.parent)
+        if problem:
+            raise CtrainError(
+                f"cannot write {output.name} there: {problem}: write it elsewhere with -o/--output DIR/{output.name} "
+                "(or convert.output_dir in ctrain.yaml)"
+            )
+        with _locked(output, emit):
+            for path in clean_stale(output):
+                emit(f"convert: removed {path.name}, left by an interrupted conversion")
+            if not force and up_to_date(output, image.id, to, compression):
+                emit(f"convert: {output} is up to date (image {image.short_id}, {to}, {compression}): nothing to do")
+                return Converted(output, image.id, to, compression, True, time.monotonic() - start)
+            _check_tools(image, to, context)
+            _check_space(image, output, to)
+            emit(f"convert: {image.ref} ({image.short_id}) -> {output} ({to}, {compression})")
+            try:
+                _write(image, to, output, compression, context, emit)
+            except (OSError, CommandError) as exc:
+                failure = _failed(exc, output)
+                if failure is None:
+                    raise
+                raise failure from exc
+    except BaseException:
+        remove_dirs(made)
+        raise
     seconds = time.monotonic() - start
     emit(f"convert: wrote {output} ({output.stat().st_size / 1e6:.0f} MB) in {seconds:.0f} s")
     return Converted(output, image.id, to, compression, False, seconds)
+
+
+def _write(
+    image: store.Image, to: str, output: Path, compression: str, context: Path, emit: Callable[[str], None]
+) -> None:
+    """The conversion itself, into a temporary file renamed over ``output``, with its sidecar."""
+    tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
+    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.work-{os.getpid()}-", dir=output.parent))
+    try:
+        if image.store == "sif":
+            assert image.path is not None
+            shutil.copyfile(image.path, tmp)
+        else:
+            layout = work / "oci"
+            emit("convert: exporting the image as an OCI layout")
+            store.export_oci(image, layout, "image")
+            if to == "sif":
+                _sif(image, layout, tmp, compression, context, work, emit)
+            else:
+                sqsh.write(layout, "image", store.oci_config(layout), tmp, compression, work, emit=emit)
+        tmp.chmod(0o644)
+        _sidecar(output).unlink(missing_ok=True)
+        os.replace(tmp, output)
+        st = output.stat()
+        record = {
+            "image_id": image.id,
+            "image_ref": image.ref,
+            "to": to,
+            "compression": compression,
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+        }
+        atomic_write_json(_sidecar(output), record)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        tmp.unlink(missing_ok=True)
 
 
 def _sif(
@@ -198,11 +352,6 @@ def _sif(
 ) -> None:
     """``apptainer build`` of containers/ctrain.def from the exported layout (the exact image ID)."""
     definition = context / FROM_IMAGE_DEF
-    if not definition.is_file():
-        raise CtrainError(
-            f"{definition} not found: run ctrain convert in the ctrain checkout (or point --config at it)"
-        )
-    proc.require("apptainer")
     cmd = ["apptainer", "build", "--disable-cache"]
     if compression != AUTO_COMPRESSION["sif"]:
         cmd += ["--mksquashfs-args", " ".join(sqsh.SQUASH_OPTIONS[compression])]

@@ -9,6 +9,7 @@ raises (:func:`ctrain.redact.redact`, the one masking function, which every comm
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import re
@@ -21,8 +22,9 @@ from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from ctrain import proc, ui
-from ctrain.errors import CommandError, CtrainError, ParseError
-from ctrain.image import store
+from ctrain.errors import CommandError, ConfigError, CtrainError, ParseError
+from ctrain.files import writable_dir_problem
+from ctrain.image import reference, store
 from ctrain.image.build import sha256_file
 from ctrain.redact import redact
 
@@ -42,7 +44,9 @@ def _redacted(fn: Callable[P, T]) -> Callable[P, T]:
         except CommandError:
             raise
         except CtrainError as exc:
-            raise CtrainError(redact(str(exc))) from None
+            masked = CtrainError(redact(str(exc)))
+            masked.exit_code = exc.exit_code
+            raise masked from None
 
     return wrapper
 
@@ -51,11 +55,62 @@ def is_loopback(host: str) -> bool:
     return bool(_LOOPBACK.match(host))
 
 
+_REGISTRY_FORM = (
+    "HOST[:PORT][/NAMESPACE] like ghcr.io/team or localhost:5000 (lowercase; the image's NAME:TAG is added)"
+)
+
+
+@_redacted
+def check_registry(registry: str) -> str:
+    """A registry to push to, ``HOST[:PORT][/NAMESPACE]``, checked before anything is sent (skopeo
+    takes seconds of retries to say "invalid reference format"); returned without a trailing /."""
+    text = registry.rstrip("/")
+    found = reference.scheme(text)
+    if found:
+        raise ConfigError(f"registry {redact(registry)!r}: drop {found}://; a registry is {_REGISTRY_FORM}")
+    first, slash, namespace = text.partition("/")
+    if "@" in first:
+        raise ConfigError(
+            "the registry has credentials in it (USER@ or USER:PASSWORD@): ctrain never takes them; log in once "
+            f"with `skopeo login {first.rpartition('@')[2]}` (or podman/docker login) and give {_REGISTRY_FORM}"
+        )
+    if slash and (":" in namespace or "@" in namespace) or (not slash and "@" in text):
+        raise ConfigError(
+            f"registry {registry!r} has a tag or digest: a registry is {_REGISTRY_FORM}; the image's name and "
+            "tag come from --image (image.name:image.tag)"
+        )
+    reason = reference.problem(f"{text}/ctrain")
+    if reason:
+        raise ConfigError(f"registry {registry!r} is not valid: {reason}; a registry is {_REGISTRY_FORM}")
+    return text
+
+
 def registry_destination(registry: str, ref: str) -> str:
     """``REGISTRY/NAME:TAG`` for a local ``[localhost/]NAME[:TAG]``."""
     last = ref.rsplit("/", 1)[-1]
     name, _, tag = last.partition(":")
-    return f"{registry.rstrip('/')}/{name}:{tag or 'latest'}"
+    destination = f"{registry.rstrip('/')}/{name}:{tag or 'latest'}"
+    reference.parse(destination, "the destination")
+    return destination
+
+
+@_redacted
+def check_oras(url: str) -> None:
+    """An ORAS destination, ``oras://HOST[:PORT]/NAME[:TAG]``, checked before the SIF is made."""
+    found = reference.scheme(url)
+    if found != "oras":
+        fix = f"oras://{url}" if found is None else "oras://" + url.split("://", 1)[1]
+        raise ConfigError(f"ORAS destination must start with oras:// (got {url}); e.g. {fix}")
+    rest = url.removeprefix("oras://")
+    if "@" in rest.split("/", 1)[0]:
+        raise ConfigError(
+            "the ORAS destination has credentials in it (USER@ or USER:PASSWORD@): ctrain never takes them; log in "
+            f"once with `apptainer registry login oras://{rest.split('/', 1)[0].rpartition('@')[2]}`"
+        )
+    parsed = reference.parse(rest, f"ORAS destination {url!r}:", example="oras://ghcr.io/team/ctrain:sif", digest=False)
+    if parsed.domain is None:
+        raise ConfigError(f"ORAS destination {url!r} names no registry host: write oras://HOST/NAME:TAG, e.g. "
+                          f"oras://ghcr.io/{rest}")  # fmt: skip
 
 
 def _verify_tls(host: str, tls_verify: bool | None) -> bool:
@@ -75,6 +130,40 @@ def push_image(
     verify = _verify_tls(host, tls_verify)
     tls = [] if verify else ["--dest-tls-verify=false"]
     emit(f"push: {image.ref} ({image.short_id}) -> {destination}")
+    try:
+        digest = _copy_to_registry(image, destination, verify, tls)
+    except CommandError as exc:
+        raise registry_failure(exc, host) from exc
+    served = registry_digest(destination, tls_verify=verify)
+    if served != digest:
+        raise CtrainError(f"pushed {digest}, but {destination} now resolves to {served}: another push raced this one?")
+    name = destination.rsplit(":", 1)[0] if ":" in destination.rsplit("/", 1)[-1] else destination
+    return f"{name}@{digest}"
+
+
+def registry_failure(exc: CommandError, host: str) -> CtrainError:
+    """A registry that refused or could not be reached, as one line saying what to do; anything
+    else as the tool said it."""
+    text = exc.stderr or exc.stdout
+    if "server gave HTTP response to HTTPS client" in text:
+        return CtrainError(f"{host} speaks plain HTTP, not HTTPS: set push.tls_verify: false in ctrain.yaml if you "
+                           "trust it (loopback registries need nothing)")  # fmt: skip
+    if re.search(r"unauthorized|authentication required|denied|403 Forbidden", text, re.IGNORECASE):
+        return CtrainError(f"{host} refused the push (not logged in, or no write access): log in once with `skopeo "
+                           f"login {host}` (or podman/docker login) and check the namespace is yours")  # fmt: skip
+    if re.search(r"pinging container registry|no such host|connection refused|i/o timeout|network is unreachable",
+                 text, re.IGNORECASE):  # fmt: skip
+        ping = re.search(r"pinging container registry [^\n]*", text)
+        lines = [line.strip() for line in text.splitlines() if line.strip()] or [""]
+        said = ping.group(0) if ping else lines[-1]
+        said = said.replace('\\"', '"').rstrip('"')
+        return CtrainError(f"cannot reach the registry {host} ({said[-200:]}): check the address and port in "
+                           "--registry (push.registry), and that this machine can reach it")  # fmt: skip
+    return CtrainError(str(exc))
+
+
+def _copy_to_registry(image: store.Image, destination: str, verify: bool, tls: list[str]) -> str:
+    """Copy with skopeo (else podman or docker push); returns the manifest digest written."""
     with tempfile.TemporaryDirectory(prefix="ctrain-push-") as tmp:
         digestfile = Path(tmp) / "digest"
         if proc.which("skopeo"):
@@ -104,12 +193,7 @@ def push_image(
             digestfile.write_text(match.group(1))
         else:
             proc.require("skopeo")
-        digest = store.normalise_id(digestfile.read_text())
-    served = registry_digest(destination, tls_verify=verify)
-    if served != digest:
-        raise CtrainError(f"pushed {digest}, but {destination} now resolves to {served}: another push raced this one?")
-    name = destination.rsplit(":", 1)[0] if ":" in destination.rsplit("/", 1)[-1] else destination
-    return f"{name}@{digest}"
+        return store.normalise_id(digestfile.read_text())
 
 
 def registry_digest(reference: str, *, tls_verify: bool | None = None) -> str:
@@ -123,8 +207,7 @@ def registry_digest(reference: str, *, tls_verify: bool | None = None) -> str:
 @_redacted
 def push_oras(sif: Path, url: str, *, tls_verify: bool | None = None, emit: Callable[[str], None] = ui.info) -> str:
     """``apptainer push SIF oras://HOST/NAME:TAG`` (credentials: ``apptainer registry login``)."""
-    if not url.startswith("oras://"):
-        raise CtrainError(f"ORAS destination must start with oras:// (got {url})")
+    check_oras(url)
     host = url.removeprefix("oras://").split("/", 1)[0]
     cmd = ["apptainer", "push"]
     if not _verify_tls(host, tls_verify):
@@ -144,15 +227,32 @@ class Remote:
 
     @classmethod
     def parse(cls, text: str) -> Remote:
+        """``text`` checked: a host ssh can reach by name, a port number, a path."""
+        if not text:
+            raise ConfigError("remote is empty: give [USER@]HOST:/PATH/ or a local directory")
         if text.startswith("ssh://"):
-            match = re.match(r"^ssh://([^/:]+(?:@[^/:]+)?)(?::(\d+))?(/.*)$", text)
-            if not match:
-                raise CtrainError(f"remote {text!r}: expected ssh://[user@]host[:port]/path")
-            return cls(match.group(1), match.group(3), int(match.group(2)) if match.group(2) else None)
+            authority, slash, path = text.removeprefix("ssh://").partition("/")
+            user, at, host_port = authority.rpartition("@")
+            host, colon, port = host_port, "", ""
+            if ":" in host_port.rpartition("]")[2]:  # a port, not the colons of an [IPv6] address
+                host, colon, port = host_port.rpartition(":")
+            login = f"{user}{at}{host}"
+            _check_login(login, text)
+            if not slash:
+                raise ConfigError(f"remote {text!r}: expected ssh://[USER@]HOST[:PORT]/PATH (a path after the host)")
+            if colon and not (port.isdigit() and 0 < int(port) < 65536):
+                raise ConfigError(f"remote {text!r}: {port!r} is not a port number (1-65535)")
+            return cls(login, "/" + path, int(port) if port else None)
+        found = reference.scheme(text)
+        if found:
+            raise ConfigError(f"remote {text!r}: {found}:// is not supported; give [USER@]HOST:/PATH/, "
+                              "ssh://[USER@]HOST[:PORT]/PATH or a local directory")  # fmt: skip
         head, sep, tail = text.partition(":")
         if sep and "/" not in head and head:
+            login = tail.split("/", 1)[0].split(":", 1)[0]
+            _check_login(f"{head}:{login}" if "@" in login else head, text)
             if not tail:
-                raise CtrainError(f"remote {text!r}: give a path after the colon (host:/path/to/images/)")
+                raise ConfigError(f"remote {text!r}: give a path after the colon (host:/path/to/images/)")
             return cls(head, tail)
         return cls(None, text)
 
@@ -160,6 +260,28 @@ class Remote:
         if self.host is None:
             return self.path
         return f"ssh://{self.host}:{self.port}{self.path}" if self.port else f"{self.host}:{self.path}"
+
+
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?")
+_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOST = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*|\[[0-9a-fA-F:.]+\]")
+
+
+def _check_login(login: str, text: str) -> None:
+    """``[USER@]HOST`` of a remote, as ssh takes it."""
+    user, at, host = login.rpartition("@")
+    if at and ":" in user:
+        raise ConfigError(
+            f"the remote for {host} has a password in it: ctrain never takes one; use ssh keys or an agent "
+            "(push.ssh_options, e.g. [-i, ~/.ssh/cluster]) and give USER@HOST:/PATH/"
+        )
+    if at and not _USER.fullmatch(user):
+        raise ConfigError(f"remote {text!r}: {user!r} is not a user name")
+    if not _HOST.fullmatch(host):
+        raise ConfigError(
+            f"remote {text!r}: {host!r} is not a host name; write [USER@]HOST:/PATH/ (for a local path with a "
+            f"':' in it, start it with ./ or /)"
+        )
 
 
 class _Target:
@@ -173,6 +295,31 @@ class _Target:
         assert self.remote.host is not None
         result = proc.run([*self.ssh, self.remote.host, "--", shlex.join(args)], check=check)
         return result.stdout if result.returncode == 0 else ""
+
+    def check_dir(self, directory: str, destination: str) -> None:
+        """``directory`` exists and takes files; a ConfigError saying which it is not, or that ssh
+        cannot reach the host at all."""
+        if self.remote.host is None:
+            problem = writable_dir_problem(Path(directory))
+            if problem:
+                exists = Path(directory).exists()
+                fix = "choose one you can write" if exists else f"create it (mkdir -p {directory})"
+                raise ConfigError(f"remote {destination!r}: {problem}: {fix}")
+            return
+        probe = 'test -d "$1" || exit 3; test -w "$1" || exit 4'
+        result = proc.run([*self.ssh, self.remote.host, "--", shlex.join(["sh", "-c", probe, "sh", directory])],
+                          check=False)  # fmt: skip
+        if result.returncode == 3:
+            raise ConfigError(f"remote {destination!r}: {directory} does not exist on {self.remote.host}: create it "
+                              f"(ssh {self.remote.host} mkdir -p {directory})")  # fmt: skip
+        if result.returncode == 4:
+            raise ConfigError(f"remote {destination!r}: {directory} on {self.remote.host} is not writable for you")
+        if result.returncode != 0:
+            said = (result.stderr.strip().splitlines() or ["no answer"])[-1]
+            raise CtrainError(
+                f"cannot reach {self.remote.host} over ssh ({said}): check the host name, and that `ssh "
+                f"{self.remote.host} true` works without a password (ssh keys or agent; push.ssh_options)"
+            )
 
     def is_dir(self, path: str) -> bool:
         if self.remote.host is None:
@@ -220,6 +367,53 @@ class _Target:
             self.run("rm", "-f", "--", path, check=False)
 
 
+@dataclass(frozen=True)
+class Destination:
+    """Where files go, checked: the remote, whether it is a directory, and that directory."""
+
+    remote: Remote
+    into_dir: bool
+    directory: str
+
+
+@_redacted
+def check_destination(
+    destination: str, count: int = 1, *, size: int = 0, ssh_options: Sequence[str] = ()
+) -> Destination:
+    """Where ``count`` files go, checked before anything is converted or sent: a host ssh reaches
+    and a directory there that exists and takes files, with room for ``size`` bytes when local."""
+    remote = Remote.parse(destination)
+    if remote.host is not None:
+        proc.require("rsync")
+        proc.require("ssh")
+    target = _Target(remote, ssh_options)
+    into_dir = remote.path.endswith("/") or target.is_dir(remote.path)
+    if not into_dir and count > 1:
+        raise ConfigError(f"{destination} is not a directory; pushing {count} files needs one (end it with /)")
+    if into_dir:
+        directory = remote.path.rstrip("/") or "/"
+    else:
+        directory = remote.path.rpartition("/")[0] or ("/" if remote.path.startswith("/") else ".")
+    target.check_dir(directory, destination)
+    if remote.host is None and size:
+        free = shutil.disk_usage(directory).free
+        if free < size:
+            raise CtrainError(
+                f"not enough free space in {directory} for {size / 1e6:.0f} MB ({free / 1e6:.0f} MB free): free "
+                "some space, or push somewhere else (--remote)"
+            )
+    return Destination(remote, into_dir, directory)
+
+
+def _copy_failed(exc: BaseException, source: Path, where: str) -> CtrainError:
+    """A failed upload as one message; a full disk says so and what to do."""
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or "No space left on device" in text:
+        return CtrainError(f"the destination ran out of space while copying {source} to {where}: free some space "
+                           "there, or push somewhere else (--remote)")  # fmt: skip
+    return CtrainError(f"copying {source} to {where} failed: {text}")
+
+
 @_redacted
 def push_files(
     files: Sequence[Path], destination: str, *, ssh_options: Sequence[str] = (), emit: Callable[[str], None] = ui.info
@@ -227,29 +421,24 @@ def push_files(
     """Copy ``files`` to ``destination`` (a directory, or the file name for a single file):
     upload to a temporary name beside the final one, check sha256 on both sides, rename into place.
     A file already there with the same checksum is not sent again. Returns the final paths."""
-    remote = Remote.parse(destination)
-    if remote.host is not None:
-        proc.require("rsync")
-        proc.require("ssh")
-    target = _Target(remote, ssh_options)
-    into_dir = remote.path.endswith("/") or target.is_dir(remote.path)
-    if not into_dir and len(files) > 1:
-        raise CtrainError(f"{destination} is not a directory; pushing {len(files)} files needs one (end it with /)")
-    if not into_dir and remote.host is None and not Path(remote.path).parent.is_dir():
-        raise CtrainError(f"{Path(remote.path).parent} does not exist")
-    results = []
     for source in files:
         if not source.is_file():
             raise CtrainError(f"{source} does not exist; make it with ctrain convert")
-        final = f"{remote.path.rstrip('/')}/{source.name}" if into_dir else remote.path
-        directory, _, name = final.rpartition("/")
+    size = sum(source.stat().st_size for source in files)
+    checked = check_destination(destination, len(files), size=size, ssh_options=ssh_options)
+    remote = checked.remote
+    target = _Target(remote, ssh_options)
+    results = []
+    for source in files:
+        final = f"{checked.directory.rstrip('/')}/{source.name}" if checked.into_dir else remote.path
+        name = final.rpartition("/")[2]
         local_sum = sha256_file(source)
         where = f"{remote.host}:{final}" if remote.host else final
         if target.sha256(final) == local_sum:
             emit(f"push: {where} already has this file (sha256 {local_sum[:12]}): nothing to send")
             results.append(where)
             continue
-        tmp = f"{directory}/.{name}.ctrain-tmp-{os.getpid()}"
+        tmp = f"{checked.directory.rstrip('/')}/.{name}.ctrain-tmp-{os.getpid()}"
         emit(f"push: {source} -> {where} ({source.stat().st_size / 1e6:.0f} MB)")
         try:
             target.upload(source, tmp)
@@ -257,6 +446,9 @@ def push_files(
             if remote_sum != local_sum:
                 raise CtrainError(f"checksum mismatch after upload to {where}: local {local_sum}, remote {remote_sum}")
             target.rename(tmp, final)
+        except (OSError, CommandError) as exc:
+            target.remove(tmp)
+            raise _copy_failed(exc, source, where) from exc
         except BaseException:
             target.remove(tmp)
             raise
@@ -265,4 +457,14 @@ def push_files(
     return results
 
 
-__all__ = ["CommandError", "Remote", "push_files", "push_image", "push_oras", "registry_destination"]
+__all__ = [
+    "CommandError",
+    "Remote",
+    "check_destination",
+    "check_oras",
+    "check_registry",
+    "push_files",
+    "push_image",
+    "push_oras",
+    "registry_destination",
+]

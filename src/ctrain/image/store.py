@@ -29,6 +29,7 @@ class Image:
     store: StoreName
     digest: str | None = None  # manifest digest in the store, when it has one
     path: Path | None = None  # the file, for a SIF built by Apptainer
+    size: int | None = None  # bytes, uncompressed, when the store says
 
     @property
     def short_id(self) -> str:
@@ -79,7 +80,7 @@ def inspect(ref: str, store: StoreName) -> Image | None:
         data = _json(result.stdout, f"docker image inspect {ref}")[0]
         digests = data.get("RepoDigests") or []
         digest = digests[0].split("@", 1)[1] if digests else None
-        return Image(ref, normalise_id(data["Id"]), "docker", digest)
+        return Image(ref, normalise_id(data["Id"]), "docker", digest, size=_int(data.get("Size")))
     if store == "containers":
         tool = _containers_tool()
         if tool is None:
@@ -89,13 +90,30 @@ def inspect(ref: str, store: StoreName) -> Image | None:
             if result.returncode != 0:
                 return None
             data = _json(result.stdout, f"podman image inspect {ref}")[0]
-            return Image(ref, normalise_id(data["Id"]), "containers", data.get("Digest") or None)
+            return Image(
+                ref, normalise_id(data["Id"]), "containers", data.get("Digest") or None, size=_int(data.get("Size"))
+            )
         result = proc.run(["buildah", "inspect", "--type", "image", ref], check=False)
         if result.returncode != 0:
             return None
         data = _json(result.stdout, f"buildah inspect {ref}")
-        return Image(ref, normalise_id(data["FromImageID"]), "containers", data.get("FromImageDigest") or None)
+        return Image(ref, normalise_id(data["FromImageID"]), "containers", data.get("FromImageDigest") or None,
+                     size=_manifest_size(data.get("Manifest")))  # fmt: skip
     raise ValueError(store)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _manifest_size(manifest: Any) -> int | None:
+    """The layers' sizes in a manifest (buildah's inspect has no image size): uncompressed for
+    images built here, compressed for pulled ones."""
+    try:
+        layers = json.loads(manifest)["layers"] if isinstance(manifest, str) else None
+        return _int(sum(int(layer["size"]) for layer in layers)) if layers else None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def stores_for(builder: str) -> tuple[StoreName, ...]:

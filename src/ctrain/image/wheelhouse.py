@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ctrain import proc, ui
 from ctrain.errors import CtrainError
+from ctrain.files import creatable_dir_problem, make_dirs
 
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
@@ -30,12 +31,15 @@ def fill(
     requirements = context / "containers" / "requirements.txt"
     if not constraints.is_file() or not requirements.is_file():
         raise CtrainError(f"{context} is not a ctrain checkout (containers/constraints.txt missing)")
+    problem = creatable_dir_problem(directory.absolute())
+    if problem:
+        raise CtrainError(f"cannot fill the wheelhouse {directory}: {problem}: give a directory you can write")
     if python == sys.executable and importlib.util.find_spec("torch") is None:
         raise CtrainError(
             "making a wheelhouse builds deepspeed, whose build imports torch: run this from an environment "
             "with torch (pip install 'ctrain[train]', or .venv from scripts/setup.sh)"
         )
-    directory.mkdir(parents=True, exist_ok=True)
+    make_dirs(directory, "give a wheelhouse directory you can write")
     pip = [python, "-m", "pip"]
     index = ["--extra-index-url", torch_index] if torch_index else []
     ui.info(f"wheelhouse: building deepspeed into {directory}")
