@@ -6,6 +6,8 @@ Each command parses its options and calls one library function; errors a user ca
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from pathlib import Path
 
@@ -16,21 +18,56 @@ from ctrain.config import ProjectConfig, load_config
 from ctrain.errors import CtrainError
 from ctrain.redact import redact
 
+# What the system says when a place cannot be written: the user's to fix (another directory, space,
+# a shorter name), not a bug; any other OSError stays a traceback, for the bug it is.
+_USER_ERRNOS = {
+    errno.EROFS: "choose a directory on a writable file system",
+    errno.EACCES: "choose a directory you can write, or fix its owner or permissions",
+    errno.EPERM: "choose a directory you can write, or fix its owner or permissions",
+    errno.ENOSPC: "free some space, or choose a directory on another file system",
+    errno.EDQUOT: "free some space within your quota, or choose a directory on another file system",
+    errno.ENAMETOOLONG: "choose a shorter name",
+}
+
+
+def _os_error(exc: OSError) -> str:
+    paths = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+    code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    return f"{paths + ': ' if paths else ''}{os.strerror(exc.errno or 0).lower()} ({code}): {_USER_ERRNOS[exc.errno]}"
+
+
+def _error(message: str) -> None:
+    """The one ``error:`` line, credentials masked; under ``ctrain train``'s rank prefix it still starts the line."""
+    message = redact(message)
+    stream = sys.stderr
+    if hasattr(stream, "write_marked"):
+        stream.write_marked("error: ", message)
+    else:
+        click.echo(f"error: {message}", err=True)
+
 
 class _Group(click.Group):
-    """Turns :class:`CtrainError` into ``error: ...`` (credentials masked) and the error's exit code; a
-    bad option value (a missing ``--file``, an unknown ``--to``) reads the same way, with a pointer to --help."""
+    """Turns :class:`CtrainError`, bad option values (a missing ``--file``, an unknown ``--to``, with a
+    pointer to --help) and the file system's refusals into one ``error: ...`` line (credentials
+    masked) and a non-zero exit."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except CtrainError as exc:
-            click.echo(f"error: {redact(str(exc))}", err=True)
+            _error(str(exc))
             sys.exit(exc.exit_code)
-        except click.UsageError as exc:
-            where = exc.ctx.command_path if exc.ctx else "ctrain"
-            click.echo(f"error: {exc.format_message()} (see {where} --help)", err=True)
+        except click.ClickException as exc:
+            hint = ""
+            if isinstance(exc, click.UsageError):
+                hint = f" (see {exc.ctx.command_path if exc.ctx else 'ctrain'} --help)"
+            _error(exc.format_message() + hint)
             sys.exit(exc.exit_code)
+        except OSError as exc:
+            if exc.errno not in _USER_ERRNOS:
+                raise
+            _error(_os_error(exc))
+            sys.exit(1)
 
 
 def project(ctx: click.Context) -> ProjectConfig:
@@ -396,13 +433,21 @@ def prepare(recipe: Path, overrides: tuple[str, ...], output: Path | None, force
     nodes share: training then never tokenizes. `ctrain train` refuses prepared data that no
     longer matches the recipe (tokenizer, max_length, packing, source files).
     """
+    from ctrain.train.recipe import check_recipe
+
+    loaded = _recipe(recipe, overrides)
+    notes = check_recipe(loaded)  # type: ignore[arg-type]
     from ctrain.train import logs
+    from ctrain.train.data import check_cache, check_target
     from ctrain.train.data import prepare as run_prepare
 
+    target = output or loaded.prepared_dir  # type: ignore[attr-defined]
+    check_target(target)
+    check_cache(loaded)  # type: ignore[arg-type]
     logs.setup(prefix=False)
     logs.quiet_libraries()
-    loaded = _recipe(recipe, overrides)
-    target = output or loaded.prepared_dir  # type: ignore[attr-defined]
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
     info = run_prepare(loaded, target, force=force)  # type: ignore[arg-type]
     for split, stats in info["stats"].items():
         click.echo(f"{split}: {stats['rows']} rows, {stats['tokens']} tokens ({stats['loss_tokens']} with loss)")
@@ -414,8 +459,9 @@ def prepare(recipe: Path, overrides: tuple[str, ...], output: Path | None, force
 @click.argument("overrides", nargs=-1)
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Model directory (default: the recipe's OUTPUT_DIR/final).")  # fmt: skip
-@click.option("--max-examples", type=int, help="Ask only the first N held-out examples.")
-@click.option("--min-accuracy", type=float, help="Exit 1 when the accuracy is below this (for scripts and CI).")
+@click.option("--max-examples", type=click.IntRange(min=1), help="Ask only the first N held-out examples.")
+@click.option("--min-accuracy", type=click.FloatRange(0, 1), help="Exit 1 when the accuracy is below this "
+              "(for scripts and CI).")  # fmt: skip
 def eval_(recipe: Path, overrides: tuple[str, ...], model_dir: Path | None, max_examples: int | None,
           min_accuracy: float | None) -> None:  # fmt: skip
     """Exact-match accuracy of the trained model on RECIPE's held-out examples (generation).
@@ -426,13 +472,15 @@ def eval_(recipe: Path, overrides: tuple[str, ...], model_dir: Path | None, max_
     ctrain-complete.json) or whose files changed since (checksums).
     """
     from ctrain.train import logs
-    from ctrain.train.evaluate import evaluate
+    from ctrain.train.evaluate import check, evaluate
     from ctrain.train.trainer import openmp_defaults
 
+    loaded = _recipe(recipe, overrides)
+    check(loaded, model_dir)  # type: ignore[arg-type]
     openmp_defaults()
     logs.setup(prefix=False)
     logs.quiet_libraries()
-    result = evaluate(_recipe(recipe, overrides), model_dir, max_examples)  # type: ignore[arg-type]
+    result = evaluate(loaded, model_dir, max_examples)  # type: ignore[arg-type]
     for example in result["examples"]:
         click.echo(f"  {example['prompt']!r} -> {example['answer']!r} (expected {example['expected']!r})")
     click.echo(f"accuracy: {result['accuracy']:.3f} ({result['correct']}/{result['total']} exact) {result['model']}")
@@ -489,9 +537,10 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
     job = jobs.prepare(project(ctx), recipe=recipe, overrides=overrides, script=script, runtime=runtime, nodes=nodes,
                        time=time_limit, partition=partition, account=account, gpus_per_node=gpus_per_node,
                        ntasks_per_node=ntasks_per_node, image=image, launcher=launcher, job_name=job_name)  # fmt: skip
+    warnings = jobs.check(job)
     if dry_run:
         click.echo(job.describe(), nl=False)
-    for warning in jobs.check(job):
+    for warning in warnings:
         info(f"warning: {warning}")
     if dry_run:
         return

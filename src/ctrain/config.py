@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from ctrain.errors import ConfigError
-from ctrain.settings import from_mapping, load_yaml
+from ctrain.settings import build, read_settings
 
 CONFIG_NAME = "ctrain.yaml"
 
@@ -249,12 +249,13 @@ def load_config(path: Path | None = None) -> ProjectConfig:
     path = path or find_config()
     if path is None:
         return ProjectConfig()
-    data = load_yaml(path)
-    if "path" in data:
-        raise ConfigError(f"{path}: 'path' is not a setting")
-    try:
-        config = from_mapping(ProjectConfig, data)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+    if path.is_dir():
+        raise ConfigError(f"the project config {path} is a directory: name its ctrain.yaml")
+    if not path.exists():
+        raise ConfigError(f"the project config {path} does not exist")
+    source = read_settings(path)
+    if "path" in source.data:
+        raise ConfigError(f"{path} line {source.line('path')}: 'path' is not a setting")
+    config = build(ProjectConfig, source)
     config.path = path.resolve()
     return config

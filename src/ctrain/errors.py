@@ -14,9 +14,16 @@ class CtrainError(Exception):
 
 
 class ConfigError(CtrainError):
-    """A settings file, recipe or flag is invalid."""
+    """A settings file, recipe or flag is invalid.
+
+    ``key`` is the dotted setting at fault, when known, so the message can point at its line.
+    """
 
     exit_code = 2
+
+    def __init__(self, message: str = "", *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class ToolNotFound(CtrainError):

@@ -1,16 +1,19 @@
-"""Writing small files so that readers see the old content or the new, never a torn one; and
-finding out, before a long job, whether a directory takes files at all."""
+"""Writing files: small ones so that readers see the old content or the new, never a torn one; and
+finding out, before a long job, whether the places a command will write to take files at all."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import pwd
+import stat
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ctrain.errors import CtrainError
+from ctrain.errors import ConfigError, CtrainError
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -85,3 +88,145 @@ def remove_dirs(directories: list[Path]) -> None:
     for directory in directories:
         with contextlib.suppress(OSError):
             directory.rmdir()
+
+
+# Linux's limit on one file name (NAME_MAX) and on a whole path (PATH_MAX, with its NUL).
+NAME_MAX = 255
+PATH_MAX = 4095
+
+
+def shorten(text: str, limit: int = 60) -> str:
+    """``text`` cut to about ``limit`` characters for a message (a 300-character name once is enough)."""
+    return text if len(text) <= limit else f"{text[: limit - 15]}...{text[-12:]}"
+
+
+def name_problem(value: str) -> str | None:
+    """Why ``value`` cannot be one file or directory name (a run name under outputs/), else None."""
+    if not value.strip():
+        return "is empty"
+    if "\0" in value:
+        return "contains a NUL character"
+    if "/" in value:
+        return "contains '/' (it names one directory, not a path)"
+    if value in (".", ".."):
+        return "names the directory it would be made in (or its parent)"
+    if value.startswith("-"):
+        return "starts with '-' (commands would read it as an option)"
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return "contains a control character"
+    size = len(value.encode("utf-8", "surrogateescape"))
+    if size > NAME_MAX:
+        return f"is {size} bytes long; a file name holds at most {NAME_MAX}"
+    return None
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _can_write(path: Path) -> bool:
+    mode = os.W_OK | (os.X_OK if path.is_dir() else 0)
+    return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
+
+
+def _why_not(path: Path, top: Path | None = None) -> tuple[str, str]:
+    """(what is wrong with writing ``path``, how to fix it), for a path that exists and cannot be written;
+    the fix takes in all of ``top`` when given."""
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return f"{path} is on a read-only file system", "choose a directory on a writable file system"
+        info = path.stat()
+    except OSError as exc:
+        return f"{path} cannot be examined ({exc.strerror})", "check the path"
+    me = _user(os.geteuid())
+    if info.st_uid != os.geteuid():
+        owner = _user(info.st_uid)
+        return (
+            f"{path} belongs to {owner} and {me} cannot write to it",
+            f"run `sudo chown -R {me} {top or path}` (left by a run as {owner})",
+        )
+    return f"{path} is not writable (mode {stat.filemode(info.st_mode)})", f"run `chmod -R u+w {top or path}`"
+
+
+def _name_problem(path: Path) -> tuple[str, str] | None:
+    """A path no file system takes: NUL, a name longer than NAME_MAX, a path longer than PATH_MAX."""
+    if "\0" in str(path):
+        return f"{str(path)!r} contains a NUL character", "remove it"
+    for part in path.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            return (
+                f"the name {part[:32]}... is {len(os.fsencode(part))} bytes long; a file name holds at most {NAME_MAX}",
+                "shorten it",
+            )
+    if len(os.fsencode(str(path))) > PATH_MAX:
+        return f"{str(path)[:48]}... is longer than a path can be ({PATH_MAX} bytes)", "choose a shorter path"
+    return None
+
+
+def directory_problem(path: Path) -> tuple[str, str] | None:
+    """Why a directory cannot be created at ``path`` (or, when it exists, written into), with the fix;
+    None when it can. Creates nothing (at most an empty probe file, removed at once), so a refused
+    command leaves nothing behind."""
+    path = Path(os.path.abspath(path))
+    problem = _name_problem(path)
+    if problem is not None:
+        return problem
+    existing = path
+    while not os.path.lexists(existing):
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "" if existing == path else f", so {path} cannot be created"
+        return f"{existing} is a file, not a directory{where}", "move the file away"
+    if not _can_write(existing):
+        return _why_not(existing)
+    problem = writable_dir_problem(existing)  # what access() cannot know: quotas, root-squashed NFS
+    return (problem, "free some space or choose another directory") if problem else None
+
+
+def check_directory(path: Path, what: str, other: str = "choose another directory") -> None:
+    """A ConfigError unless a directory can be created at ``path`` or written into, before the work starts."""
+    problem = directory_problem(path)
+    if problem is not None:
+        raise ConfigError(f"{what} {path} cannot be written: {problem[0]}: {problem[1]}, or {other}")
+
+
+def check_file(path: Path, what: str, other: str = "choose another file") -> None:
+    """A ConfigError unless a file can be written at ``path``, in a directory that exists."""
+    path = Path(os.path.abspath(path))
+    problem = _name_problem(path)
+    if problem is None and path.is_dir():
+        problem = (f"{path} is a directory", "name a file")
+    if problem is None and os.path.lexists(path) and not _can_write(path):
+        problem = _why_not(path)
+    if problem is None and not path.parent.is_dir():
+        problem = directory_problem(path.parent) or (f"the directory {path.parent} does not exist", "create it")
+    if problem is None:
+        problem = directory_problem(path.parent)
+    if problem is not None:
+        raise ConfigError(f"{what} {path} cannot be written: {problem[0]}: {problem[1]}, or {other}")
+
+
+# Directories and files check_tree looks at, at most: an output directory holds a few dozen.
+MAX_TREE_ENTRIES = 10_000
+
+
+def check_tree(directory: Path, what: str, other: str, skip: Iterable[Path] = ()) -> None:
+    """:func:`check_directory`, and every directory inside and every file at the top can be written:
+    a run as another user (root, in a container) leaves its files behind, owned by that user."""
+    check_directory(directory, what, other)
+    if not directory.is_dir():
+        return
+    skipped = {Path(os.path.abspath(p)) for p in skip}
+    found: list[Path] = [p for p in directory.iterdir() if p.is_file() and not p.is_symlink()]
+    for root, dirs, _ in os.walk(directory):
+        dirs[:] = [d for d in dirs if Path(os.path.abspath(os.path.join(root, d))) not in skipped]
+        found.append(Path(root))
+        if len(found) > MAX_TREE_ENTRIES:  # a directory named by mistake (/, a home): do not search it all
+            break
+    for path in found:
+        if not _can_write(path):
+            problem, fix = _why_not(path, directory)
+            raise ConfigError(f"{what} {directory} cannot be written: {problem}: {fix}, or {other}")

@@ -6,10 +6,14 @@ values outside a ``Literal`` name the dotted path. Used by the project config an
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import math
+import re
 import types
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
@@ -26,7 +30,7 @@ def _unknown_key(key: str, valid: Iterable[str], where: str) -> ConfigError:
     guess = f" (did you mean '{close[0]}'?)" if close else ""
     path = f"{where}.{key}" if where else key
     return ConfigError(
-        f"unknown key '{path}'{guess}; valid keys{' under ' + where if where else ''}: {', '.join(valid)}"
+        f"unknown key '{path}'{guess}; valid keys{' under ' + where if where else ''}: {', '.join(valid)}", key=path
     )
 
 
@@ -43,7 +47,7 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         if value is None:
             if type(None) in options:
                 return None
-            raise ConfigError(f"'{where}' must not be empty")
+            raise ConfigError(f"'{where}' must not be empty", key=where)
         errors = []
         for option in options:
             if option is type(None):
@@ -52,54 +56,75 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
                 return _convert(value, option, where)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"'{where}': {value!r} fits none of {_typename(tp)}")
+        message = errors[0] if len(errors) == 1 else f"'{where}': {value!r} fits none of {_typename(tp)}"
+        raise ConfigError(message, key=where)
     if origin is Literal:
         choices = get_args(tp)
         if value not in choices:
-            raise ConfigError(f"'{where}' is {value!r}; valid values: {', '.join(map(str, choices))}")
+            raise ConfigError(f"'{where}' is {value!r}; valid values: {', '.join(map(str, choices))}", key=where)
         return value
     if dataclasses.is_dataclass(tp):
+        if value is None:  # a section whose settings are all commented out
+            return from_mapping(tp, {}, where=where)
         if not isinstance(value, Mapping):
-            raise ConfigError(f"'{where}' must be a mapping of settings, got {value!r}")
+            raise ConfigError(f"'{where}' must be a mapping of settings, got {value!r}", key=where)
         return from_mapping(tp, value, where=where)
     if origin in (list, tuple) or tp in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"'{where}' must be a list, got {value!r}")
+            raise ConfigError(f"'{where}' must be a list, got {value!r}", key=where)
         args = get_args(tp)
         item = args[0] if args else Any
         items = [_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if (origin or tp) is tuple else items
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"'{where}' must be a mapping, got {value!r}")
+            raise ConfigError(f"'{where}' must be a mapping, got {value!r}", key=where)
         args = get_args(tp)
         vt = args[1] if args else Any
         return {str(k): _convert(v, vt, f"{where}.{k}") for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"'{where}' must be true or false, got {value!r}")
+        raise ConfigError(f"'{where}' must be true or false, got {value!r}", key=where)
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > INT_MAX:  # torch, Arrow and Slurm hold 64-bit integers
+                raise ConfigError(f"'{where}' is {value}, too large (at most {INT_MAX})", key=where)
             return value
-        raise ConfigError(f"'{where}' must be an integer, got {value!r}")
+        raise ConfigError(f"'{where}' must be an integer, got {value!r}", key=where)
     if tp is float:
+        number: float | None = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads 2e-5 (no dot) as a string
+            number = float(value) if abs(value) <= 1e308 else math.inf
+        elif isinstance(value, str):  # YAML 1.1 reads 2e-5 (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"'{where}' must be a number, got {value!r}")
+        if number is None:
+            raise ConfigError(f"'{where}' must be a number, got {value!r}", key=where)
+        if not math.isfinite(number):
+            raise ConfigError(f"'{where}' is {value!r}; it must be a finite number", key=where)
+        return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"'{where}' must be a string, got {value!r}")
+            return _text(str(value), where)
+        raise ConfigError(f"'{where}' must be a string, got {value!r}", key=where)
     if tp is Path:
         if isinstance(value, (str, Path)):
-            return Path(value).expanduser()
-        raise ConfigError(f"'{where}' must be a path, got {value!r}")
+            return Path(_text(str(value), where)).expanduser()
+        raise ConfigError(f"'{where}' must be a path, got {value!r}", key=where)
+    return value
+
+
+# The largest integer a setting may hold: what a signed 64-bit integer can.
+INT_MAX = 2**63 - 1
+
+
+def _text(value: str, where: str) -> str:
+    """A string setting without NUL: no file name, argument or environment variable can hold one."""
+    if "\0" in value:
+        raise ConfigError(f"'{where}' contains a NUL character (\\0): remove it", key=where)
     return value
 
 
@@ -138,22 +163,147 @@ def to_mapping(obj: Any) -> Any:
     return obj
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping, with errors that name the file."""
-    path = Path(path)
+# A settings file larger than this is not one (a data set or a model named by mistake).
+MAX_SETTINGS_BYTES = 4 * 2**20
+_DOTTED = re.compile(r"\b[a-z_]+(?:\.[a-z_][a-z0-9_]*)+\b")
+_PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
+
+
+@dataclass
+class SettingsFile:
+    """A settings file as read: its mapping and YAML's node tree, which knows each key's line."""
+
+    path: Path
+    data: dict[str, Any]
+    node: yaml.Node | None = None
+
+    def line(self, key: str) -> int | None:
+        """The line (1-based) where dotted ``key`` (``a.b``, ``a.list[2]``) is set; None where it is not."""
+        node = self.node
+        line = None
+        for index, name in _PART.findall(key):
+            if isinstance(node, yaml.SequenceNode) and index and int(index) < len(node.value):
+                node = node.value[int(index)]
+                line = node.start_mark.line + 1
+            elif isinstance(node, yaml.MappingNode) and name:
+                found = [(k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == name]
+                if not found:
+                    return None
+                line, node = found[-1][0].start_mark.line + 1, found[-1][1]
+            else:
+                return None
+        return line
+
+
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text()
+        size = path.stat().st_size
+        if size > MAX_SETTINGS_BYTES:
+            raise ConfigError(
+                f"{path} is {size / 2**20:.0f} MiB, far larger than a settings file: is it the right file?"
+            )
+        raw = path.read_bytes()
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a directory, not a YAML file") from None
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
     try:
-        data = yaml.safe_load(text)
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{path} line {line}: byte 0x{raw[exc.start]:02x} is not UTF-8 text: save the file as UTF-8"
+        ) from None
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError) -> ConfigError:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+    context = getattr(exc, "context", None)
+    where = f"{path} line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(path)
+    start = getattr(exc, "context_mark", None)
+    if context and start is not None and mark is not None and start.line != mark.line:
+        context += f" that starts on line {start.line + 1}"
+    detail = problem + (f" ({context})" if context else "")
+    if "'\\t'" in problem:  # PyYAML writes the tab as its repr
+        detail += "; indent with spaces, not tabs"
+    return ConfigError(f"{where}: not valid YAML: {detail}")
+
+
+def _check_duplicates(node: yaml.Node | None, path: Path) -> None:
+    """YAML keeps the last of two equal keys without a word; a setting written twice is a mistake."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.value != "<<":
+                line = key.start_mark.line + 1
+                if key.value in seen:
+                    raise ConfigError(
+                        f"{path} line {line}: '{key.value}' is set twice (also on line {seen[key.value]}): keep one"
+                    )
+                seen[key.value] = line
+            _check_duplicates(value, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _check_duplicates(item, path)
+
+
+def read_settings(path: str | Path) -> SettingsFile:
+    """Read a YAML mapping; every error names the file, and the line where YAML knows it."""
+    path = Path(path)
+    text = _read_text(path)
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        _check_duplicates(node, path)
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+        raise _yaml_error(path, exc) from None
+    except (TypeError, ValueError, RecursionError) as exc:  # unhashable keys, deep aliases
+        raise ConfigError(f"{path}: not usable YAML: {exc}") from None
+    finally:
+        loader.dispose()
     if data is None:
-        return {}
+        return SettingsFile(path, {}, node)
     if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping of settings at the top level, got {type(data).__name__}")
-    return data
+        kind = {list: "a list", str: "a single string"}.get(type(data), f"a single {type(data).__name__}")
+        raise ConfigError(
+            f"{path} holds {kind}; a settings file is a mapping of settings (`key: value` lines) at the top level"
+        )
+    return SettingsFile(path, data, node)
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, with errors that name the file (and the line)."""
+    return read_settings(path).data
+
+
+def build(cls: type[T], source: SettingsFile, overrides: Iterable[str] = ()) -> T:
+    """``cls`` from a settings file with ``key=value`` overrides on top; an error names the override at
+    fault, else the file and the line of the setting it concerns."""
+    overrides = list(overrides)
+    data = apply_overrides(copy.deepcopy(source.data), overrides)
+    try:
+        return from_mapping(cls, data)
+    except ConfigError as exc:
+        raise ConfigError(_locate(exc, source, overrides), key=exc.key) from exc
+
+
+def _locate(exc: ConfigError, source: SettingsFile, overrides: list[str]) -> str:
+    message = str(exc)
+    keys = [exc.key] if exc.key else []
+    keys += [k for k in _DOTTED.findall(message) if k not in keys]
+    for key in keys:
+        for item in reversed(overrides):
+            name = item.partition("=")[0].strip()
+            if key == name or key.startswith(name + ".") or name.startswith(key + "."):
+                short = item if len(item) <= 80 else f"{item[:60]}...{item[-8:]}"
+                return f"override {short!r}: {message}"
+    for key in keys:
+        line = source.line(key)
+        if line is not None:
+            return f"{source.path} line {line}: {message}"
+    return f"{source.path}: {message}"
 
 
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
@@ -182,4 +332,13 @@ def field_names(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
-__all__ = ["apply_overrides", "field_names", "from_mapping", "load_yaml", "to_mapping"]
+__all__ = [
+    "SettingsFile",
+    "apply_overrides",
+    "build",
+    "field_names",
+    "from_mapping",
+    "load_yaml",
+    "read_settings",
+    "to_mapping",
+]

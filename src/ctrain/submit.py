@@ -24,6 +24,7 @@ from pathlib import Path
 from ctrain import proc, slurm
 from ctrain.config import ProjectConfig, SlurmConfig
 from ctrain.errors import ConfigError, CtrainError
+from ctrain.files import name_problem, shorten
 from ctrain.image import reference
 
 LIB = Path("sbatch/lib/ctrain.sh")
@@ -122,6 +123,13 @@ def check_slurm_config(c: SlurmConfig) -> None:
     for arg in c.sbatch_args:
         if not arg.startswith("-"):
             raise ConfigError(f"slurm.sbatch_args entry {arg!r} must be an sbatch option like --qos=high")
+    if c.job_name is not None:
+        problem = name_problem(c.job_name)
+        if problem:
+            raise ConfigError(
+                f"the job name (slurm.job_name, --job-name) {shorten(c.job_name)!r} {problem}: it names the job's "
+                "log, logs/NAME-JOBID.out"
+            )
 
 
 # --- the job --------------------------------------------------------------------------------------

@@ -190,7 +190,7 @@ def test_bad_json_lines_are_reported_with_the_line(tmp_path: Path) -> None:
     data = tmp_path / "d.jsonl"
     data.write_text("\n{not json}\n")
     recipe = load_recipe(write(tmp_path, MINIMAL.format(model=tmp_path / "m", source=data)))
-    with pytest.raises(ConfigError, match="line 2 is not valid JSON"):
+    with pytest.raises(ConfigError, match=r"d.jsonl line 2 \(row 1\) is not valid JSON"):
         check_recipe(recipe)
 
 

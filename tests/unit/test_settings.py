@@ -90,7 +90,7 @@ def test_bad_override_is_clear() -> None:
 def test_load_yaml_errors_name_the_file(tmp_path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("a: [1,\n")
-    with pytest.raises(ConfigError, match="bad.yaml is not valid YAML"):
+    with pytest.raises(ConfigError, match=r"bad.yaml line 2, column 1: not valid YAML"):
         load_yaml(bad)
     scalar = tmp_path / "scalar.yaml"
     scalar.write_text("3\n")

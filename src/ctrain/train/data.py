@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError
+from ctrain.files import check_directory
 from ctrain.train import demo
 from ctrain.train.recipe import (
     PREPARED_MARKER,
@@ -32,7 +33,9 @@ from ctrain.train.recipe import (
     prepared_settings,
     resolve_source,
     settings_differences,
+    source_columns,
 )
+from ctrain.train.rows import check_loaded, scan_files
 from ctrain.train.tokenizer import load_tokenizer, texts_for_training, train_tokenizer
 
 log = logging.getLogger("ctrain.train")
@@ -75,11 +78,48 @@ def column_names(dataset: Any) -> list[str]:
 # --- loading the source ---------------------------------------------------------------------------
 
 
-def _load_error(recipe: Recipe, exc: Exception) -> ConfigError:
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def _load_error(recipe: Recipe, source: Source, exc: Exception) -> ConfigError:
+    """The loader's error, or better, which file and line of a local source is broken and how."""
+    if source.kind == "files":
+        columns = source_columns(source, recipe.data)  # a broken file's first row or metadata: a ConfigError
+        if columns is not None and source.format in ("json", "csv"):
+            scan_files(source, example_kind(columns, recipe), recipe, budget=None)
+    cause = exc
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    detail = _first_line(exc) + (f" ({_first_line(cause)})" if cause is not exc else "")
     hint = ""
-    if os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE"):
+    if source.kind == "hub" and (os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE")):
         hint = " (offline: download it on a machine with internet into the shared HF cache, or save_to_disk it)"
-    return ConfigError(f"cannot load data.source {recipe.data.source}: {type(exc).__name__}: {exc}{hint}")
+    return ConfigError(f"cannot load data.source {recipe.data.source}: {detail}{hint}")
+
+
+def _row_names(source: Source, split: str) -> Any:
+    """``where(i)``: how an error names 0-based row ``i`` of the loaded source."""
+    files = source.files
+    if len(files) == 1:
+        return lambda i: f"{files[0]} row {i + 1}"
+    if files and source.format == "parquet":
+        import pyarrow.parquet as pq
+
+        counts = [pq.ParquetFile(path).metadata.num_rows for path in files]
+
+        def where(i: int) -> str:
+            for path, count in zip(files, counts):
+                if i < count:
+                    return f"{path} row {i + 1}"
+                i -= count
+            return f"row {i + 1}"
+
+        return where
+    if files:
+        return lambda i: f"{source.name} row {i + 1} (counting through its {len(files)} files in order)"
+    return lambda i: f"{source.name} row {i + 1}" + (f" (split {split})" if source.kind in ("disk", "hub") else "")
 
 
 def _from_disk(directory: Path, split: str, what: str) -> Any:
@@ -115,6 +155,17 @@ def _load_split(recipe: Recipe, source: Source, split: str, what: str, streaming
         raise
 
 
+def check_cache(recipe: Recipe) -> None:
+    """datasets converts files and hub data sets into Arrow files in its cache before anything else:
+    a cache that cannot be written fails the load, so say so first."""
+    if resolve_source(recipe.data).kind not in ("files", "hub"):
+        return
+    import datasets
+
+    check_directory(Path(datasets.config.HF_DATASETS_CACHE), "the datasets cache (HF_DATASETS_CACHE)",
+                    "set HF_HOME or HF_DATASETS_CACHE to a directory you can write")  # fmt: skip
+
+
 def load_raw(recipe: Recipe, streaming: bool | None = None) -> tuple[Any, Any | None]:
     """The recipe's (train, eval) examples before tokenization; eval is None without eval_split/eval_size."""
     data = recipe.data
@@ -124,6 +175,8 @@ def load_raw(recipe: Recipe, streaming: bool | None = None) -> tuple[Any, Any | 
         raise ConfigError(
             f"data.eval_split: {data.source} has a single split; hold examples out with data.eval_size instead"
         )
+    if not streaming:
+        check_cache(recipe)
     try:
         train = _load_split(recipe, source, data.split, "data.split", streaming)
         evaluation = (
@@ -132,37 +185,30 @@ def load_raw(recipe: Recipe, streaming: bool | None = None) -> tuple[Any, Any | 
     except ConfigError:
         raise
     except Exception as exc:  # datasets raises many kinds (missing files, bad JSON, hub errors)
-        raise _load_error(recipe, exc) from exc
+        raise _load_error(recipe, source, exc) from exc
     kind = example_kind(column_names(train), recipe)
+    if not streaming:
+        check_loaded(train, kind, recipe, _row_names(source, data.split))
+        if evaluation is not None:
+            check_loaded(evaluation, example_kind(column_names(evaluation), recipe), recipe,
+                         _row_names(source, data.eval_split or ""))  # fmt: skip
     if data.eval_size is not None:
         size = int(data.eval_size) if data.eval_size >= 1 else data.eval_size
         if isinstance(size, int) and size >= len(train):
             raise ConfigError(f"data.eval_size ({size}) leaves no training examples: the source has {len(train)}")
-        parts = train.train_test_split(test_size=size, seed=recipe.seed)
+        try:
+            parts = train.train_test_split(test_size=size, seed=recipe.seed)
+        except ValueError as exc:
+            raise ConfigError(
+                f"data.eval_size {data.eval_size} cannot split {len(train)} examples: {exc}; choose a count of "
+                "examples (>= 1) that leaves some for training"
+            ) from exc
         train, evaluation = parts["train"], parts["test"]
     if data.max_examples is not None and not streaming:
         train = train.select(range(min(data.max_examples, len(train))))
     elif data.max_examples is not None:
         train = train.take(data.max_examples)
-    if kind == "messages" and not streaming:
-        _check_messages(train[0][data.messages_column], recipe)
     return train, evaluation
-
-
-def _check_messages(messages: Any, recipe: Recipe) -> None:
-    column = recipe.data.messages_column
-    if not isinstance(messages, list) or not all(
-        isinstance(m, dict) and "role" in m and "content" in m for m in messages
-    ):
-        raise ConfigError(
-            f"data.source {recipe.data.source}: column '{column}' must hold chats, lists of "
-            "{role: ..., content: ...} messages"
-        )
-    if recipe.data.assistant_only_loss and not any(m["role"] == "assistant" for m in messages):
-        raise ConfigError(
-            f"data.source {recipe.data.source}: a chat in '{column}' has no assistant message, so with "
-            "data.assistant_only_loss there is nothing to learn"
-        )
 
 
 # --- tokenization ---------------------------------------------------------------------------------
@@ -381,6 +427,22 @@ def _count_tokens(dataset: Any) -> tuple[int, int]:
     return tokens, trained
 
 
+def check_target(directory: Path) -> None:
+    """The prepared data is written beside ``directory``, then renamed into place: both must be
+    writable before any tokenizing starts, and a directory it replaces must be an earlier prepare's,
+    never one holding other files (the source data, a project)."""
+    other = "set data.prepared_dir (or --output) to a directory you can write"
+    check_directory(directory, "the prepared data directory", other)
+    if directory.exists():
+        check_directory(directory.parent, "the prepared data directory's parent", other)
+        if not (directory / PREPARED_MARKER).is_file() and any(directory.iterdir()):
+            raise ConfigError(
+                f"the prepared data directory {directory} holds other files and no {PREPARED_MARKER}, so it is no "
+                "`ctrain prepare` output, and preparing would replace it: choose a new or empty directory "
+                "(--output, data.prepared_dir)"
+            )
+
+
 def prepare(recipe: Recipe, directory: Path | None = None, *, force: bool = False) -> dict[str, Any]:
     """Tokenize the recipe's data into ``directory`` (default: the recipe's prepared_dir); returns its marker.
 
@@ -394,7 +456,7 @@ def prepare(recipe: Recipe, directory: Path | None = None, *, force: bool = Fals
     settings = prepared_settings(recipe)
     marker = directory / PREPARED_MARKER
     if marker.is_file() and not force:
-        info = json.loads(marker.read_text())
+        info = _read_marker(marker)
         differences = settings_differences(info.get("settings", {}), settings)
         if not differences:
             log.info("prepared data in %s already matches the recipe", directory)
@@ -403,6 +465,7 @@ def prepare(recipe: Recipe, directory: Path | None = None, *, force: bool = Fals
             f"{directory} holds data prepared for different settings ({'; '.join(differences)}); "
             "re-run with --force to replace it, or set data.prepared_dir elsewhere"
         )
+    check_target(directory)
     started = time.perf_counter()
     train, evaluation = load_raw(recipe, streaming=False)
     tokenizer = _tokenizer_for(recipe, train)
@@ -456,13 +519,27 @@ def prepared_info(recipe: Recipe, directory: Path) -> dict[str, Any] | None:
     marker = directory / PREPARED_MARKER
     if not marker.is_file():
         return None
-    info = json.loads(marker.read_text())
+    info = _read_marker(marker)
     differences = settings_differences(info.get("settings", {}), prepared_settings(recipe))
     if differences:
         raise ConfigError(
             f"the prepared data in {directory} does not match the recipe ({'; '.join(differences)}): run "
             f"`ctrain prepare --force {recipe.path or 'RECIPE'}` (with the same overrides) to rebuild it, or set "
             "data.prepared_dir to another directory"
+        )
+    return info
+
+
+def _read_marker(marker: Path) -> dict[str, Any]:
+    try:
+        info = json.loads(marker.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {marker}: {exc.strerror or exc}") from exc
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        raise ConfigError(
+            f"{marker} is damaged (not a JSON object): run `ctrain prepare --force` to prepare the data again"
         )
     return info
 

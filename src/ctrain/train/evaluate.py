@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError
+from ctrain.files import check_directory, check_file
 from ctrain.train import checkpoint
-from ctrain.train.recipe import COMPLETE_MARKER, FINAL_DIR, RECIPE_COPY, Recipe, example_kind
+from ctrain.train.recipe import COMPLETE_MARKER, FINAL_DIR, RECIPE_COPY, Recipe, check_recipe, example_kind
 
 log = logging.getLogger("ctrain.train")
 
@@ -79,10 +80,29 @@ def check_model_dir(model_dir: Path) -> None:
     log.info("%s: %s", model_dir, verdict.summary())
 
 
+def check(recipe: Recipe, model_dir: Path | None = None) -> None:
+    """What can fail before the model loads, without torch: the recipe and its data, the model's
+    directory, held-out examples to ask, and a place for eval.json."""
+    check_recipe(recipe)
+    model_dir = model_dir or recipe.output_dir / FINAL_DIR
+    if model_dir.exists() and not model_dir.is_dir():
+        raise ConfigError(f"--model {model_dir} is a file; name the directory of a trained model")
+    check_model_dir(model_dir)
+    if not (recipe.data.eval_split or recipe.data.eval_size):
+        raise ConfigError("ctrain eval asks held-out examples: set data.eval_size or data.eval_split in the recipe")
+    other = "set training.output_dir to a directory you can write"
+    check_directory(recipe.output_dir, "the output directory", other)
+    if recipe.output_dir.is_dir():
+        check_file(recipe.output_dir / EVAL_FILE, "the result", other)
+    from ctrain.train.data import check_cache
+
+    check_cache(recipe)
+
+
 def evaluate(recipe: Recipe, model_dir: Path | None = None, max_examples: int | None = None) -> dict[str, Any]:
     """Exact-match accuracy of the model in ``model_dir`` (default: the recipe's final model) on held-out examples."""
     model_dir = model_dir or recipe.output_dir / FINAL_DIR
-    check_model_dir(model_dir)  # before torch is imported: a refusal takes no time
+    check(recipe, model_dir)  # before torch is imported: a refusal takes no time
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -63,6 +63,15 @@ class PrefixedWriter(io.TextIOBase):
             self._stream.flush()
         return len(text)
 
+    def write_marked(self, mark: str, text: str) -> None:
+        """Write a line that starts with ``mark``, then the prefix (``error: [rank 0 host h] ...``): tools
+        and people look for the mark at the start of the line."""
+        if not self._at_line_start:
+            self._stream.write("\n")
+        self._stream.write(f"{mark}{self.prefix}{text.rstrip(chr(10))}\n")
+        self._at_line_start = True
+        self._stream.flush()
+
     def flush(self) -> None:
         self._stream.flush()
 

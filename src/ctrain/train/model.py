@@ -19,6 +19,7 @@ log = logging.getLogger("ctrain.train")
 
 def load_config(recipe: Recipe) -> Any:
     """The model's config with the recipe's overrides applied (cheap: no weights)."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
     model = recipe.model
@@ -44,13 +45,18 @@ def load_config(recipe: Recipe) -> Any:
             f"model.config_overrides: {config.model_type} configs have no field '{unknown[0]}'; fields: "
             f"{', '.join(sorted(valid))}"
         )
-    if by_type:
-        # Through the constructor, so fields derived from others (head_dim from hidden_size and the
-        # head count) follow the overrides.
-        return AutoConfig.for_model(model.config, **model.config_overrides)
-    for key, value in model.config_overrides.items():
-        setattr(config, key, value)
-    return config
+    try:
+        if by_type:
+            # Through the constructor, so fields derived from others (head_dim from hidden_size and the
+            # head count) follow the overrides.
+            return AutoConfig.for_model(model.config, **model.config_overrides)
+        for key, value in model.config_overrides.items():
+            setattr(config, key, value)
+        return config
+    except (ValueError, TypeError, StrictDataclassError) as exc:  # how transformers' configs refuse values
+        cause = exc.__cause__ or exc
+        detail = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise ConfigError(f"model.config_overrides do not make a valid {config.model_type} config: {detail}") from exc
 
 
 def max_positions(config: Any) -> int | None:

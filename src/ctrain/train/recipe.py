@@ -11,7 +11,6 @@ Relative paths in a recipe are relative to the working directory (where ``ctrain
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import glob
 import hashlib
@@ -25,7 +24,8 @@ from typing import Any, Literal
 
 from ctrain.errors import ConfigError, NonFiniteTraining
 from ctrain.fast import FastSettings
-from ctrain.settings import apply_overrides, from_mapping, load_yaml, to_mapping
+from ctrain.files import name_problem, shorten
+from ctrain.settings import build, read_settings, to_mapping
 
 # Exit code of a run that stopped on a preemption signal after saving a complete checkpoint:
 # "checkpointed, requeue me" (EX_TEMPFAIL from sysexits.h). The sbatch scripts requeue on it.
@@ -50,6 +50,17 @@ BUILTIN_SOURCES = ("addition",)
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _GLOB = re.compile(r"[*?\[]")
+
+# Rows per optimizer step and tokens per row beyond any real run: larger values are typing mistakes
+# (and would make the batch layout search take forever).
+MAX_GLOBAL_BATCH = 2**24
+MAX_LENGTH = 2**24
+
+# What `ctrain train` needs at the least, shown when a recipe lacks it.
+MINIMAL_RECIPE = (
+    "the minimal recipe is `model: {path: MODEL}` (a local directory or hub name) and `data: {source: FILE}` "
+    "(chats in .jsonl, .json, .csv or .parquet); recipes/demo-addition.yaml trains a model from scratch"
+)
 
 
 @dataclass
@@ -88,6 +99,8 @@ class TokenizerTraining:
             raise ConfigError(f"tokenizer.train.vocab_size is {self.vocab_size}; it must be at least 300")
         if self.min_frequency < 1:
             raise ConfigError("tokenizer.train.min_frequency must be at least 1")
+        if self.max_examples is not None and self.max_examples < 1:
+            raise ConfigError(f"tokenizer.train.max_examples is {self.max_examples}; it must be at least 1")
 
 
 @dataclass
@@ -135,6 +148,11 @@ class DataSettings:
             )
         if self.max_length < 2:
             raise ConfigError(f"data.max_length is {self.max_length}; it must be at least 2")
+        if self.max_length > MAX_LENGTH:
+            raise ConfigError(f"data.max_length is {self.max_length} tokens; no model holds more than {MAX_LENGTH}")
+        for name in ("text_column", "messages_column", "prompt_column", "completion_column", "split"):
+            if not getattr(self, name).strip():
+                raise ConfigError(f"data.{name} is empty; name a column (or split) of the data")
         if self.eval_split is not None and self.eval_size is not None:
             raise ConfigError("set at most one of data.eval_split (a split of the source) and data.eval_size")
         if self.eval_size is not None and self.eval_size <= 0:
@@ -201,6 +219,16 @@ class TrainingSettings:
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(f"training.{name} is {value}; it must be at least 1")
+        if self.global_batch_size > MAX_GLOBAL_BATCH:
+            raise ConfigError(
+                f"training.global_batch_size is {self.global_batch_size} rows per step; at most {MAX_GLOBAL_BATCH}"
+            )
+        if self.ddp_timeout_minutes > 525_600:
+            raise ConfigError(f"training.ddp_timeout_minutes is {self.ddp_timeout_minutes}; at most 525600 (a year)")
+        if self.weight_decay < 0:
+            raise ConfigError(f"training.weight_decay is {self.weight_decay}; it must be >= 0")
+        if self.output_dir is not None and not self.output_dir.strip():
+            raise ConfigError("training.output_dir is empty: name a directory, or remove the key for outputs/NAME")
         if self.max_steps is None and self.epochs <= 0:
             raise ConfigError(f"training.epochs is {self.epochs}; it must be positive (or set training.max_steps)")
         if self.learning_rate <= 0:
@@ -237,6 +265,16 @@ class HubSettings:
     repo_id: str | None = None
     private: bool = True
 
+    def validate(self) -> None:
+        if self.repo_id is not None and not _REPO_ID.fullmatch(self.repo_id):
+            raise ConfigError(
+                f"hub.repo_id {self.repo_id!r} is not a Hugging Face repository id like NAMESPACE/NAME "
+                "(letters, digits, '-', '_', '.'; at most 96 characters)"
+            )
+
+
+_REPO_ID = re.compile(r"(?=.{1,96}$)([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
+
 
 @dataclass
 class EvalSettings:
@@ -271,6 +309,24 @@ class Recipe:
     path: Path | None = field(default=None, init=False, compare=False)
 
     def validate(self) -> None:
+        if self.model.path is None and self.model.config is None:
+            raise ConfigError(f"the recipe names no model: {MINIMAL_RECIPE}", key="model")
+        if not self.data.source:
+            raise ConfigError(f"the recipe names no data (data.source): {MINIMAL_RECIPE}", key="data")
+        for section in (self.model, self.tokenizer, self.data, self.training, self.hub, self.eval, self.fast):
+            section.validate()
+        if self.tokenizer.train is not None:
+            self.tokenizer.train.validate()
+        if self.name is not None:
+            problem = name_problem(self.name)
+            if problem:
+                raise ConfigError(
+                    f"name {shorten(self.name)!r} {problem}: the run's name is its directory under outputs/, so give a "
+                    "short name of letters, digits, '-', '_' and '.'",
+                    key="name",
+                )
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"seed is {self.seed}; it must be between 0 and {2**32 - 1}", key="seed")
         if self.tokenizer.path is None and self.tokenizer.train is None and self.model.path is None:
             raise ConfigError(
                 "a model trained from scratch (model.config) needs tokenizer.path, or tokenizer.train to train "
@@ -296,6 +352,12 @@ class Recipe:
                     f"compiles its layers and fuses the loss: turn training.{name} off, or use engine hf"
                 )
         positions = self.model.config_overrides.get("max_position_embeddings")
+        if "max_position_embeddings" in self.model.config_overrides and (
+            not isinstance(positions, int) or isinstance(positions, bool) or positions < 1
+        ):
+            raise ConfigError(
+                f"model.config_overrides.max_position_embeddings is {positions!r}; it must be a positive integer"
+            )
         if isinstance(positions, int) and self.data.max_length > positions:
             raise ConfigError(
                 f"data.max_length ({self.data.max_length}) is larger than the model's max_position_embeddings "
@@ -353,13 +415,21 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     Raises :class:`ConfigError` naming the bad key (and listing the valid ones) or value.
     """
     path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"recipe {path} does not exist (relative paths are relative to {Path.cwd()})")
+    if path.is_dir():
+        raise ConfigError(f"recipe {path} is a directory: name the recipe's YAML file")
     if not path.is_file():
-        raise ConfigError(f"recipe {path} does not exist" if not path.exists() else f"recipe {path} is not a file")
-    data = apply_overrides(load_yaml(path), list(overrides))
+        raise ConfigError(f"recipe {path} is not a regular file: name the recipe's YAML file")
     try:
-        recipe = from_mapping(Recipe, data)
+        source = read_settings(path)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+        if path.suffix.lower() in (".yaml", ".yml"):
+            raise
+        raise ConfigError(f"{exc} (a recipe is a YAML file, such as recipes/demo-addition.yaml)") from exc
+    if not source.data:
+        raise ConfigError(f"recipe {path} is empty: {MINIMAL_RECIPE}")
+    recipe = build(Recipe, source, overrides)
     recipe.path = path
     return recipe
 
@@ -384,8 +454,13 @@ def batch_layout(training: TrainingSettings, world_size: int, cap: int | None = 
         )
     share = total // world_size
     limit = min(x for x in (share, training.max_per_device_batch_size, cap) if x is not None)
-    per_device = max(d for d in range(1, limit + 1) if share % d == 0)
+    per_device = max(d for d in _divisors(share) if d <= limit)
     return per_device, share // per_device
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return small + [n // d for d in small]
 
 
 # --- sources --------------------------------------------------------------------------------------
@@ -431,7 +506,7 @@ def resolve_source(data: DataSettings) -> Source:
                 or (path / "state.json").is_file()
             ):
                 return Source("disk", raw, directory=path)
-            files = tuple(sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FILE_FORMATS))
+            files = _data_files(path, raw)
             if not files:
                 raise ConfigError(
                     f"data.source: {raw} is a directory with no data files ({', '.join(FILE_FORMATS)}) and is not a "
@@ -444,6 +519,27 @@ def resolve_source(data: DataSettings) -> Source:
     if _HUB_NAME.match(raw):
         return Source("hub", raw)
     raise ConfigError(f"data.source: {raw} is neither an existing path nor a hub data set name")
+
+
+# Entries a data.source directory is searched through at most: more is a directory named by
+# mistake (a home directory, /), whose search would take minutes.
+MAX_SOURCE_ENTRIES = 100_000
+
+
+def _data_files(directory: Path, raw: str) -> tuple[Path, ...]:
+    """The data files anywhere under ``directory``, sorted; a ConfigError when it is far too large to search."""
+    found = []
+    seen = 0
+    for root, dirs, names in os.walk(directory):
+        dirs.sort()
+        seen += len(dirs) + len(names)
+        if seen > MAX_SOURCE_ENTRIES:
+            raise ConfigError(
+                f"data.source: {raw} holds more than {MAX_SOURCE_ENTRIES} files and directories: point it at the "
+                f"data (a file, a glob such as {raw.rstrip('/')}/*.jsonl, or a directory of data files)"
+            )
+        found += [Path(root, n) for n in names if Path(n).suffix.lower() in FILE_FORMATS]
+    return tuple(sorted(p for p in found if p.is_file()))
 
 
 def _file_format(files: tuple[Path, ...], data: DataSettings) -> str:
@@ -465,15 +561,35 @@ def _readable(path: Path, what: str) -> None:
         raise ConfigError(f"{what}: {path} cannot be read (permission denied)")
 
 
-def model_kind(value: str) -> Literal["local", "hub"]:
-    """Whether a model/tokenizer reference is a local path (which must exist) or a hub name."""
+def model_kind(value: str, what: str = "") -> Literal["local", "hub"]:
+    """Whether a model/tokenizer reference is a local path (which must exist) or a hub name.
+
+    A local model or tokenizer is a directory (``save_pretrained``'s); ``what`` names the setting
+    for which that is required, empty where a single file will do (``model.config``).
+    """
     path = expand_path(value)
     if path.exists():
         _readable(path, value)
+        if what and not path.is_dir():
+            raise ConfigError(
+                f"{value} is a file; {what} is a directory holding a saved model (config.json, weights, tokenizer "
+                "files) or a hub name"
+            )
         return "local"
     if _looks_like_path(value) or not _HUB_NAME.match(value):
         raise ConfigError(f"{value} does not exist (relative paths are relative to {Path.cwd()})")
     return "hub"
+
+
+def _settings_file(value: str, what: str) -> Path:
+    """A file a setting names: it exists, is a file and can be read."""
+    path = expand_path(value)
+    if path.is_dir():
+        raise ConfigError(f"{what}: {value} is a directory; name a file")
+    if not path.is_file():
+        raise ConfigError(f"{what}: {value} does not exist (relative paths are relative to {Path.cwd()})")
+    _readable(path, what)
+    return path
 
 
 # --- checks without torch -------------------------------------------------------------------------
@@ -491,67 +607,64 @@ def source_columns(source: Source, data: DataSettings) -> list[str] | None:
         return None
     first = source.files[0]
     try:
-        if source.format == "json":
-            return _json_columns(first)
-        if source.format == "csv":
-            with first.open(newline="") as handle:
-                return next(csv.reader(handle), [])
+        if source.format in ("json", "csv"):
+            from ctrain.train.rows import header_columns
+
+            return header_columns(first, source.format)
         if source.format in ("parquet", "arrow"):
             try:
                 import pyarrow.parquet as pq  # noqa: F401
             except ImportError:
                 return None
-            return _arrow_columns(first, source.format)
+            # Every file's footer (cheap): a broken one among many is named here, not by the loader.
+            columns = [_arrow_columns(path, source.format) for path in source.files]
+            return columns[0]
     except OSError as exc:
         raise ConfigError(f"data.source: cannot read {first}: {exc.strerror or exc}") from exc
     return None
-
-
-def _json_columns(path: Path) -> list[str]:
-    with path.open() as handle:
-        head = handle.read(1)
-        handle.seek(0)
-        if head == "[":
-            rows = json.load(handle)
-            if not rows or not isinstance(rows[0], dict):
-                raise ConfigError(f"data.source: {path} holds no JSON objects")
-            return list(rows[0])
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"data.source: {path} line {number} is not valid JSON: {exc.msg}") from exc
-                if not isinstance(row, dict):
-                    raise ConfigError(f"data.source: {path} line {number} is not a JSON object")
-                return list(row)
-    raise ConfigError(f"data.source: {path} is empty")
 
 
 def _arrow_columns(path: Path, fmt: str) -> list[str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if fmt == "parquet":
-        return list(pq.read_schema(path).names)
-    with pa.memory_map(str(path)) as source:
-        try:
-            return list(pa.ipc.open_stream(source).schema.names)
-        except pa.ArrowInvalid:
-            return list(pa.ipc.open_file(source).schema.names)
+    try:
+        if fmt == "parquet":
+            return list(pq.read_schema(path).names)
+        with pa.memory_map(str(path)) as source:
+            try:
+                return list(pa.ipc.open_stream(source).schema.names)
+            except pa.ArrowInvalid:
+                return list(pa.ipc.open_file(source).schema.names)
+    except (pa.ArrowException, ValueError) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"data.source: {path} is not a readable {fmt} file ({detail})") from None
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from a file datasets wrote; a ConfigError naming the file when it is damaged."""
+    try:
+        data = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"data.source: cannot read {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"data.source: {path} is not valid JSON ({exc}): save the data set again") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"data.source: {path} is not a JSON object: save the data set again")
+    return data
 
 
 def _disk_columns(directory: Path, split: str) -> list[str] | None:
     if (directory / "dataset_dict.json").is_file():
-        splits = json.loads((directory / "dataset_dict.json").read_text()).get("splits", [])
+        splits = _json_object(directory / "dataset_dict.json").get("splits") or []
         if split not in splits:
-            raise ConfigError(f"data.split: {directory} has no split '{split}'; splits: {', '.join(splits)}")
+            raise ConfigError(f"data.split: {directory} has no split '{split}'; splits: {', '.join(map(str, splits))}")
         directory = directory / split
     info = directory / "dataset_info.json"
     if not info.is_file():
         return None
-    features = json.loads(info.read_text()).get("features") or {}
-    return list(features) or None
+    features = _json_object(info).get("features") or {}
+    return list(features) if isinstance(features, dict) and features else None
 
 
 def example_kind(columns: list[str], recipe: Recipe) -> Literal["messages", "prompt_completion", "text"]:
@@ -588,10 +701,15 @@ def _model_positions(recipe: Recipe) -> tuple[int | None, str]:
     config = path / "config.json" if path.is_dir() else path
     if config.is_file() and config.suffix == ".json":
         try:
-            data = json.loads(config.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"model: cannot read {config}: {exc}") from exc
-        data = data.get("text_config", data)
+            data = json.loads(config.read_bytes())
+        except OSError as exc:
+            raise ConfigError(f"model: cannot read {config}: {exc.strerror or exc}") from exc
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise ConfigError(f"model: {config} is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"model: {config} is not a model config (a JSON object)")
+        text = data.get("text_config")
+        data = text if isinstance(text, dict) else data
         for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
             if isinstance(data.get(key), int):
                 return data[key], str(config)
@@ -600,14 +718,13 @@ def _model_positions(recipe: Recipe) -> tuple[int | None, str]:
 
 def check_json_file(value: str, what: str) -> Path:
     """A JSON settings file (DeepSpeed config) that exists and parses."""
-    path = expand_path(value)
-    if not path.is_file():
-        raise ConfigError(f"{what}: {value} does not exist (relative paths are relative to {Path.cwd()})")
-    _readable(path, what)
+    path = _settings_file(value, what)
     try:
-        json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        data = json.loads(path.read_bytes())
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise ConfigError(f"{what}: {path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what}: {path} holds {type(data).__name__}, not a JSON object of settings")
     return path
 
 
@@ -624,7 +741,7 @@ def check_recipe(recipe: Recipe, world_size: int | None = None) -> list[str]:
     for reference, what in ((recipe.model.path, "model.path"), (recipe.tokenizer.path, "tokenizer.path")):
         if reference:
             try:
-                kind = model_kind(reference)
+                kind = model_kind(reference, what)
             except ConfigError as exc:
                 raise ConfigError(f"{what}: {exc}") from exc
             if kind == "hub":
@@ -635,10 +752,11 @@ def check_recipe(recipe: Recipe, world_size: int | None = None) -> list[str]:
         except ConfigError as exc:
             raise ConfigError(f"model.config: {exc}") from exc
     if recipe.tokenizer.chat_template:
-        template = expand_path(recipe.tokenizer.chat_template)
-        if not template.is_file():
-            raise ConfigError(f"tokenizer.chat_template: {recipe.tokenizer.chat_template} does not exist")
-        _readable(template, "tokenizer.chat_template")
+        template = _settings_file(recipe.tokenizer.chat_template, "tokenizer.chat_template")
+        try:
+            template.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"tokenizer.chat_template: {template} is not UTF-8 text") from None
     positions, where = _model_positions(recipe)
     if positions is not None and data.max_length > positions:
         raise ConfigError(
@@ -658,14 +776,26 @@ def check_recipe(recipe: Recipe, world_size: int | None = None) -> list[str]:
         if prepared.exists() and not (prepared / PREPARED_MARKER).is_file():
             notes.append(f"data.prepared_dir {prepared} exists but is not a finished `ctrain prepare` output")
     source = resolve_source(data)
+    if data.eval_split and source.kind in ("files", "builtin"):
+        raise ConfigError(
+            f"data.eval_split: {data.source} has a single split; hold examples out with data.eval_size instead"
+        )
     if source.kind == "hub":
         notes.append(f"data.source {data.source} is a hub data set: its columns are not checked here")
         return notes
     columns = source_columns(source, data)
     if columns is None:
         notes.append(f"data.source {data.source}: columns not checked here (install pyarrow to read {source.format})")
-    else:
-        example_kind(columns, recipe)
+        return notes
+    kind = example_kind(columns, recipe)
+    if source.kind == "files":
+        from ctrain.train.rows import SCAN_BYTES, scan_files
+
+        if not scan_files(source, kind, recipe):
+            notes.append(
+                f"data.source {data.source}: rows after the first {SCAN_BYTES // 2**20} MiB are checked once the data "
+                "loads"
+            )
     return notes
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError, CtrainError
-from ctrain.files import atomic_write_json
+from ctrain.files import atomic_write_json, check_tree
 from ctrain.train import checkpoint, logs
 from ctrain.train.recipe import (
     COMPLETE_MARKER,
@@ -93,6 +93,11 @@ def plan(recipe: Recipe) -> Layout:
         )
     if engine == "fast" and recipe.fast.batching == "packed" and not recipe.data.packing:
         raise ConfigError("fast.batching: packed needs data.packing: true (or set fast.batching: padded)")
+    from transformers.training_args import OptimizerNames
+
+    optimizers = [o.value for o in OptimizerNames]
+    if recipe.training.optim not in ("auto", *optimizers):
+        raise ConfigError(f"training.optim is {recipe.training.optim!r}; valid: auto, {', '.join(optimizers)}")
     return Layout(rank, world, device_type, _precision(recipe, device_type), engine, per_device, accumulation)
 
 
@@ -356,6 +361,18 @@ def run(recipe: Recipe) -> int:
                 final,
             )
         return 0
+    # A run as another user (root in a container) leaves the directory to it: say so before any work.
+    check_tree(output_dir, "training.output_dir", "set training.output_dir to a directory you can write",
+               skip=[recipe.prepared_dir])  # fmt: skip
+    for directory in (final, recipe.prepared_dir):
+        if directory.exists() and not directory.is_dir():
+            raise ConfigError(f"{directory} is a file where ctrain keeps a directory: move it away")
+    if rank == 0 and not recipe.data.streaming:
+        from ctrain.train import data
+
+        if data.prepared_info(recipe, recipe.prepared_dir) is None:
+            data.check_target(recipe.prepared_dir)
+            data.check_cache(recipe)
     if rank == 0:
         for note in notes:
             log.info("note: %s", note)
