@@ -118,6 +118,10 @@ def test_unknown_placeholder_in_a_custom_template(tmp_path: Path) -> None:
         ({"fsx_size_gib": 2000}, "multiple of 2400"),
         ({"capacity_reservation": "cr-1", "placement_group": True}, "conflict"),
         ({"capacity_type": "CAPACITY_BLOCK"}, "needs cluster.capacity_reservation"),
+        (
+            {"capacity_type": "CAPACITY_BLOCK", "capacity_reservation": "cr-1", "gpu_max_nodes": 4},
+            "gpu_min_nodes must equal gpu_max_nodes",
+        ),
         ({"gpu_min_nodes": 3, "gpu_max_nodes": 2}, "gpu_min_nodes <= gpu_max_nodes"),
         ({"gpu_queue": False, "cpu_queue": False}, "at least one queue"),
         ({"scripts_s3_uri": "my-bucket/ctrain"}, "s3://BUCKET/PREFIX"),
