@@ -609,7 +609,8 @@ def _target(command: click.decorators.FC) -> click.decorators.FC:
     return click.option("--name", help="Cluster name (default: cluster.name in ctrain.yaml, else 'ctrain').")(command)
 
 
-_FILE = click.argument("file", required=False, type=click.Path(dir_okay=False, path_type=Path))
+# ctrain's own checks say what is wrong with a missing file or a directory, and what writes a good one.
+_FILE = click.argument("file", required=False, type=click.Path(path_type=Path))
 _SUPPRESS = click.option(
     "--suppress-validator",
     "suppress",
@@ -632,7 +633,7 @@ def cluster() -> None:
     \b
     From zero to a multi-node job and back (docs/cluster.md):
       ctrain cluster init --region REGION --subnet SUBNET --key-pair KEY --scripts-s3-uri s3://BUCKET/ctrain
-      ctrain cluster validate       offline: ParallelCluster's schema and ctrain's rules
+      ctrain cluster validate       offline: ParallelCluster's schema and validators, ctrain's rules
       ctrain cluster up             create it, wait, print the head node address
       ctrain cluster ssh            on the head node: sbatch sbatch/pyxis_multinode.sbatch
       ctrain cluster down           delete it all (asks first)
@@ -726,20 +727,22 @@ def cluster_validate(
 ) -> None:
     """Check a ParallelCluster config (default: cluster.config_file) before paying for anything.
 
-    Offline, with ParallelCluster's own config schema (keys, types, allowed values, required fields)
-    and ctrain's rules (EFA instance types, placement group vs capacity reservation, node scripts
-    present). Exits 2 and lists every problem when there are errors.
+    Offline, with ParallelCluster's own config schema (keys, types, allowed values, required fields),
+    those of its validators that need no AWS (names, counts, sizes, placement groups, storage) and
+    ctrain's rules (instance types that exist, EFA instance types, placement group vs capacity
+    reservation, node scripts present). Exits 2 and lists every problem when there are errors.
     """
     from ctrain.cluster import base, checks, pcluster
 
     setup = base.load(project(ctx), {"name": name, "region": region})
     path = file.resolve() if file else setup.config_file
-    problems = checks.validate(setup, path)
+    problems = checks.validate(setup, path, suppress)
     if against_aws:
-        problems += pcluster.dry_run(setup, path, suppress)
+        problems = checks.merge(problems, pcluster.dry_run(setup, path, suppress))
     for problem in problems:
         click.echo(problem)
-    checked = "ParallelCluster schema, ctrain rules" + (", ParallelCluster validators in AWS" if against_aws else "")
+    checked = "ParallelCluster schema and offline validators, ctrain rules"
+    checked += ", ParallelCluster validators in AWS" if against_aws else ""
     click.echo(f"{setup.display(path)}: valid ({checked})")
 
 

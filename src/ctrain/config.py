@@ -139,6 +139,11 @@ class ClusterConfig:
             raise ConfigError("cluster.capacity_type CAPACITY_BLOCK needs cluster.capacity_reservation (cr-...)")
         if not 0 <= self.gpu_min_nodes <= self.gpu_max_nodes or self.gpu_max_nodes < 1:
             raise ConfigError("cluster: need 0 <= gpu_min_nodes <= gpu_max_nodes and gpu_max_nodes >= 1")
+        if self.gpu_queue and self.capacity_type == "CAPACITY_BLOCK" and self.gpu_min_nodes != self.gpu_max_nodes:
+            raise ConfigError(
+                "cluster.capacity_type CAPACITY_BLOCK: ParallelCluster runs a Capacity Block's nodes for its whole "
+                "term, so gpu_min_nodes must equal gpu_max_nodes: set both to the block's instance count"
+            )
         if self.cpu_max_nodes < 1:
             raise ConfigError("cluster.cpu_max_nodes must be at least 1")
         if not (self.gpu_queue or self.cpu_queue):

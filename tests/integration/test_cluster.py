@@ -8,6 +8,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from ctrain.cli import main
 from ctrain.cluster import base, checks
 from ctrain.config import ProjectConfig
 from ctrain.errors import CtrainError
+from tests.badinput import Case, run_case
 from tests.conftest import need
 from tests.plugins.cluster import (
     REGION,
@@ -81,14 +84,25 @@ def init(tmp_path: Path, **settings: Any) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize(
     "settings",
-    [{}, {"gpu_queue": False}, {"capacity_reservation": "cr-0123456789abcdef0", "capacity_type": "CAPACITY_BLOCK"}],
+    [
+        {},
+        {"gpu_queue": False},
+        {
+            "capacity_reservation": "cr-0123456789abcdef0",
+            "capacity_type": "CAPACITY_BLOCK",
+            "gpu_min_nodes": 2,
+            "gpu_max_nodes": 2,
+        },
+    ],
     ids=["gpu-efa", "cpu-only", "capacity-reservation"],
 )
 def test_shipped_config_passes_parallelclusters_schema(tmp_path: Path, settings: dict[str, Any]) -> None:
     config, _ = init(tmp_path, **settings)
     result = ctrain(config, "validate")
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip().endswith("pcluster.yaml: valid (ParallelCluster schema, ctrain rules)")
+    assert result.stdout.strip().endswith(
+        "pcluster.yaml: valid (ParallelCluster schema and offline validators, ctrain rules)"
+    )
 
 
 def _edit(path: Path, change: Any) -> None:
@@ -144,13 +158,269 @@ def test_ctrain_rules_and_schema_report_together(tmp_path: Path) -> None:
     assert "HeadNode.Dcv.Enabled: Not a valid boolean." in result.stderr
 
 
-def test_schema_check_keeps_its_dummy_credentials_to_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_offline_check_keeps_its_dummy_credentials_to_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     isolate_aws(monkeypatch, tmp_path)
     config, written = init(tmp_path)
     setup = base.load(ProjectConfig(path=config), {})
-    assert checks.schema_problems(written, "ctrain", REGION) == []
+    (found,) = checks.offline([written], "ctrain", REGION)
+    assert checks.errors(found.problems) == []
     assert "AWS_ACCESS_KEY_ID" not in os.environ and "AWS_ENDPOINT_URL" not in os.environ
-    assert checks.ctrain_problems(setup, checks.read(written)) == []
+    assert checks.ctrain_problems(setup, checks.read(written), found) == []
+
+
+# --- ParallelCluster's validators offline: hostile configs derived from the golden ones ----------
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "cluster"
+GOLDENS = ("gpu_efa", "cpu_only", "capacity_reservation")
+
+
+@dataclass(frozen=True)
+class Hostile:
+    """A golden config with one mistake: the key path its error names and what the error says."""
+
+    id: str
+    golden: str
+    change: Callable[[dict[str, Any]], Any]
+    where: str
+    says: str
+    not_says: str = ""
+
+
+def _resource(data: dict[str, Any], i: int = 0, j: int = 0) -> dict[str, Any]:
+    return _queue(data, i)["ComputeResources"][j]
+
+
+def _second_fsx(data: dict[str, Any]) -> None:
+    data["SharedStorage"].append({**data["SharedStorage"][0], "Name": "fsx2", "MountDir": "/fsx2"})
+
+
+Q0, CR00 = "Scheduling.SlurmQueues[0]", "Scheduling.SlurmQueues[0].ComputeResources[0]"
+HOSTILE = [
+    Hostile(
+        "queue-name-uppercase",
+        "gpu_efa",
+        lambda d: _queue(d).update(Name="GPU"),
+        f"{Q0}.Name",
+        "Invalid name 'GPU'. Name must begin with a letter and only contain lowercase letters, digits and hyphens.",
+    ),
+    Hostile(
+        "queue-name-36-chars",
+        "cpu_only",
+        lambda d: _queue(d).update(Name="a" * 36),
+        f"{Q0}.Name",
+        f"Invalid name '{'a' * 36}'. Name can be at most 25 chars long.",
+    ),
+    Hostile(
+        "queue-named-default",
+        "cpu_only",
+        lambda d: _queue(d).update(Name="default"),
+        f"{Q0}.Name",
+        "It is forbidden to use 'default' as a name.",
+    ),
+    Hostile(
+        "queue-names-twice",
+        "gpu_efa",
+        lambda d: _queue(d, 1).update(Name="gpu"),
+        "Scheduling.SlurmQueues",
+        "Queue name gpu must be unique.",
+    ),
+    Hostile(
+        "compute-resource-name-underscore",
+        "gpu_efa",
+        lambda d: _resource(d).update(Name="p5_48xlarge"),
+        f"{CR00}.Name",
+        "Invalid name 'p5_48xlarge'.",
+    ),
+    Hostile(
+        "min-count-above-max-count",
+        "gpu_efa",
+        lambda d: _resource(d).update(MinCount=3),
+        CR00,
+        "Max count must be greater than or equal to min count.",
+    ),
+    Hostile(
+        "capacity-block-min-below-max",
+        "capacity_reservation",
+        lambda d: _resource(d).update(MinCount=2),
+        CR00,
+        "Max count must be set to the same value of min count when using Capacity Block reservation.",
+    ),
+    Hostile(
+        "misspelt-instance-type-without-efa",
+        "gpu_efa",
+        lambda d: _resource(d, 1).update(InstanceType="c6i.2xlarg"),
+        "Scheduling.SlurmQueues[1].ComputeResources[0].InstanceType",
+        "'c6i.2xlarg' is not an EC2 instance type: did you mean c6i.2xlarge?",
+    ),
+    Hostile(
+        "misspelt-efa-instance-type",
+        "gpu_efa",
+        lambda d: _resource(d).update(InstanceType="p5.48xlrge"),
+        f"{CR00}.InstanceType",
+        "'p5.48xlrge' is not an EC2 instance type: did you mean p5.48xlarge?",
+        not_says="has no EFA",
+    ),
+    Hostile(
+        "misspelt-head-node-type",
+        "cpu_only",
+        lambda d: d["HeadNode"].update(InstanceType="m6i.2xlarg"),
+        "HeadNode.InstanceType",
+        "did you mean m6i.2xlarge?",
+    ),
+    Hostile(
+        "efa-on-an-instance-without-efa",
+        "gpu_efa",
+        lambda d: _resource(d, 1).update(Efa={"Enabled": True}),
+        "Scheduling.SlurmQueues[1].ComputeResources[0].Efa.Enabled",
+        "c6i.2xlarge has no EFA",
+    ),
+    Hostile(
+        "efa-without-a-placement-group-setting",
+        "gpu_efa",
+        lambda d: _queue(d)["Networking"].pop("PlacementGroup"),
+        f"{Q0}.Networking.PlacementGroup",
+        "The placement group for EFA-enabled compute resources in queue 'gpu' must be explicit.",
+    ),
+    Hostile(
+        "subnet-twice",
+        "cpu_only",
+        lambda d: _queue(d)["Networking"]["SubnetIds"].append("subnet-0fedcba9876543210"),
+        f"{Q0}.Networking.SubnetIds",
+        "The following Subnet Ids are specified multiple times",
+    ),
+    Hostile(
+        "efa-across-availability-zones",
+        "gpu_efa",
+        lambda d: _queue(d)["Networking"]["SubnetIds"].append("subnet-0123456789abcdef0"),
+        f"{CR00}.Efa.Enabled",
+        "EFA is not supported across Availability zones.",
+    ),
+    Hostile(
+        "reserved-mount-dir",
+        "gpu_efa",
+        lambda d: d["SharedStorage"][0].update(MountDir="/opt"),
+        "SharedStorage[0].MountDir",
+        "The shared storage mount directory /opt is reserved. Please use another directory",
+    ),
+    Hostile(
+        "storage-name-31-chars",
+        "gpu_efa",
+        lambda d: d["SharedStorage"][0].update(Name="f" * 31),
+        "SharedStorage[0].Name",
+        "Name can be at most 30 chars long.",
+    ),
+    Hostile(
+        "fsx-capacity-off-its-steps",
+        "gpu_efa",
+        lambda d: d["SharedStorage"][0]["FsxLustreSettings"].update(StorageCapacity=2000),
+        "SharedStorage[0]",
+        "Capacity for FSx SCRATCH_2 file systems is 1,200 GB or increments of 2,400 GB.",
+    ),
+    Hostile("two-new-fsx", "gpu_efa", _second_fsx, "SharedStorage", "Too many new FSx shared storage"),
+    Hostile(
+        "io1-root-volume-too-small",
+        "gpu_efa",
+        lambda d: d["HeadNode"]["LocalStorage"]["RootVolume"].update(VolumeType="io1", Size=2),
+        "HeadNode.LocalStorage.RootVolume",
+        "The size of io1 volumes must be at least 4 GiB.",
+    ),
+    Hostile(
+        "region-parallelcluster-lacks",
+        "cpu_only",
+        lambda d: d.update(Region="us-east-7"),
+        "Region",
+        "Region 'us-east-7' is not yet officially supported by ParallelCluster",
+    ),
+    Hostile(
+        "slurm-setting-parallelcluster-owns",
+        "cpu_only",
+        lambda d: _queue(d).update(CustomSlurmSettings={"PartitionName": "other"}),
+        f"{Q0}.CustomSlurmSettings",
+        "PartitionName",
+    ),
+]
+
+
+Verdicts = dict[str, tuple[list[checks.Problem], checks.Offline]]
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory: pytest.TempPathFactory) -> Verdicts:
+    """Every golden and hostile config through ParallelCluster's offline check (one process for all,
+    as loading ParallelCluster takes most of the time) and ctrain's rules, as `validate` does."""
+    try:
+        base.pcluster_python()
+    except CtrainError:
+        need(False, "the pcluster CLI and library (pip install 'ctrain[aws]')")
+    root = tmp_path_factory.mktemp("hostile")
+    setup = base.load(ProjectConfig(path=root / "ctrain.yaml"), EXAMPLE)
+    configs = {name: yaml.safe_load((GOLDEN / f"{name}.yaml").read_text()) for name in GOLDENS}
+    for case in HOSTILE:
+        configs[case.id] = data = yaml.safe_load((GOLDEN / f"{case.golden}.yaml").read_text())
+        case.change(data)
+    paths = []
+    for name, data in configs.items():
+        paths.append(root / f"{name}.yaml")
+        paths[-1].write_text(yaml.safe_dump(data, sort_keys=False))
+    found = checks.offline(paths, "ctrain", REGION)
+    return {
+        name: (checks.ctrain_problems(setup, data, result) + result.problems, result)
+        for (name, data), result in zip(configs.items(), found)
+    }
+
+
+@pytest.mark.parametrize("golden", GOLDENS)
+def test_golden_configs_pass_parallelclusters_offline_validators(verdicts: Verdicts, golden: str) -> None:
+    problems, offline = verdicts[golden]
+    assert checks.errors(problems) == []
+    assert "pcluster DetailedMonitoringValidator" in {p.source for p in problems}  # they ran: this one has a say
+    # Left to AWS, without a network call: the instance types offered in the region, the scripts' URLs.
+    assert {"InstanceTypeValidator", "UrlValidator"} <= set(offline.needs_aws)
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=lambda c: c.id)
+def test_hostile_config_is_rejected_naming_where_and_why(verdicts: Verdicts, case: Hostile) -> None:
+    problems = checks.errors(verdicts[case.id][0])
+    report = "\n".join(map(str, problems))
+    assert any(p.where == case.where and case.says in p.message for p in problems), report
+    if case.not_says:
+        assert case.not_says not in report
+
+
+def _golden_with(golden: str, change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
+    def write(workdir: Path) -> None:
+        data = yaml.safe_load((GOLDEN / f"{golden}.yaml").read_text())
+        change(data)
+        (workdir / "pcluster.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+    return write
+
+
+def _cli(case: Hostile, command: str = "validate") -> Case:
+    says = [f"{case.where}: {case.says}", "pcluster.yaml is not a valid ParallelCluster config"]
+    setup = _golden_with(case.golden, case.change)
+    # Loading ParallelCluster takes about 2 s; the limit leaves room for a busy CI machine.
+    return Case(f"{command}-{case.id}", ["cluster", command, "pcluster.yaml"], says, setup, max_seconds=30)
+
+
+SRC = {"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+BY_ID = {case.id: case for case in HOSTILE}
+CLI_CASES = [
+    _cli(BY_ID["queue-name-uppercase"]),
+    _cli(BY_ID["min-count-above-max-count"]),
+    _cli(BY_ID["misspelt-instance-type-without-efa"]),
+    _cli(BY_ID["misspelt-efa-instance-type"]),
+    _cli(BY_ID["queue-names-twice"], "up"),  # refused before any AWS call: no credentials here
+]
+
+
+@pytest.mark.parametrize("case", [replace(c, env=SRC, exit_code=2) for c in CLI_CASES], ids=lambda c: c.id)
+def test_cluster_command_refuses_a_hostile_config_in_one_error(
+    case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolate_aws(monkeypatch, tmp_path)
+    result = run_case(case, tmp_path / "work")
+    assert "has no EFA" not in result.stderr
 
 
 # --- ParallelCluster's CLI and validators against moto ------------------------------------------
@@ -179,7 +449,8 @@ def test_dry_run_runs_parallelclusters_validators(tmp_path: Path, aws_env: MotoA
     suppress = [arg for name in sorted(EMULATOR_LIMITS) for arg in ("--suppress-validator", name)]
     result = ctrain(config, "validate", "--aws", *suppress)
     assert result.exit_code == 0, result.output
-    assert "valid (ParallelCluster schema, ctrain rules, ParallelCluster validators in AWS)" in result.stdout
+    checked = "ParallelCluster schema and offline validators, ctrain rules, ParallelCluster validators in AWS"
+    assert f"valid ({checked})" in result.stdout
     assert "[pcluster DeletionPolicyValidator]" in result.stdout  # a validator that ran and passed with a note
     s3 = boto3.client("s3", endpoint_url=aws_env.url)
     uploaded = s3.get_object(Bucket=aws_env.bucket, Key="ctrain/enroot-pyxis.sh")["Body"].read()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
@@ -15,6 +17,7 @@ from ctrain.cluster import base, checks, template
 from ctrain.cluster.efa import EFA_INSTANCE_TYPES
 from ctrain.config import CLUSTER_NAME_MAX, ClusterConfig, ProjectConfig
 from ctrain.errors import ConfigError, ToolNotFound
+from tests.badinput import Case, run_case
 from tests.conftest import need
 from tests.plugins.cluster import assert_golden
 
@@ -115,6 +118,10 @@ def test_unknown_placeholder_in_a_custom_template(tmp_path: Path) -> None:
         ({"fsx_size_gib": 2000}, "multiple of 2400"),
         ({"capacity_reservation": "cr-1", "placement_group": True}, "conflict"),
         ({"capacity_type": "CAPACITY_BLOCK"}, "needs cluster.capacity_reservation"),
+        (
+            {"capacity_type": "CAPACITY_BLOCK", "capacity_reservation": "cr-1", "gpu_max_nodes": 4},
+            "gpu_min_nodes must equal gpu_max_nodes",
+        ),
         ({"gpu_min_nodes": 3, "gpu_max_nodes": 2}, "gpu_min_nodes <= gpu_max_nodes"),
         ({"gpu_queue": False, "cpu_queue": False}, "at least one queue"),
         ({"scripts_s3_uri": "my-bucket/ctrain"}, "s3://BUCKET/PREFIX"),
@@ -173,6 +180,23 @@ def test_efa_rule_names_the_instance_type() -> None:
     assert checks.efa_problems(_config(InstanceType="g4dn.xlarge")) == []
 
 
+KNOWN = frozenset({"p5.48xlarge", "g4dn.xlarge", "m6i.2xlarge", "c6i.2xlarge"})
+
+
+def test_unknown_instance_type_is_named_with_the_closest_real_one() -> None:
+    config = _config(InstanceType="p5.48xlrge", Efa={"Enabled": True})
+    config["HeadNode"]["InstanceType"] = "m6i.2xlarge"
+    (problem,) = checks.instance_type_problems(config, KNOWN, "1.0")
+    assert problem.where == "Scheduling.SlurmQueues[0].ComputeResources[0].InstanceType"
+    assert "'p5.48xlrge' is not an EC2 instance type: did you mean p5.48xlarge?" in problem.message
+    assert checks.efa_problems(config, KNOWN) == []  # a misspelt type is unknown, not one without EFA
+    flexible = _config(Instances=[{"InstanceType": "g4dn.xlarge"}, {"InstanceType": "zz9.huge"}])
+    (problem,) = checks.instance_type_problems(flexible, KNOWN, "1.0")
+    assert problem.where.endswith("ComputeResources[0].Instances[1].InstanceType")
+    assert "aws ec2 describe-instance-types" in problem.message  # nothing close to suggest
+    assert checks.instance_type_problems(config, frozenset(), "") == []  # no list: not checked here
+
+
 def test_placement_group_rule() -> None:
     reserved = {"CapacityReservationTarget": {"CapacityReservationId": "cr-1"}}
     (problem,) = checks.placement_problems(_config(**reserved))
@@ -180,9 +204,6 @@ def test_placement_group_rule() -> None:
     named = _config(**reserved)
     named["Scheduling"]["SlurmQueues"][0]["Networking"]["PlacementGroup"] = {"Enabled": True, "Id": "pg-1"}
     assert checks.placement_problems(named) == []  # the reservation's own group
-    apart = _config(Efa={"Enabled": True})
-    apart["Scheduling"]["SlurmQueues"][0]["Networking"]["PlacementGroup"] = {"Enabled": False}
-    assert [p.level for p in checks.placement_problems(apart)] == ["WARNING"]
 
 
 def test_scripts_rule_checks_only_what_up_uploads(tmp_path: Path) -> None:
@@ -197,6 +218,20 @@ def test_scripts_rule_checks_only_what_up_uploads(tmp_path: Path) -> None:
     assert problem.where.endswith("Sequence[1].Script")
     assert "cluster/scripts/missing.sh, which does not exist" in problem.message
     assert checks.local_scripts(setup, config)["s3://my-bucket/ctrain/enroot-pyxis.sh"].is_file()
+
+
+def test_suppressed_validators_and_findings_said_once() -> None:
+    name = checks.Problem("ERROR", "Scheduling.SlurmQueues[0].Name", "Invalid name 'GPU'.", "pcluster NameValidator")
+    monitoring = checks.Problem(
+        "WARNING", "Monitoring", "Detailed Monitoring is enabled.", "pcluster DetailedMonitoringValidator"
+    )
+    efa = checks.Problem("ERROR", "x.Efa.Enabled", "c6i.2xlarge has no EFA", "ctrain")
+    found = [name, monitoring, efa]
+    assert checks.suppressed(found, ["NameValidator"]) == [monitoring, efa]
+    assert checks.suppressed(found, ["type:DetailedMonitoringValidator"]) == [name, efa]
+    assert checks.suppressed(found, ["ALL"]) == [efa]  # ctrain's own rules stay
+    from_aws = checks.Problem("WARNING", "", "Detailed Monitoring is enabled.", "pcluster DetailedMonitoringValidator")
+    assert checks.merge(found, [from_aws]) == [name, efa, from_aws]
 
 
 def test_schema_messages_flatten_to_paths() -> None:
@@ -257,6 +292,51 @@ def test_helpers_run_on_the_python_of_a_separate_pcluster_install(
         base.importlib.util, "find_spec", lambda name: None if name == "pcluster" else real_find_spec(name)
     )
     assert base.pcluster_bin() == str(cli)
-    assert base.helper(checks.SCHEMA_CHECK, "x.yaml")[:3] == [str(python), "-I", str(checks.SCHEMA_CHECK)]
+    assert base.helper(checks.OFFLINE_CHECK, "x.yaml")[:3] == [str(python), "-I", str(checks.OFFLINE_CHECK)]
     cli.write_text("#!/usr/bin/env python3\n")  # found on PATH, as the kernel would
     assert base.pcluster_python() == str(python)
+
+
+# --- files that are no ParallelCluster config: one error each, before ParallelCluster is loaded ----
+
+SRC = {"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+
+
+def _file(name: str, data: bytes) -> Callable[[Path], None]:
+    return lambda workdir: (workdir / name).write_bytes(data)
+
+
+def _validate(name: str, data: bytes, *says: str) -> Case:
+    return Case(
+        name, ["cluster", "validate", "pcluster.yaml"], [*says, "ctrain cluster init"], _file("pcluster.yaml", data)
+    )
+
+
+NOT_A_CONFIG = [
+    _validate("empty", b"", "pcluster.yaml is empty"),
+    _validate("only-comments", b"# Region: us-east-1\n", "pcluster.yaml is empty"),
+    _validate("not-utf-8", b"Region: us-east-1\nHeadNode: \xff\xfe\n", "is not UTF-8 text", "byte 0xff"),
+    _validate("yaml-list", b"- Region: us-east-1\n", "holds a YAML list, not a ParallelCluster config"),
+    _validate("yaml-string", b"Region us-east-1\n", "holds a YAML string, not a ParallelCluster config"),
+    _validate("invalid-yaml", b"Region: [us-east-1\n", "is not valid YAML", 'in "pcluster.yaml", line 2'),
+    Case("missing", ["cluster", "validate", "nope.yaml"], ["nope.yaml does not exist", "ctrain cluster init"]),
+    Case("default-missing", ["cluster", "validate"], ["pcluster.yaml does not exist", "ctrain cluster init"]),
+    Case(
+        "directory",
+        ["cluster", "validate", "configs"],
+        ["configs is a directory, not a ParallelCluster config", "ctrain cluster init"],
+        lambda workdir: (workdir / "configs").mkdir(),
+    ),
+    Case(
+        "up-with-a-directory",
+        ["cluster", "up", "configs"],
+        ["configs is a directory", "ctrain cluster init"],
+        lambda workdir: (workdir / "configs").mkdir(),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", [replace(c, env=SRC, exit_code=2) for c in NOT_A_CONFIG], ids=lambda c: c.id)
+def test_a_file_that_is_no_config_is_one_clear_error(case: Case, tmp_path: Path) -> None:
+    result = run_case(case, tmp_path)
+    assert "pcluster configure" not in result.stderr  # ParallelCluster's advice; ctrain users run init

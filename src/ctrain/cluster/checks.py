@@ -1,29 +1,36 @@
 """``ctrain cluster validate``: a ParallelCluster config checked offline, before anything is paid for.
 
-Two sources, reported together: ParallelCluster's own config schema (its marshmallow
-``ClusterSchema``: unknown keys, types, allowed values, required fields), run in a separate process
-(``_schema_check.py``); and ctrain's rules for training clusters, which need no AWS either: EFA only
-on instance types that have it, no placement group next to a capacity reservation, custom-action
-scripts that exist locally so ``up`` can upload them.
+Two sources, reported together. ParallelCluster's own code, run in a separate process
+(``_offline_check.py``): its config schema (its marshmallow ``ClusterSchema``: unknown keys, types,
+allowed values, required fields), then each of its validators that can decide without AWS (names,
+counts, sizes, placement groups, storage). And ctrain's rules, which need no AWS either: instance
+types that exist (botocore's EC2 model lists them), EFA only on instance types that have it, no
+placement group next to a capacity reservation, custom-action scripts that exist locally so ``up``
+can upload them.
 """
 
 from __future__ import annotations
 
+import difflib
+import io
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import yaml
 
 from ctrain import proc
 from ctrain.cluster import base
 from ctrain.cluster.efa import EFA_INSTANCE_TYPES
 from ctrain.errors import ConfigError, CtrainError, ParseError
-from ctrain.settings import load_yaml
 
-SCHEMA_CHECK = Path(__file__).with_name("_schema_check.py")
+OFFLINE_CHECK = Path(__file__).with_name("_offline_check.py")
 SCHEMA = "ParallelCluster schema"
+PCLUSTER = "pcluster"  # a validator's findings are "pcluster <its type>", offline or from AWS
 CTRAIN = "ctrain"
+INIT = "`ctrain cluster init` writes one"
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,8 @@ class InvalidConfig(ConfigError):
 
     def __init__(self, path: Path | str, problems: list[Problem]) -> None:
         self.problems = problems
-        lines = "\n".join(f"  {p}" for p in problems)
+        order = {"ERROR": 0, "WARNING": 1, "INFO": 2}
+        lines = "\n".join(f"  {p}" for p in sorted(problems, key=lambda p: order[p.level]))
         super().__init__(f"{path} is not a valid ParallelCluster config:\n{lines}")
 
 
@@ -75,15 +83,37 @@ def flatten(messages: Any, where: str = "") -> Iterator[tuple[str, str]]:
         yield where, str(messages)
 
 
-def schema_problems(path: Path, name: str, region: str) -> list[Problem]:
-    """Run ParallelCluster's ClusterSchema on ``path`` in the Python that has it."""
-    out = proc.run(base.helper(SCHEMA_CHECK, path, name, region), timeout=300)
+@dataclass(frozen=True)
+class Offline:
+    """What ParallelCluster's code says about one config without AWS, and what it could not say."""
+
+    problems: list[Problem]
+    needs_aws: tuple[str, ...] = ()
+    instance_types: frozenset[str] = field(default_factory=frozenset)
+    botocore: str = ""
+
+
+def _offline(reply: dict[str, Any], result: dict[str, Any]) -> Offline:
+    problems = [Problem("ERROR", where, message, SCHEMA) for where, message in flatten(result["errors"] or {})]
+    for found in result["validators"]:
+        level = found["level"] if found["level"] in ("ERROR", "WARNING", "INFO") else "ERROR"
+        message = str(found["message"]).removeprefix("Error: ")
+        problems.append(Problem(level, str(found["where"]), message, f"{PCLUSTER} {found['type']}"))
+    return Offline(problems, tuple(result["needs_aws"]), frozenset(reply["instance_types"]), str(reply["botocore"]))
+
+
+def offline(paths: Sequence[Path], name: str, region: str) -> list[Offline]:
+    """Run ParallelCluster's schema and offline validators on each of ``paths`` in the Python that
+    has them (one process for all: loading ParallelCluster takes most of the time)."""
+    out = proc.run(base.helper(OFFLINE_CHECK, name, region, *paths), timeout=300)
     try:
         reply = json.loads(out.stdout)
-        messages = reply["errors"]
+        results = [_offline(reply, result) for result in reply["configs"]]
     except (json.JSONDecodeError, KeyError, TypeError):
-        raise ParseError("the ParallelCluster schema check's output", out.stdout + out.stderr) from None
-    return [Problem("ERROR", where, message, SCHEMA) for where, message in flatten(messages or {})]
+        raise ParseError("the ParallelCluster offline check's output", out.stdout + out.stderr) from None
+    if len(results) != len(paths):
+        raise ParseError("the ParallelCluster offline check's output", out.stdout)
+    return results
 
 
 # --- ctrain's rules -----------------------------------------------------------------------------
@@ -102,8 +132,42 @@ def _resources(queue: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
             yield f"ComputeResources[{j}]", resource
 
 
-def efa_problems(config: dict[str, Any]) -> list[Problem]:
-    """EFA switched on for an instance type that has no EFA (see :mod:`ctrain.cluster.efa`)."""
+def instance_types(config: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Every instance type the config names (as written: the schema checks the types), with where."""
+    head = config.get("HeadNode")
+    if isinstance(head, dict):
+        yield "HeadNode.InstanceType", head.get("InstanceType")
+    for qwhere, queue in _queues(config):
+        for rwhere, resource in _resources(queue):
+            yield f"{qwhere}.{rwhere}.InstanceType", resource.get("InstanceType")
+            for k, instance in enumerate(resource.get("Instances") or []):
+                if isinstance(instance, dict):
+                    yield f"{qwhere}.{rwhere}.Instances[{k}].InstanceType", instance.get("InstanceType")
+    login = config.get("LoginNodes")
+    for i, pool in enumerate((login.get("Pools") if isinstance(login, dict) else None) or []):
+        if isinstance(pool, dict):
+            yield f"LoginNodes.Pools[{i}].InstanceType", pool.get("InstanceType")
+
+
+def instance_type_problems(config: dict[str, Any], known: frozenset[str], botocore: str) -> list[Problem]:
+    """Instance types EC2 does not have, e.g. misspelt; ``known`` is botocore's list (empty: unchecked)."""
+    found = []
+    for where, itype in instance_types(config):
+        if not known or not isinstance(itype, str) or itype in known:
+            continue
+        close = difflib.get_close_matches(itype, known, n=1)
+        fix = f"did you mean {close[0]}?" if close else "`aws ec2 describe-instance-types` lists them"
+        message = (
+            f"'{itype}' is not an EC2 instance type: {fix} (checked against the {len(known)} types botocore "
+            f"{botocore} knows; a newer type needs a newer botocore)"
+        )
+        found.append(Problem("ERROR", where, message, CTRAIN))
+    return found
+
+
+def efa_problems(config: dict[str, Any], known: frozenset[str] = frozenset()) -> list[Problem]:
+    """EFA switched on for an instance type that has no EFA (see :mod:`ctrain.cluster.efa`); types
+    outside ``known`` are left to :func:`instance_type_problems`."""
     found = []
     for qwhere, queue in _queues(config):
         for rwhere, resource in _resources(queue):
@@ -111,7 +175,7 @@ def efa_problems(config: dict[str, Any]) -> list[Problem]:
                 continue
             types = [resource.get("InstanceType")] + [i.get("InstanceType") for i in resource.get("Instances") or []]
             for itype in filter(None, types):
-                if itype not in EFA_INSTANCE_TYPES:
+                if itype not in EFA_INSTANCE_TYPES and (not known or itype in known):
                     message = (
                         f"{itype} has no EFA; pick an EFA instance type (p4d.24xlarge, p5.48xlarge, "
                         "p5en.48xlarge, ...) or set Efa.Enabled to false"
@@ -121,7 +185,8 @@ def efa_problems(config: dict[str, Any]) -> list[Problem]:
 
 
 def placement_problems(config: dict[str, Any]) -> list[Problem]:
-    """A new placement group next to a capacity reservation; and EFA queues without a placement group."""
+    """A new placement group next to a capacity reservation (ParallelCluster's own offline
+    EfaPlacementGroupValidator covers EFA without a placement group)."""
     found = []
     for qwhere, queue in _queues(config):
         group = ((queue.get("Networking") or {}).get("PlacementGroup")) or {}
@@ -129,16 +194,12 @@ def placement_problems(config: dict[str, Any]) -> list[Problem]:
         reserved = bool(queue.get("CapacityReservationTarget")) or any(
             r.get("CapacityReservationTarget") for _, r in _resources(queue)
         )
-        efa = any((r.get("Efa") or {}).get("Enabled") for _, r in _resources(queue))
         if new_group and reserved:
             message = (
                 "a new placement group conflicts with the capacity reservation (reserved instances cannot launch "
                 "in it): set Enabled to false, or name the reservation's own group with PlacementGroup.Id"
             )
             found.append(Problem("ERROR", f"{qwhere}.Networking.PlacementGroup.Enabled", message, CTRAIN))
-        elif efa and not group.get("Enabled") and not reserved:
-            message = "EFA without a placement group: nodes may land far apart and all-reduce slows down"
-            found.append(Problem("WARNING", f"{qwhere}.Networking.PlacementGroup", message, CTRAIN))
     return found
 
 
@@ -183,17 +244,56 @@ def script_problems(setup: base.Setup, config: dict[str, Any]) -> list[Problem]:
     return found
 
 
-def ctrain_problems(setup: base.Setup, config: dict[str, Any]) -> list[Problem]:
-    return efa_problems(config) + placement_problems(config) + script_problems(setup, config)
+def ctrain_problems(setup: base.Setup, config: dict[str, Any], offline: Offline | None = None) -> list[Problem]:
+    """ctrain's rules; instance types are checked against the list ``offline`` brings from botocore."""
+    known = offline.instance_types if offline else frozenset()
+    types = instance_type_problems(config, known, offline.botocore) if offline else []
+    return types + efa_problems(config, known) + placement_problems(config) + script_problems(setup, config)
 
 
 # --- both ---------------------------------------------------------------------------------------
 
+_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}
+
 
 def read(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    """The config file as a mapping, or one error that says what is wrong with the file."""
+    if path.is_dir():
+        raise ConfigError(
+            f"{path} is a directory, not a ParallelCluster config: name the file (`ctrain cluster init` writes "
+            "pcluster.yaml)"
+        )
+    if not path.exists():
         raise ConfigError(f"{path} does not exist: `ctrain cluster init` writes it")
-    return load_yaml(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start}), so not a ParallelCluster "
+            f"config, which is YAML: {INIT}"
+        ) from None
+    stream = io.StringIO(text)
+    stream.name = path.name  # PyYAML names it in its messages
+    try:
+        config = yaml.safe_load(stream)
+    except yaml.YAMLError as exc:
+        detail = "\n".join(f"  {line}" for line in str(exc).splitlines())
+        raise ConfigError(f"{path} is not valid YAML (fix it, or {INIT}):\n{detail}") from None
+    if config is None:
+        raise ConfigError(
+            f"{path} is empty; a ParallelCluster config has Region, Image, HeadNode, Scheduling, ...: {INIT}"
+        )
+    if not isinstance(config, dict):
+        kind = _KINDS.get(type(config), type(config).__name__)
+        raise ConfigError(
+            f"{path} holds a YAML {kind}, not a ParallelCluster config (a mapping: Region, Image, HeadNode, "
+            f"Scheduling, ...): {INIT}"
+        )
+    return config
 
 
 def check(setup: base.Setup, path: Path) -> list[Problem]:
@@ -203,12 +303,30 @@ def check(setup: base.Setup, path: Path) -> list[Problem]:
         region = base.region(setup, config)
     except CtrainError:
         region = "us-east-1"  # the schema needs some region; which one does not change its verdict
-    return ctrain_problems(setup, config) + schema_problems(path, setup.settings.name, region)
+    (found,) = offline([path], setup.settings.name, region)
+    return ctrain_problems(setup, config, found) + found.problems
 
 
-def validate(setup: base.Setup, path: Path) -> list[Problem]:
+def suppressed(problems: list[Problem], suppress: Sequence[str]) -> list[Problem]:
+    """Without the findings of ParallelCluster validators named in ``suppress`` (``ALL``: every one),
+    as ``pcluster --suppress-validators`` leaves them out."""
+    names = {v.removeprefix("type:") for v in suppress}
+    return [
+        p
+        for p in problems
+        if not (p.source.startswith(f"{PCLUSTER} ") and ("ALL" in names or p.source.split(" ", 1)[1] in names))
+    ]
+
+
+def merge(offline: list[Problem], aws: list[Problem]) -> list[Problem]:
+    """Offline findings and those from AWS, each validator's message once."""
+    seen = {(p.source, p.message) for p in aws}
+    return [p for p in offline if (p.source, p.message) not in seen] + aws
+
+
+def validate(setup: base.Setup, path: Path, suppress: Sequence[str] = ()) -> list[Problem]:
     """:func:`check`, raising :class:`InvalidConfig` when there is an error; returns warnings."""
-    problems = check(setup, path)
+    problems = suppressed(check(setup, path), suppress)
     if errors(problems):
         raise InvalidConfig(setup.display(path), problems)
     return problems

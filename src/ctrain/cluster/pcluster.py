@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from ctrain import proc, ui
 from ctrain.cluster import base, checks
 from ctrain.cluster.checks import InvalidConfig, Problem
-from ctrain.errors import CommandError, CtrainError, ParseError
+from ctrain.errors import CommandError, ConfigError, CtrainError, ParseError
 
 AWS_HELPER = Path(__file__).with_name("_aws_helper.py")
 DRYRUN_OK = "Request would have succeeded, but DryRun flag is set."
@@ -322,7 +322,8 @@ def up(
     say: Say = ui.info,
 ) -> ClusterState:
     """Validate, upload the scripts, create the cluster and wait until it is ready (or failed)."""
-    for problem in checks.validate(setup, path):
+    offline = checks.validate(setup, path, suppress)
+    for problem in offline:
         say(str(problem))
     config = checks.read(path)
     region = base.region(setup, config)
@@ -345,8 +346,10 @@ def up(
                 raise InvalidConfig(setup.display(path), _messages(reply))
             raise reply.failed()
         status = reply.get("cluster", "clusterStatus")
+        said = {(p.source, p.message) for p in offline}
         for problem in _messages(reply):
-            say(str(problem))
+            if (problem.source, problem.message) not in said:
+                say(str(problem))
         say(f"creating cluster '{name}' in {region} ({status}); this usually takes 15-30 minutes")
     else:
         say(f"cluster '{name}' is already being created; waiting for it")
@@ -355,10 +358,18 @@ def up(
     return state
 
 
+def _local_config(setup: base.Setup) -> dict[str, Any]:
+    """The config file's settings where it is a good one, else none: ``status``, ``ssh`` and ``down``
+    only take the region and storage notes from it, and must work whatever became of the file."""
+    try:
+        return checks.read(setup.config_file)
+    except ConfigError:
+        return {}
+
+
 def _storage_note(setup: base.Setup) -> str:
     """What deleting the cluster does to its shared storage, read from the config file if there is one."""
-    path = setup.config_file
-    config = checks.read(path) if path.is_file() else {}
+    config = _local_config(setup)
     notes = []
     for storage in config.get("SharedStorage") or []:
         settings = storage.get("FsxLustreSettings") or {}
@@ -377,7 +388,7 @@ def down(
 ) -> None:
     """Ask, delete the cluster, and wait until it is gone."""
     name = setup.settings.name
-    region = base.region(setup, checks.read(setup.config_file) if setup.config_file.is_file() else None)
+    region = base.region(setup, _local_config(setup))
     require_aws()
     state = describe(name, region)
     if state is None:
@@ -422,7 +433,7 @@ def compute_instances(name: str, region: str) -> list[Instance]:
 
 def status(setup: base.Setup) -> str:
     """State, head node address, compute fleet and compute nodes, as aligned lines."""
-    region = base.region(setup, checks.read(setup.config_file) if setup.config_file.is_file() else None)
+    region = base.region(setup, _local_config(setup))
     require_aws()
     state = _require(setup.settings.name, region)
     nodes: dict[tuple[str, str, str], int] = {}
@@ -447,7 +458,7 @@ def status(setup: base.Setup) -> str:
 
 def ssh_command(setup: base.Setup, extra: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
     """``pcluster ssh`` argv and the environment it needs (it takes the region from the environment)."""
-    region = base.region(setup, checks.read(setup.config_file) if setup.config_file.is_file() else None)
+    region = base.region(setup, _local_config(setup))
     key = setup.settings.ssh_key
     if key is None and setup.settings.key_pair:
         default = Path(f"~/.ssh/{setup.settings.key_pair}.pem").expanduser()
