@@ -15,9 +15,9 @@ images=${CTRAIN_TEST_IMAGES:-/var/tmp/ctrain-test}
 rm -rf -- "$images"
 if command -v buildah >/dev/null; then
     buildah rm --all >/dev/null
-    # The test image and the debootstrap base (ctrain.image.base.DEFAULT_REF's name).
+    # The test images and the debootstrap base (ctrain.image.base.DEFAULT_REF's name).
     mapfile -t refs < <(buildah images --format '{{.Name}}:{{.Tag}}' |
-        grep -E '^localhost/(ctrain-test|ctrain-base):' || true)
+        grep -E '^localhost/(ctrain-test|ctrain-base|ctrain-private-index):' || true)
     [ "${#refs[@]}" -eq 0 ] || buildah rmi --force "${refs[@]}" >/dev/null
     buildah rmi --prune >/dev/null 2>&1 || true
 fi
