@@ -47,7 +47,10 @@ def _fake_gpus(tmp_path: Path, minors: list[int], uuids: dict[int, str]) -> tupl
     return dev, driver
 
 
-TWO_GPUS = [plan.Gpu(0, "GPU-1f6b0c8e-0000-4000-8000-000000000000"), plan.Gpu(1, "GPU-9a4d2e71-0000-4000-8000-000000000001")]
+TWO_GPUS = [
+    plan.Gpu(0, "GPU-1f6b0c8e-0000-4000-8000-000000000000"),
+    plan.Gpu(1, "GPU-9a4d2e71-0000-4000-8000-000000000001"),
+]
 
 
 def test_machine_gpus_from_device_files_with_uuids_from_the_driver(tmp_path: Path) -> None:
@@ -288,7 +291,9 @@ def test_exec_on_a_testbed_that_is_not_up(tmp_path: Path) -> None:
     assert f"error: the testbed in {tmp_path} is not up: run `ctrain testbed up` first" in result.output
 
 
-def test_packages_whose_programs_are_on_path_need_no_installing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_packages_whose_programs_are_on_path_need_no_installing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An offline machine with the tools installed some other way: ensure() installs nothing."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

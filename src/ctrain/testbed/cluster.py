@@ -380,9 +380,10 @@ class Testbed:
 
     def _start(self, plan: list[Node], memory_mb: int, gpus: dict[str, list[Gpu]], log: Log) -> None:
         self._prepare_files(plan, memory_mb, gpus)
-        nodes: list[dict] = []
-        for n in plan:
-            nodes.append({"name": n.name, "ip": n.ip, **({"gpus": [g.path for g in gpus[n.name]]} if gpus[n.name] else {})})
+        nodes: list[dict] = [{"name": n.name, "ip": n.ip} for n in plan]
+        for node in nodes:
+            if gpus[node["name"]]:
+                node["gpus"] = [g.path for g in gpus[node["name"]]]
         state: dict = {
             "user": JOB_USER,
             "controller_host": socket.gethostname().split(".")[0],
@@ -397,7 +398,7 @@ class Testbed:
             self._save(state)
 
         if any(gpus.values()):
-            dealt = ", ".join(f"{name} {' '.join(g.path for g in node_gpus) or 'none'}" for name, node_gpus in gpus.items())
+            dealt = ", ".join(f"{name} {' '.join(g.path for g in gs) or 'none'}" for name, gs in gpus.items())
             log(f"GPUs (Slurm gres gpu): {dealt}")
         log(f"network: bridge {BRIDGE} ({CONTROLLER_IP}), {len(plan)} node namespaces")
         host.network_up(plan)
