@@ -275,6 +275,17 @@ export HF_HOME=/hf_home CTRAIN_DATA_DIR=/data CTRAIN_OUTPUT_DIR=/outputs
 # image's linker cache, copied from the host, which names driver files the image leaves out.
 export TRITON_LIBCUDA_PATH=/.singularity.d/libs
 EOF
+    # What `apptainer build` writes into every image: the libraries --nv binds are found through
+    # LD_LIBRARY_PATH (without it CUDA finds no driver inside the container).
+    cat >"$root/.singularity.d/env/99-base.sh" <<'EOF'
+if [ -z "${LD_LIBRARY_PATH:-}" ]; then
+    LD_LIBRARY_PATH=/.singularity.d/libs
+else
+    LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/.singularity.d/libs"
+fi
+PS1="Apptainer> "
+export LD_LIBRARY_PATH PS1
+EOF
     # Left out: NVIDIA's driver libraries and tools (Apptainer's --nv binds the host's, as on any
     # cluster), documentation, secrets, and Python packages training does not use (JAX, CuPy, ONNX
     # Runtime, TensorStore). The CUDA toolkit stays (compilers may look for ptxas there).
@@ -334,7 +345,6 @@ print(socket.gethostname(), "CUDA_VISIBLE_DEVICES=" + os.environ.get("CUDA_VISIB
         tee "$work/check-nv.txt" || ok=0
     as_user srun -N1 --gpus-per-node=1 -l apptainer exec --no-home "$image" python3 -c "$pycheck" |
         tee "$work/check-no-nv.txt"
-    as_user srun -N2 --gpus-per-node=1 -l apptainer exec --nv --no-home "$image" nvidia-smi -L
     if ! grep -q 'cuda True' "$work/check-nv.txt"; then
         # Unprivileged Apptainer did not work here: let jobs run as root from now on (Apptainer as
         # root needs `root default capabilities = no` where root lacks CAP_SYS_RESOURCE).
