@@ -3,6 +3,10 @@
 Package sets are named by what they serve, so ``ctrain testbed up`` and the test setup install
 from the same list. Apptainer is not in Debian bookworm: it comes from Debian sid through an
 apt source pinned low, so nothing else is upgraded unless Apptainer needs it.
+
+A package counts as present when dpkg has it installed, or when the programs ctrain runs from it
+are all on PATH (installed from an offline bundle, built from source, another package name):
+then nothing is installed, so a machine without a package registry works once the tools are there.
 """
 
 from __future__ import annotations
@@ -23,6 +27,29 @@ PACKAGES: dict[str, tuple[str, ...]] = {
     "push": ("rsync", "openssh-client", "openssh-server"),
     # ParallelCluster's CLI generates CloudFormation with the AWS CDK, which runs on Node.js (also for dry runs).
     "cluster": ("nodejs",),
+}
+
+# The programs ctrain runs from each package; a package whose programs are all on PATH needs no
+# installing. Packages not named here are looked up in dpkg only.
+PROGRAMS: dict[str, tuple[str, ...]] = {
+    "slurm-wlm": ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel"),
+    "munge": ("munged",),
+    "squashfs-tools": ("mksquashfs", "unsquashfs"),
+    "iproute2": ("ip",),
+    "util-linux": ("nsenter", "unshare", "setpriv"),
+    "procps": ("pgrep", "pkill"),
+    "debootstrap": ("debootstrap",),
+    "apptainer": ("apptainer",),
+    "squashfuse": ("squashfuse",),
+    "fuse2fs": ("fuse2fs",),
+    "buildah": ("buildah",),
+    "podman": ("podman",),
+    "skopeo": ("skopeo",),
+    "umoci": ("umoci",),
+    "rsync": ("rsync",),
+    "openssh-client": ("ssh", "scp"),
+    "openssh-server": ("sshd",),
+    "nodejs": ("node",),
 }
 
 SID_SOURCE = Path("/etc/apt/sources.list.d/ctrain-sid.sources")
@@ -54,11 +81,17 @@ def _installed(package: str) -> bool:
     return result.returncode == 0 and "install ok installed" in result.stdout
 
 
+def _programs_present(package: str) -> bool:
+    programs = PROGRAMS.get(package)
+    # sbin directories too: root's PATH has them, a user's or a minimal environment's may not.
+    path = os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/local/sbin", "/usr/sbin", "/sbin"])
+    return bool(programs) and all(shutil.which(program, path=path) for program in programs)
+
+
 def missing(packages: tuple[str, ...] | list[str]) -> list[str]:
-    """The packages among ``packages`` that dpkg does not have installed."""
-    if not shutil.which("dpkg-query"):
-        return list(packages)
-    return [p for p in packages if not _installed(p)]
+    """The packages among ``packages`` that are neither installed (dpkg) nor present as programs."""
+    dpkg = shutil.which("dpkg-query") is not None
+    return [p for p in packages if not _programs_present(p) and not (dpkg and _installed(p))]
 
 
 def _apt_candidate(package: str) -> bool:

@@ -1,7 +1,8 @@
 """The testbed's plan without root: slurm.conf, node addresses and limits, /etc/hosts editing,
 parsing Slurm's answers, process identity, and refusals that must happen before anything changes.
 
-Golden file: tests/golden/testbed/slurm.conf; CTRAIN_UPDATE_GOLDEN=1 rewrites it.
+Golden files: tests/golden/testbed/slurm.conf (a machine without GPUs) and slurm-gpu.conf,
+gres.conf, task-prolog.sh (one with two); CTRAIN_UPDATE_GOLDEN=1 rewrites them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,108 @@ def test_slurm_conf_golden() -> None:
     layout = plan.Layout(Path("/var/lib/ctrain/testbed"))
     text = plan.render_slurm_conf(layout, "head", plan.node_plan(3), cpus=2, memory_mb=8034)
     assert_golden("testbed", "slurm.conf", text)
+
+
+def _fake_gpus(tmp_path: Path, minors: list[int], uuids: dict[int, str]) -> tuple[Path, Path]:
+    """A /dev with nvidiaN device files (and the driver's other files) and /proc/driver/nvidia/gpus."""
+    dev, driver = tmp_path / "dev", tmp_path / "gpus"
+    dev.mkdir()
+    for name in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "null", "nvidia-caps"]:
+        (dev / name).touch()
+    for minor in minors:
+        (dev / f"nvidia{minor}").touch()
+    for minor, uuid in uuids.items():
+        info = driver / f"0000:{minor:02x}:00.0"
+        info.mkdir(parents=True)
+        (info / "information").write_text(
+            f"Model: \t\t NVIDIA H200\nIRQ:   \t\t 36\nGPU UUID: \t {uuid}\nVideo BIOS: \t ??.??.??.??.??\n"
+            f"Bus Type: \t PCIe\nDMA Size: \t 52 bits\nDevice Minor: \t {minor}\n"
+        )
+    return dev, driver
+
+
+TWO_GPUS = [
+    plan.Gpu(0, "GPU-1f6b0c8e-0000-4000-8000-000000000000"),
+    plan.Gpu(1, "GPU-9a4d2e71-0000-4000-8000-000000000001"),
+]
+
+
+def test_machine_gpus_from_device_files_with_uuids_from_the_driver(tmp_path: Path) -> None:
+    dev, driver = _fake_gpus(tmp_path, [1, 0, 10], {0: TWO_GPUS[0].uuid, 1: TWO_GPUS[1].uuid})
+    gpus = plan.machine_gpus(dev, driver)
+    assert gpus == [*TWO_GPUS, plan.Gpu(10, None)]  # by number; no driver file, no UUID
+    assert [g.path for g in gpus] == ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia10"]
+
+
+def test_no_gpus_without_nvidia_device_files(tmp_path: Path) -> None:
+    assert plan.machine_gpus(tmp_path / "absent", tmp_path / "absent") == []
+    dev, driver = _fake_gpus(tmp_path, [], {})
+    assert plan.machine_gpus(dev, driver) == []
+
+
+@pytest.mark.parametrize(
+    ("count", "nodes", "shares"),
+    [(2, 2, [1, 1]), (8, 2, [4, 4]), (3, 2, [2, 1]), (1, 2, [1, 0]), (0, 3, [0, 0, 0]), (4, 1, [4])],
+)
+def test_split_gpus_deals_equal_shares_in_order(count: int, nodes: int, shares: list[int]) -> None:
+    gpus = [plan.Gpu(i) for i in range(count)]
+    split = plan.split_gpus(gpus, plan.node_plan(nodes))
+    assert [len(v) for v in split.values()] == shares
+    assert [g for v in split.values() for g in v] == gpus  # each GPU once, in order
+
+
+def test_slurm_conf_without_gpus_is_unchanged_by_an_empty_split() -> None:
+    layout = plan.Layout(Path("/var/lib/ctrain/testbed"))
+    nodes = plan.node_plan(3)
+    plain = plan.render_slurm_conf(layout, "head", nodes, cpus=2, memory_mb=8034)
+    empty = plan.split_gpus([], nodes)
+    assert plan.render_slurm_conf(layout, "head", nodes, cpus=2, memory_mb=8034, gpus=empty) == plain
+    assert "Gres" not in plain and "TaskProlog" not in plain
+
+
+def test_gpu_testbed_files_golden() -> None:
+    """Two GPUs on two nodes, as `ctrain testbed up --nodes 2` writes them on a 2-GPU machine."""
+    layout = plan.Layout(Path("/var/lib/ctrain/testbed"))
+    nodes = plan.node_plan(2)
+    gpus = plan.split_gpus(TWO_GPUS, nodes)
+    text = plan.render_slurm_conf(layout, "gpuhost", nodes, cpus=32, memory_mb=129024, gpus=gpus)
+    assert_golden("testbed", "slurm-gpu.conf", text)
+    assert "GresTypes=gpu" in text and "TaskProlog=/var/lib/ctrain/testbed/task-prolog.sh" in text
+    assert [line.split()[-2] for line in text.splitlines() if line.startswith("NodeName=")] == ["Gres=gpu:1"] * 2
+    assert_golden("testbed", "gres.conf", plan.render_gres_conf(gpus))
+    assert_golden("testbed", "task-prolog.sh", plan.render_task_prolog(gpus))
+
+
+def test_cgroup_conf_loads_the_plugin_that_does_nothing() -> None:
+    settings = dict(
+        line.split("=", 1) for line in plan.render_cgroup_conf().splitlines() if line and not line.startswith("#")
+    )
+    assert settings == {"CgroupPlugin": "cgroup/v1", "IgnoreSystemd": "yes"}
+
+
+def _prolog(script: Path, node: str, visible: str | None) -> str:
+    env = {"PATH": os.environ["PATH"], "SLURMD_NODENAME": node}
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    result = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, check=True)
+    assert result.stderr == ""
+    return result.stdout
+
+
+def test_task_prolog_maps_node_gpu_numbers_to_the_machines_gpus(tmp_path: Path) -> None:
+    """What slurmstepd would set: node2's GPU 0 is the machine's second GPU, named by UUID."""
+    nodes = plan.node_plan(3)
+    gpus = plan.split_gpus([*TWO_GPUS, plan.Gpu(2), plan.Gpu(3, "GPU-3"), plan.Gpu(4), plan.Gpu(5)], nodes)
+    script = tmp_path / "task-prolog.sh"
+    script.write_text(plan.render_task_prolog(gpus))
+    uuid0, uuid1 = TWO_GPUS[0].uuid, TWO_GPUS[1].uuid
+    assert _prolog(script, "node1", "0") == f"export CUDA_VISIBLE_DEVICES={uuid0}\n"
+    assert _prolog(script, "node1", "1,0") == f"export CUDA_VISIBLE_DEVICES={uuid1},{uuid0}\n"
+    assert _prolog(script, "node2", "0,1") == "export CUDA_VISIBLE_DEVICES=2,GPU-3\n"  # no UUID known: the number
+    assert _prolog(script, "node3", "1") == "export CUDA_VISIBLE_DEVICES=5\n"
+    # Left as Slurm set it: no GPUs asked for, not a number, out of range, a node without GPUs here.
+    for node, visible in (("node1", None), ("node1", ""), ("node1", "NoDevFiles"), ("node1", "2"), ("node9", "0")):
+        assert _prolog(script, node, visible) == "", (node, visible)
 
 
 def test_slurm_conf_names_every_node_and_only_testbed_paths() -> None:
@@ -186,3 +289,25 @@ def test_exec_on_a_testbed_that_is_not_up(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["testbed", "exec", "--state-dir", str(tmp_path), "--", "true"])
     assert result.exit_code == 1
     assert f"error: the testbed in {tmp_path} is not up: run `ctrain testbed up` first" in result.output
+
+
+def test_packages_whose_programs_are_on_path_need_no_installing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An offline machine with the tools installed some other way: ensure() installs nothing."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for program in system.PROGRAMS["munge"] + system.PROGRAMS["slurm-wlm"]:
+        (bin_dir / program).write_text("#!/bin/sh\n")
+        (bin_dir / program).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))  # no dpkg-query on this PATH
+    assert system.missing(["munge", "slurm-wlm"]) == []
+    assert system.missing(["munge", "apptainer", "docker-registry"]) == ["apptainer", "docker-registry"]
+    (bin_dir / "scancel").unlink()  # one program of the package missing: the package is missing
+    assert system.missing(["slurm-wlm"]) == ["slurm-wlm"]
+
+
+def test_every_testbed_package_names_its_programs() -> None:
+    for group in ("testbed", "apptainer"):
+        for package in system.PACKAGES[group]:
+            assert system.PROGRAMS.get(package), package

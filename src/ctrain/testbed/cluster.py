@@ -34,6 +34,7 @@ from ctrain.testbed.plan import (
     PARTITION,
     READY_NODE_STATES,
     STATE_DIR_ENV,
+    Gpu,
     Layout,
     Node,
     check_nodes,
@@ -41,11 +42,16 @@ from ctrain.testbed.plan import (
     hosts_with_ours,
     hosts_without_ours,
     machine_cpus,
+    machine_gpus,
     machine_memory_mb,
     node_plan,
     parse_job_state,
     parse_node_states,
+    render_cgroup_conf,
+    render_gres_conf,
     render_slurm_conf,
+    render_task_prolog,
+    split_gpus,
 )
 
 SLURM_CONF_LINK = Path("/etc/slurm/slurm.conf")
@@ -130,6 +136,11 @@ class Testbed:
     def nodes(self) -> list[Node]:
         """The nodes of the running testbed (empty when it is down)."""
         return [Node(n["name"], n["ip"]) for n in (self._state() or {}).get("nodes", [])]
+
+    @property
+    def gpus(self) -> dict[str, list[str]]:
+        """Each node's GPUs (device files) in the running testbed; empty lists on a machine without GPUs."""
+        return {n["name"]: list(n.get("gpus", [])) for n in (self._state() or {}).get("nodes", [])}
 
     def _state(self) -> dict | None:
         try:
@@ -291,9 +302,10 @@ class Testbed:
             )
         current = self.status()
         plan = node_plan(nodes)
+        gpus = split_gpus(machine_gpus(), plan)
         if current.up:
             same = current.healthy and len(current.nodes) == nodes
-            if same and not self._config_changed(plan, memory_mb // nodes):
+            if same and not self._config_changed(plan, memory_mb // nodes, gpus):
                 log(f"testbed already up with {nodes} nodes")
                 self._wait_ready(plan, log)
                 return
@@ -314,7 +326,7 @@ class Testbed:
         self._refuse_foreign(plan)
         system.ensure("testbed", "apptainer")
         try:
-            self._start(plan, memory_mb // nodes, log)
+            self._start(plan, memory_mb // nodes, gpus, log)
         except BaseException:
             log(f"start failed; stopping what was started (logs are kept in {self.layout.log_dir})")
             try:
@@ -323,12 +335,13 @@ class Testbed:
                 log(f"cleanup after the failed start also failed: {exc}")
             raise
 
-    def _render(self, plan: list[Node], memory_mb: int) -> str:
-        return render_slurm_conf(self.layout, socket.gethostname().split(".")[0], plan, machine_cpus(), memory_mb)
+    def _render(self, plan: list[Node], memory_mb: int, gpus: dict[str, list[Gpu]]) -> str:
+        host_name = socket.gethostname().split(".")[0]
+        return render_slurm_conf(self.layout, host_name, plan, machine_cpus(), memory_mb, gpus)
 
-    def _config_changed(self, plan: list[Node], memory_mb: int) -> bool:
+    def _config_changed(self, plan: list[Node], memory_mb: int, gpus: dict[str, list[Gpu]]) -> bool:
         try:
-            return self.slurm_conf.read_text() != self._render(plan, memory_mb)
+            return self.slurm_conf.read_text() != self._render(plan, memory_mb, gpus)
         except FileNotFoundError:
             return True
 
@@ -365,12 +378,16 @@ class Testbed:
                 f"state directory elsewhere (--state-dir or ${STATE_DIR_ENV}), e.g. under /var/lib or /srv"
             )
 
-    def _start(self, plan: list[Node], memory_mb: int, log: Log) -> None:
-        self._prepare_files(plan, memory_mb)
+    def _start(self, plan: list[Node], memory_mb: int, gpus: dict[str, list[Gpu]], log: Log) -> None:
+        self._prepare_files(plan, memory_mb, gpus)
+        nodes: list[dict] = [{"name": n.name, "ip": n.ip} for n in plan]
+        for node in nodes:
+            if gpus[node["name"]]:
+                node["gpus"] = [g.path for g in gpus[node["name"]]]
         state: dict = {
             "user": JOB_USER,
             "controller_host": socket.gethostname().split(".")[0],
-            "nodes": [{"name": n.name, "ip": n.ip} for n in plan],
+            "nodes": nodes,
             "daemons": {},
         }
         self._save(state)
@@ -380,6 +397,9 @@ class Testbed:
             state["daemons"][name] = host.start_daemon(argv, tool, self.layout.pid_file(name), self.marker).to_json()
             self._save(state)
 
+        if any(gpus.values()):
+            dealt = ", ".join(f"{name} {' '.join(g.path for g in gs) or 'none'}" for name, gs in gpus.items())
+            log(f"GPUs (Slurm gres gpu): {dealt}")
         log(f"network: bridge {BRIDGE} ({CONTROLLER_IP}), {len(plan)} node namespaces")
         host.network_up(plan)
         host.write_in_place(host.HOSTS_FILE, hosts_with_ours(host.HOSTS_FILE.read_text(), plan))
@@ -403,8 +423,9 @@ class Testbed:
                 "to mount images as an unprivileged user"
             )
 
-    def _prepare_files(self, plan: list[Node], memory_mb: int) -> None:
-        """Directories, the job user and shared dir, the munge key, slurm.conf and its /etc/slurm link."""
+    def _prepare_files(self, plan: list[Node], memory_mb: int, gpus: dict[str, list[Gpu]]) -> None:
+        """Directories, the job user and shared dir, the munge key, slurm.conf (with cgroup.conf, and
+        gres.conf and the task prolog where there are GPUs) and its /etc/slurm link."""
         lay = self.layout
         for parent in reversed(lay.root.parents):
             if not parent.exists():  # made reachable for the job user whatever the umask
@@ -423,7 +444,15 @@ class Testbed:
             fd = os.open(lay.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(os.urandom(1024))
-        lay.slurm_conf.write_text(self._render(plan, memory_mb))
+        lay.slurm_conf.write_text(self._render(plan, memory_mb, gpus))
+        lay.cgroup_conf.write_text(render_cgroup_conf())
+        if any(gpus.values()):
+            lay.gres_conf.write_text(render_gres_conf(gpus))
+            lay.task_prolog.write_text(render_task_prolog(gpus))
+            lay.task_prolog.chmod(0o755)  # run by the job user before each task
+        else:  # what a start on a GPU machine left would otherwise be read by slurmd
+            lay.gres_conf.unlink(missing_ok=True)
+            lay.task_prolog.unlink(missing_ok=True)
         if not SLURM_CONF_LINK.is_symlink():
             SLURM_CONF_LINK.parent.mkdir(parents=True, exist_ok=True)
             SLURM_CONF_LINK.symlink_to(lay.slurm_conf)
@@ -572,13 +601,23 @@ class Testbed:
 def usage(tb: Testbed) -> str:
     """How to use a running testbed (printed by ``up``)."""
     names = " ".join(n.name for n in tb.nodes)
+    gpus = tb.gpus
+    gpu_lines = gpu_try = ""
+    if any(gpus.values()):
+        dealt = ", ".join(f"{name}: {' '.join(paths) or 'none'}" for name, paths in gpus.items())
+        per_node = min(len(paths) for paths in gpus.values())
+        gpu_lines = f"  GPUs:       {dealt} (Slurm gres gpu)\n"
+        gpu_try = (
+            f"  ctrain testbed exec -- srun -N{len(tb.nodes)} --gpus-per-node={max(per_node, 1)} "
+            "sh -c 'echo $(hostname) $CUDA_VISIBLE_DEVICES'\n"
+        )
     return f"""\
 testbed is up: {len(tb.nodes)} nodes ({names}), partition {PARTITION}, controller at {CONTROLLER_IP}
   job user:   {tb.user} (jobs run as this user, as on a cluster)
   shared dir: {tb.shared_dir} (the same path on every node, like /scratch)
-try:
+{gpu_lines}try:
   ctrain testbed exec -- srun -N{len(tb.nodes)} hostname
   ctrain testbed exec -- sbatch -N{len(tb.nodes)} --wrap 'srun hostname -I'
-  su - {tb.user}                 # then sbatch, srun, squeue as on a login node; cd {tb.shared_dir}
+{gpu_try}  su - {tb.user}                 # then sbatch, srun, squeue as on a login node; cd {tb.shared_dir}
   ctrain testbed status; ctrain testbed down
 """

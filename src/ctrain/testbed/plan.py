@@ -1,5 +1,6 @@
-"""What a testbed looks like, as data: node names and addresses, limits, file layout, slurm.conf
-and the /etc/hosts lines. Pure functions, so everything here is tested without root.
+"""What a testbed looks like, as data: node names and addresses, limits, file layout, slurm.conf,
+gres.conf, cgroup.conf, the GPU task prolog and the /etc/hosts lines. Pure functions (and readers of
+/proc and /dev), so everything here is tested without root.
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +93,58 @@ def machine_cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
+# --- GPUs ----------------------------------------------------------------------------------------
+
+_GPU_DEVICE = re.compile(r"nvidia(\d+)")
+_GPU_INFO = re.compile(r"^(GPU UUID|Device Minor):\s*(\S+)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One NVIDIA GPU of this machine: its device file /dev/nvidiaN and, where the driver says, its UUID."""
+
+    minor: int
+    uuid: str | None = None
+
+    @property
+    def path(self) -> str:
+        return f"/dev/nvidia{self.minor}"
+
+
+def machine_gpus(dev: Path = Path("/dev"), driver: Path = Path("/proc/driver/nvidia/gpus")) -> list[Gpu]:
+    """The machine's NVIDIA GPUs (/dev/nvidiaN device files), with UUIDs from the driver's /proc files.
+
+    None on a machine without NVIDIA's driver: the testbed is then CPU-only, as before.
+    """
+    minors = sorted(
+        int(match.group(1))
+        for entry in (dev.iterdir() if dev.is_dir() else [])
+        if (match := _GPU_DEVICE.fullmatch(entry.name))
+    )
+    uuids: dict[int, str] = {}
+    for info in sorted(driver.glob("*/information")) if driver.is_dir() else []:
+        try:
+            fields = dict(_GPU_INFO.findall(info.read_text(errors="replace")))
+        except OSError:
+            continue
+        if fields.get("Device Minor", "").isdigit() and fields.get("GPU UUID", "").startswith("GPU-"):
+            uuids[int(fields["Device Minor"])] = fields["GPU UUID"]
+    return [Gpu(minor, uuids.get(minor)) for minor in minors]
+
+
+def split_gpus(gpus: Sequence[Gpu], nodes: Sequence[Node]) -> dict[str, list[Gpu]]:
+    """The machine's GPUs dealt to the nodes in order: equal shares, the first nodes one more where
+    they do not divide (3 GPUs on 2 nodes: 2 and 1); nodes beyond the GPUs get none."""
+    share, extra = divmod(len(gpus), len(nodes)) if nodes else (0, 0)
+    split: dict[str, list[Gpu]] = {}
+    start = 0
+    for i, node in enumerate(nodes):
+        count = share + (1 if i < extra else 0)
+        split[node.name] = list(gpus[start : start + count])
+        start += count
+    return split
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where a testbed keeps its files: config, munge key, sockets and PID files, logs, spool, state."""
@@ -104,6 +158,18 @@ class Layout:
     @property
     def slurm_conf(self) -> Path:
         return self.root / "slurm.conf"
+
+    @property
+    def gres_conf(self) -> Path:
+        return self.root / "gres.conf"
+
+    @property
+    def cgroup_conf(self) -> Path:
+        return self.root / "cgroup.conf"
+
+    @property
+    def task_prolog(self) -> Path:
+        return self.root / "task-prolog.sh"
 
     @property
     def munge_dir(self) -> Path:
@@ -144,11 +210,34 @@ class Layout:
         return self.log_dir / f"{daemon}.log"
 
 
-def render_slurm_conf(layout: Layout, controller_host: str, nodes: list[Node], cpus: int, memory_mb: int) -> str:
-    """The testbed's slurm.conf (Slurm 22.05 and later)."""
+def render_slurm_conf(
+    layout: Layout,
+    controller_host: str,
+    nodes: list[Node],
+    cpus: int,
+    memory_mb: int,
+    gpus: Mapping[str, Sequence[Gpu]] | None = None,
+) -> str:
+    """The testbed's slurm.conf (Slurm 22.05 and later); ``gpus`` (node -> its GPUs) adds GPU gres."""
+    gpus = gpus or {}
+
+    def gres(node: Node) -> str:
+        count = len(gpus.get(node.name, ()))
+        return f" Gres=gpu:{count}" if count else ""
+
     node_lines = "\n".join(
-        f"NodeName={n.name} NodeAddr={n.ip} CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN" for n in nodes
+        f"NodeName={n.name} NodeAddr={n.ip} CPUs={cpus} RealMemory={memory_mb}{gres(n)} State=UNKNOWN" for n in nodes
     )
+    gpu_lines = ""
+    if any(gpus.values()):
+        gpu_lines = f"""
+# GPUs: this machine's /dev/nvidiaN dealt to the nodes as generic resources (gres.conf beside this
+# file); jobs ask with --gpus-per-node or --gres=gpu:N and get CUDA_VISIBLE_DEVICES and
+# SLURM_GPUS_ON_NODE. The nodes share one machine, so the task prolog turns each node's GPU
+# numbers (from 0, as on any node) into the machine's own GPUs. No device cgroup confines a job.
+GresTypes=gpu
+TaskProlog={layout.task_prolog}
+"""
     return f"""\
 # Written by `ctrain testbed up`; rewritten on every start. See docs/testbed.md.
 ClusterName={CLUSTER_NAME}
@@ -192,9 +281,78 @@ MinJobAge=3600
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/filetxt
 JobCompLoc={layout.log_file("jobcomp")}
-
+{gpu_lines}
 {node_lines}
 PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def render_gres_conf(gpus: Mapping[str, Sequence[Gpu]]) -> str:
+    """gres.conf: each node's GPUs by device file. Only CUDA_VISIBLE_DEVICES is set for them
+    (``Flags=nvidia_gpu_env``), not the AMD, Intel and OpenCL variables Slurm sets by default."""
+    lines = [
+        "# Written by `ctrain testbed up`; rewritten on every start. See docs/testbed.md (GPUs).",
+        "# slurmd reads the lines of its own node: one line per GPU, its device file on this machine.",
+    ]
+    for node, node_gpus in gpus.items():
+        lines += [f"NodeName={node} Name=gpu File={gpu.path} Flags=nvidia_gpu_env" for gpu in node_gpus]
+    return "\n".join(lines) + "\n"
+
+
+def render_cgroup_conf() -> str:
+    """cgroup.conf: no cgroups. slurmd loads a cgroup plugin whatever the other settings say, and on a
+    cgroup v2 machine without systemd (a container, a small VM) the v2 plugin's set-up fails; the v1
+    plugin's does nothing, and nothing else here uses cgroups (proctrack/linuxproc, task/none)."""
+    return """\
+# Written by `ctrain testbed up`; rewritten on every start. See docs/testbed.md.
+# No cgroups (ProctrackType=proctrack/linuxproc, TaskPlugin=task/none in slurm.conf), but slurmd
+# loads a cgroup plugin anyway: cgroup/v1's set-up does nothing, so it starts on any machine, also
+# one with cgroup v2 and no systemd, where cgroup/v2's would fail.
+CgroupPlugin=cgroup/v1
+IgnoreSystemd=yes
+"""
+
+
+def render_task_prolog(gpus: Mapping[str, Sequence[Gpu]]) -> str:
+    """The TaskProlog that maps a node's GPU numbers to this machine's GPUs (by UUID where known).
+
+    Slurm numbers each node's GPUs from 0 in CUDA_VISIBLE_DEVICES, as on a real node, where GPU 0 is
+    the node's own. The testbed's nodes share one machine: node2's GPU 0 is, say, /dev/nvidia1. The
+    prolog runs before each task (the batch script too) and prints the task's new value.
+    """
+    cases = []
+    for node, node_gpus in gpus.items():
+        if node_gpus:
+            names = " ".join(gpu.uuid or str(gpu.minor) for gpu in node_gpus)
+            cases.append(f"    {node}) gpus='{names}' ;;")
+    case_lines = "\n".join(cases)
+    return f"""\
+#!/bin/sh
+# Written by `ctrain testbed up`; rewritten on every start. See docs/testbed.md (GPUs).
+# Slurm's TaskProlog: what it prints as `export NAME=VALUE` is set in the task's environment.
+# The testbed's nodes share this machine's GPUs. Slurm numbers each node's GPUs from 0, as on a real
+# node; here they are turned into this machine's own GPUs (UUIDs, else device numbers), so that
+# CUDA on node2 uses node2's GPU and not the machine's first one.
+[ -n "${{CUDA_VISIBLE_DEVICES:-}}" ] || exit 0
+case ${{SLURMD_NODENAME:-}} in
+{case_lines}
+    *) exit 0 ;;
+esac
+# nth N WORD...: the Nth word, counting from 0
+nth() {{
+    shift "$(($1 + 1))"
+    echo "$1"
+}}
+count=$(echo $gpus | wc -w)
+out=
+for index in $(echo "$CUDA_VISIBLE_DEVICES" | tr ',' ' '); do
+    case $index in
+        '' | *[!0-9]*) exit 0 ;; # not a number: leave the value as Slurm set it
+    esac
+    [ "$index" -lt "$count" ] || exit 0
+    out=${{out:+$out,}}$(nth "$index" $gpus)
+done
+echo "export CUDA_VISIBLE_DEVICES=$out"
 """
 
 
