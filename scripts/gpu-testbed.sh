@@ -15,8 +15,9 @@
 #             `ctrain eval` on a GPU
 #   sbatch    the same recipe through plain `sbatch sbatch/apptainer_multinode.sbatch`
 #   sft       recipes/demo-addition-374m.yaml (the benchmark's model shape) through `ctrain submit`
-#   bench     `ctrain bench` tokens/s: bare (1 GPU; 2 GPUs under torchrun, NCCL as it chooses and
-#             forced to sockets) and through Slurm and Apptainer (1 node x 1 GPU, 2 nodes x 1 GPU)
+#   bench     `ctrain bench` tokens/s: bare (1 GPU; 2 GPUs under torchrun, NCCL as it chooses) and
+#             through Slurm and Apptainer (1 node x 1 GPU, 2 nodes x 1 GPU)
+#   socket    the same bare 2-GPU run with NCCL forced to TCP sockets (P2P and SHM off)
 #   preempt   `scancel --signal=USR1 --batch JOB` on a 2-node GPU job: it checkpoints, requeues
 #             itself and resumes
 #
@@ -452,23 +453,32 @@ stage_bench() {
         cp "$project/outputs/bench-$job.json" "$out/slurm-${nodes}n.json"
         cp "$(job_log "$job")" "$out/slurm-${nodes}n.log"
     done
-    # Bare, 2 GPUs, NCCL kept off NVLink and shared memory: TCP sockets on one host.
-    if (($(left) > 150)); then
-        NCCL_DEBUG=INFO NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$PY" -m torch.distributed.run --standalone \
-            --nproc_per_node=2 -m ctrain bench "${args[@]}" --json "$out/bare-2-socket.json" --out "$out/bare-2-socket" \
-            2>&1 | tee "$out/bare-2-socket.log"
-    fi
     set +x
     result bench "$(bench_row 'bare, 1 GPU' "$out/bare-1.json")"
     result bench "$(bench_row 'bare torchrun, 2 GPUs (NCCL as it chooses)' "$out/bare-2.json")"
-    result bench "$(bench_row 'bare torchrun, 2 GPUs, NCCL_P2P/SHM off (sockets)' "$out/bare-2-socket.json")"
     result bench "$(bench_row 'Slurm+Apptainer, 1 node x 1 GPU' "$out/slurm-1n.json")"
     result bench "$(bench_row 'Slurm+Apptainer, 2 nodes x 1 GPU' "$out/slurm-2n.json")"
     local f
-    for f in bare-2 bare-2-socket slurm-2n; do
+    for f in bare-2 slurm-2n; do
         while IFS= read -r line; do result bench "$f: $line"; done < <(nccl_lines "$out/$f.log")
     done
     [[ -s $out/slurm-2n.json ]]
+}
+
+# Bare, 2 GPUs, NCCL kept off NVLink and shared memory: TCP sockets on one host, the baseline for
+# the 2-node figure (the same transport without Slurm, Apptainer or the veth between namespaces).
+stage_socket() {
+    set -x
+    local out=$work/bench
+    mkdir -p "$out"
+    cd "$out" || return 1
+    NCCL_DEBUG=INFO NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "$PY" -m torch.distributed.run --standalone \
+        --nproc_per_node=2 -m ctrain bench --device cuda --cases ctrain --warmup 8 --steps 30 \
+        --json "$out/bare-2-socket.json" --out "$out/bare-2-socket" 2>&1 | tee "$out/bare-2-socket.log"
+    set +x
+    result socket "$(bench_row 'bare torchrun, 2 GPUs, NCCL_P2P/SHM off (sockets)' "$out/bare-2-socket.json")"
+    while IFS= read -r line; do result socket "$line"; done < <(nccl_lines "$out/bare-2-socket.log")
+    [[ -s $out/bare-2-socket.json ]]
 }
 
 stage_preempt() {
@@ -504,11 +514,11 @@ stage_preempt() {
 
 # --- main -------------------------------------------------------------------------------------------
 
-all=(probe install testbed image checks demo sbatch sft bench preempt)
+all=(probe install testbed image checks demo sbatch sft bench socket preempt)
 (($# > 0)) && stages=("$@") || stages=("${all[@]}")
 # Rough seconds each stage needs at least (it is skipped with less left before the deadline).
 declare -A need=([probe]=5 [install]=60 [testbed]=30 [image]=120 [checks]=40 [demo]=150 [sbatch]=120 [sft]=150
-                 [bench]=300 [preempt]=200)
+                 [bench]=240 [socket]=60 [preempt]=200)
 [[ -e $work/job-as-root ]] && JOB_AS_ROOT=1
 say "stages: ${stages[*]} (deadline ${deadline}s; logs in $work/logs)"
 # Jobs a run that was stopped half-way left behind would hold the GPUs.

@@ -55,6 +55,19 @@ def barrier() -> None:
         dist.barrier()
 
 
+def close_process_group() -> None:
+    """End the process group on an orderly exit, while the interpreter is still whole.
+
+    Left to interpreter shutdown, gloo's worker threads can outlive the objects they hold and the
+    process aborts ("terminate called without an active exception", SIGABRT) after a run that
+    succeeded, and torchrun reports the run as failed. Only for exits every rank reaches together
+    (after a barrier): on an error another rank may still be inside a collective.
+    """
+    dist = _distributed()
+    if dist is not None:
+        dist.destroy_process_group()
+
+
 def peak_tflops(configured: float | None) -> float | None:
     """The recipe's ``training.peak_tflops``, else the datasheet value of this GPU; None on CPU or unknown GPUs."""
     if configured is not None:

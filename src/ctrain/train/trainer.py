@@ -387,6 +387,7 @@ def run(recipe: Recipe) -> int:
         Progress,
         StopAtMaxSteps,
         barrier,
+        close_process_group,
         peak_tflops,
     )
     from ctrain.train.model import build_model, check_sizes, load_config
@@ -462,6 +463,7 @@ def run(recipe: Recipe) -> int:
                 "stopped at step %d on a preemption signal; exit %d: requeue to resume", stopped, PREEMPTED_EXIT_CODE
             )
         barrier()  # the launcher may end every rank once one exits non-zero: rank 0 has written first
+        close_process_group()
         return PREEMPTED_EXIT_CODE
     trainer.save_model(str(final))
     barrier()
@@ -475,4 +477,5 @@ def run(recipe: Recipe) -> int:
         log.info("saved the final model and tokenizer to %s", final)
         if recipe.hub.repo_id:
             _push(recipe, final)
+    close_process_group()
     return 0
