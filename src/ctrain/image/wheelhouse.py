@@ -7,13 +7,16 @@ the Debian bookworm base, the NGC image's own for the GPU flavour).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from ctrain import proc, ui
 from ctrain.errors import CtrainError
 from ctrain.files import creatable_dir_problem, make_dirs
+from ctrain.image import secrets
 
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
@@ -39,13 +42,37 @@ def fill(
             "making a wheelhouse builds deepspeed, whose build imports torch: run this from an environment "
             "with torch (pip install 'ctrain[train]', or .venv from scripts/setup.sh)"
         )
-    make_dirs(directory, "give a wheelhouse directory you can write")
-    pip = [python, "-m", "pip"]
-    index = ["--extra-index-url", torch_index] if torch_index else []
+    with index_access(torch_index) as (index, env):
+        make_dirs(directory, "give a wheelhouse directory you can write")
+        _download(directory, constraints, requirements, [python, "-m", "pip"], index, env)
+    return sorted(directory.glob("*.whl"))
+
+
+@contextlib.contextmanager
+def index_access(torch_index: str | None) -> Iterator[tuple[list[str], dict[str, str] | None]]:
+    """pip's options for the extra index, and the environment that logs pip in to it.
+
+    A login in the URL (``https://USER:TOKEN@host/simple``) goes into a private netrc that exists
+    while pip runs (pip reads it through ``NETRC``), never onto pip's command line, where ``ps``
+    and the process table of a shared login node would show it to every user.
+    """
+    if not torch_index:
+        yield [], None
+        return
+    url, credential = secrets.split_url(torch_index, "image.torch_index")
+    with secrets.netrc_file([credential] if credential else []) as netrc:
+        yield ["--extra-index-url", url], ({"NETRC": str(netrc)} if netrc else None)
+
+
+def _download(
+    directory: Path, constraints: Path, requirements: Path, pip: list[str], index: list[str],
+    env: dict[str, str] | None,
+) -> None:  # fmt: skip
     ui.info(f"wheelhouse: building deepspeed into {directory}")
     proc.stream(
         [*pip, "wheel", "--no-deps", "--no-build-isolation", "-c", constraints, "-w", directory, "deepspeed"],
         prefix="wheelhouse: ",
+        env=env,
     )
     ui.info(f"wheelhouse: downloading the pinned stack into {directory}")
     proc.stream(
@@ -64,5 +91,5 @@ def fill(
             directory,
         ],
         prefix="wheelhouse: ",
+        env=env,
     )
-    return sorted(directory.glob("*.whl"))
