@@ -12,6 +12,8 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 DATA = ("sbatch", "containers", "cluster", "configs", "recipes")
+# The build description itself: `ctrain build` from an installed ctrain stages it with the source.
+DATA_FILES = ("pyproject.toml",)
 HERE = Path(__file__).resolve().parent
 
 
@@ -29,6 +31,9 @@ class BuildPyWithData(build_py):
             if source.is_dir():
                 shutil.rmtree(target / name, ignore_errors=True)
                 shutil.copytree(source, target / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for name in DATA_FILES:
+            if (HERE / name).is_file():
+                shutil.copy2(HERE / name, target / name)
 
 
 setup(cmdclass={"build_py": BuildPyWithData})

@@ -47,6 +47,19 @@ def path(*parts: str) -> Path:
     return found
 
 
+def pyproject() -> Path:
+    """ctrain's ``pyproject.toml``: what an image build installs ctrain with (``ctrain.image.build.source_context``)."""
+    found = root() / "pyproject.toml"
+    if not found.is_file():
+        raise CtrainError(f"{found} is missing from this ctrain install: reinstall ctrain")
+    return found
+
+
+def package_dir() -> Path:
+    """The ``ctrain`` package directory this process runs (installed, or ``src/ctrain`` of a checkout)."""
+    return _PACKAGE
+
+
 def files(directory: str) -> list[Path]:
     """Every file under one shipped directory, relative to :func:`root`, sorted (no caches)."""
     top = path(directory)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ctrain import __version__
 from tests.conftest import need
 from tests.plugins.slurm import Project
 
@@ -117,6 +118,23 @@ def test_wheel_carries_ctrains_files(installed: Installed) -> None:
         packaged = sorted(p.relative_to(data) for p in (data / name).rglob("*") if _kept(p))
         assert packaged == shipped, name
     assert (data / "sbatch" / "lib" / "ctrain.sh").read_bytes() == (REPO / "sbatch" / "lib" / "ctrain.sh").read_bytes()
+    assert (data / "pyproject.toml").read_bytes() == (REPO / "pyproject.toml").read_bytes()
+
+
+def test_the_installed_ctrain_stages_an_image_build_context(new_project: Path, installed: Installed) -> None:
+    """What ``ctrain build`` hands the builder from a project (the build itself is test_image.py's)."""
+    code = (
+        "from pathlib import Path\n"
+        "from ctrain.image import build\n"
+        "with build.source_context(Path('.')) as c:\n"
+        "    build.check_context(c, 'buildah'); build.check_context(c, 'apptainer')\n"
+        "    print(build.source_version(c), sorted(p.name for p in c.iterdir()), (c / 'src/ctrain/_data').exists())\n"
+    )
+    python = installed.ctrain.with_name("python")
+    out = subprocess.run([python, "-c", code], cwd=new_project, env=installed.env, capture_output=True, text=True,
+                         check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split(" ", 1) == [__version__, "['containers', 'pyproject.toml', 'src'] False\n"]
 
 
 def test_init_writes_a_project(new_project: Path, installed: Installed) -> None:

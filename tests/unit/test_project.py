@@ -201,3 +201,39 @@ def test_upgrade_of_a_directory_that_is_no_project(tmp_path: Path) -> None:
 def test_force_and_upgrade_exclude_each_other(new: Path) -> None:
     code, _, err = ctrain("init", "--force", "--upgrade", new)
     assert code != 0 and err.startswith("error: ")
+
+
+# --- ctrain build from a project ------------------------------------------------------------------
+
+
+def test_a_checkout_is_its_own_build_context() -> None:
+    from ctrain.image import build
+
+    with build.source_context(REPO) as context:
+        assert context == REPO
+
+
+def test_a_project_builds_from_its_containers_and_the_running_ctrain(new: Path) -> None:
+    from ctrain.image import build
+
+    dockerfile = new / "containers" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "# the project's pins\n")
+    with build.source_context(new) as context:
+        assert context != new
+        build.check_context(context, "buildah")
+        build.check_context(context, "apptainer")
+        assert (context / "containers" / "Dockerfile").read_text().endswith("# the project's pins\n")
+        assert (context / "pyproject.toml").read_bytes() == (REPO / "pyproject.toml").read_bytes()
+        staged = {str(p.relative_to(context / "src")) for p in (context / "src").rglob("*") if p.is_file()}
+        source = {str(p.relative_to(REPO / "src")) for p in (REPO / "src" / "ctrain").rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts}  # fmt: skip
+        assert staged == source
+        assert build.source_version(context) == build.source_version(REPO)
+    assert not context.exists()
+
+
+def test_a_directory_without_containers_builds_from_ctrains_own(tmp_path: Path) -> None:
+    from ctrain.image import build
+
+    with build.source_context(tmp_path) as context:
+        assert (context / "containers" / "install.sh").read_bytes() == (REPO / "containers" / "install.sh").read_bytes()
