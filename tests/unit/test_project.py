@@ -237,3 +237,10 @@ def test_a_directory_without_containers_builds_from_ctrains_own(tmp_path: Path) 
 
     with build.source_context(tmp_path) as context:
         assert (context / "containers" / "install.sh").read_bytes() == (REPO / "containers" / "install.sh").read_bytes()
+
+
+def test_convert_uses_the_projects_definition_else_ctrains(tmp_path: Path, new: Path) -> None:
+    from ctrain.image import convert
+
+    assert convert.definition(new) == new / "containers" / "ctrain.def"
+    assert convert.definition(tmp_path / "elsewhere") == REPO / "containers" / "ctrain.def"

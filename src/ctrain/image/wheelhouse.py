@@ -11,7 +11,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from ctrain import proc, ui
+from ctrain import proc, resources, ui
 from ctrain.errors import CtrainError
 from ctrain.files import creatable_dir_problem, make_dirs
 
@@ -27,10 +27,9 @@ def fill(
     is configured with. deepspeed is published as a source archive whose build imports torch, so
     it is built into a wheel here, against the torch of ``python``.
     """
-    constraints = context / "containers" / "constraints.txt"
-    requirements = context / "containers" / "requirements.txt"
-    if not constraints.is_file() or not requirements.is_file():
-        raise CtrainError(f"{context} is not a ctrain checkout (containers/constraints.txt missing)")
+    pins = context / "containers" if (context / "containers" / "constraints.txt").is_file() else None
+    constraints = (pins or resources.path("containers")) / "constraints.txt"
+    requirements = (pins or resources.path("containers")) / "requirements.txt"
     problem = creatable_dir_problem(directory.absolute())
     if problem:
         raise CtrainError(f"cannot fill the wheelhouse {directory}: {problem}: give a directory you can write")
