@@ -126,13 +126,15 @@ def init(directory: Path, force: bool, upgrade: bool) -> None:
         if rows:
             click.echo(table(("file", "owner", "status"), rows))
         stale = [d for d in differences if d.owned]
+        written_by = projects.written_by(directory)
         info(f"{len(stale)} of ctrain's files differ from ctrain {__version__}"
+             + (f" (the project was written by ctrain {written_by})" if written_by else "")
              + ("; `ctrain init --force` refreshes them (yours stay as they are)" if stale else ""))  # fmt: skip
         if stale:
             sys.exit(1)
         return
     written = projects.init(directory, force=force, emit=info)
-    info(f"wrote {len(written)} files to {directory}" + ("" if force else
+    info(f"wrote {len(written)} file(s) to {directory}" + ("" if force else
          f"\n  next: edit {directory / 'ctrain.yaml'} (runtime, image, partition), then ctrain submit --dry-run"))  # fmt: skip
 
 

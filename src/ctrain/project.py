@@ -81,6 +81,16 @@ def read_manifest(directory: Path) -> dict[str, str]:
         raise ConfigError(f"{path} is not a ctrain init manifest ({exc}): remove it and run ctrain init --force") from exc
 
 
+def written_by(directory: Path) -> str | None:
+    """The ctrain version that last wrote the project's files (``init`` or ``--force``), if recorded."""
+    path = directory / MANIFEST
+    try:
+        version = json.loads(path.read_text()).get("ctrain") if path.is_file() else None
+    except (ValueError, AttributeError):
+        return None
+    return str(version) if version else None
+
+
 def _status(directory: Path, entry: Entry, manifest: dict[str, str]) -> Status:
     target = directory / entry.path
     if not target.is_file():
