@@ -138,6 +138,8 @@ def init(directory: Path, *, force: bool = False, emit: Callable[[str], None] = 
         if status == "edited" and not entry.owned:
             emit(f"kept {entry.path} (yours, edited since ctrain init)")
             continue
+        if status == "edited":
+            emit(f"replaced {entry.path}: it differed from ctrain {__version__}'s (git diff shows what was lost)")
         todo.append(entry)
     return _write(directory, todo, manifest)
 

@@ -152,6 +152,7 @@ def test_force_refreshes_ctrains_files_and_keeps_the_users(new: Path) -> None:
     assert (new / "recipes" / "demo-addition.yaml").read_text() == "my recipe\n"
     assert (new / "ctrain.yaml").read_text() == "slurm:\n  partition: mine\n"
     assert "kept ctrain.yaml" in err and "kept recipes/demo-addition.yaml" in err
+    assert "replaced sbatch/lib/ctrain.sh" in err
 
 
 def test_force_refreshes_a_users_file_that_is_an_unchanged_older_copy(new: Path) -> None:
