@@ -92,11 +92,50 @@ def main(config: Path | None) -> None:
 
     \b
     Typical flow:
+      ctrain init my-project && cd my-project a new project: ctrain.yaml, recipes/, sbatch/, containers/
       ctrain doctor --for build --for sif     what this machine can do
       ctrain build && ctrain push             training image -> SIF/sqsh -> registry or cluster
       ctrain submit --nodes 2 RECIPE.yaml     multi-node training through sbatch
       ctrain testbed up                       a real Slurm cluster on this machine, for trying it all
     """
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path), default=".")
+@click.option("--force", is_flag=True, help="Refresh ctrain's own files (sbatch/, containers/); your ctrain.yaml "
+              "and recipes only where they are unchanged copies.")  # fmt: skip
+@click.option("--upgrade", is_flag=True, help="Write nothing: list the project's files that differ from this "
+              "ctrain's; exit 1 if any of ctrain's own files (sbatch/, containers/) differ or are missing.")  # fmt: skip
+def init(directory: Path, force: bool, upgrade: bool) -> None:
+    """Write a new ctrain project into DIRECTORY (default: here).
+
+    \b
+    It gets ctrain.yaml (the choices to make: runtime, image, partition), recipes/ (the starter
+    SFT recipe demo-addition.yaml and examples), sbatch/ and containers/ (ctrain's scripts and
+    image definitions, yours to read and run) and a .gitignore for images, outputs and logs.
+    An existing file stops it before anything is written.
+    """
+    from ctrain import project as projects
+    from ctrain.ui import info, table
+
+    if force and upgrade:
+        raise click.UsageError("--force and --upgrade exclude each other: --upgrade only reports")
+    if upgrade:
+        differences = [d for d in projects.compare(directory) if d.status != "same"]
+        rows = [(str(d.path), "ctrain's" if d.owned else "yours", d.status) for d in differences]
+        if rows:
+            click.echo(table(("file", "owner", "status"), rows))
+        stale = [d for d in differences if d.owned]
+        written_by = projects.written_by(directory)
+        info(f"{len(stale)} of ctrain's files differ from ctrain {__version__}"
+             + (f" (the project was written by ctrain {written_by})" if written_by else "")
+             + ("; `ctrain init --force` refreshes them (yours stay as they are)" if stale else ""))  # fmt: skip
+        if stale:
+            sys.exit(1)
+        return
+    written = projects.init(directory, force=force, emit=info)
+    info(f"wrote {len(written)} file(s) to {directory}" + ("" if force else
+         f"\n  next: edit {directory / 'ctrain.yaml'} (runtime, image, partition), then ctrain submit --dry-run"))  # fmt: skip
 
 
 @main.command()

@@ -26,7 +26,9 @@ class ImageConfig:
 
     name: str = "ctrain"
     tag: str = "latest"
-    context: Path = Path(".")  # the ctrain checkout (containers/, src/), relative to this file
+    # A ctrain checkout (containers/, src/), or a project from `ctrain init`: its containers/ with the
+    # installed ctrain's source (image.build.source_context). Relative to this file.
+    context: Path = Path(".")
     flavour: Literal["gpu", "cpu"] = "gpu"
     base: str | None = None  # None: the Dockerfile's NGC PyTorch image (gpu); cpu needs one (or --local-base)
     builder: Literal["auto", "docker", "podman", "buildah", "apptainer"] = "auto"

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ctrain import proc, slurm
+from ctrain import proc, resources, slurm
 from ctrain.config import ProjectConfig, SlurmConfig
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.files import name_problem, shorten
@@ -165,14 +165,10 @@ class Job:
 
 
 def scripts_dir(project: Path) -> Path:
-    """``sbatch/`` of the project, else of the ctrain checkout this module runs from."""
-    for base in (project, Path(__file__).resolve().parents[2]):
-        if (base / LIB).is_file():
-            return base / "sbatch"
-    raise CtrainError(
-        f"no sbatch/ scripts found in {project} or next to ctrain's source: run from a ctrain checkout "
-        "(git clone) or give --script PATH"
-    )
+    """``sbatch/`` of the project (``ctrain init`` copies it there), else the one ctrain ships."""
+    if (project / LIB).is_file():
+        return project / "sbatch"
+    return resources.path("sbatch")
 
 
 def choose_script(c: SlurmConfig, project: Path, nodes: int | None) -> Path:

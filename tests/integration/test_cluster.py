@@ -17,6 +17,7 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
+from ctrain import resources
 from ctrain.cli import main
 from ctrain.cluster import base, checks
 from ctrain.config import ProjectConfig
@@ -454,7 +455,7 @@ def test_dry_run_runs_parallelclusters_validators(tmp_path: Path, aws_env: MotoA
     assert "[pcluster DeletionPolicyValidator]" in result.stdout  # a validator that ran and passed with a note
     s3 = boto3.client("s3", endpoint_url=aws_env.url)
     uploaded = s3.get_object(Bucket=aws_env.bucket, Key="ctrain/enroot-pyxis.sh")["Body"].read()
-    assert uploaded == (base.SHIPPED / "scripts" / "enroot-pyxis.sh").read_bytes()
+    assert uploaded == resources.path("cluster", "scripts", "enroot-pyxis.sh").read_bytes()
 
 
 def test_missing_cluster_is_a_message_not_a_traceback(tmp_path: Path, aws_env: MotoAws) -> None:

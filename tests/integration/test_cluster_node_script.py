@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from ctrain.cluster.base import SHIPPED
+from ctrain import resources
 from ctrain.config import ClusterConfig
 from tests.conftest import need, need_root
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = SHIPPED / "scripts" / "enroot-pyxis.sh"
+SCRIPT = resources.path("cluster", "scripts", "enroot-pyxis.sh")
 SQUASH = ClusterConfig().enroot_squash_options
 PLUGIN = "/usr/local/lib/slurm/spank_pyxis.so"
 # pyxis's plugstack arguments and the values it accepts: NVIDIA/pyxis config.c (pyxis_config_parse).

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ctrain import resources
 from ctrain.bench import data
 from ctrain.bench.spec import PEAK_FLOPS, BenchSpec
 from ctrain.fast import FastSettings
@@ -88,7 +89,6 @@ CASES: dict[str, Case] = {
 
 # Multi-GPU strategies of the sweep, as recipe settings (training.fsdp / training.deepspeed).
 STRATEGIES = ("ddp", "fsdp", "fsdp-no-reshard", "zero2")
-DEEPSPEED_CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "deepspeed"
 
 
 # Steps after the timed window, profiled when asked; always run so every case has the same
@@ -264,7 +264,7 @@ def recipe(case: Case, spec: BenchSpec, strategy: str, world: int, max_steps: in
         training.fsdp = True
         training.fsdp_config = {"version": 2, "reshard_after_forward": strategy == "fsdp"}
     elif strategy == "zero2":
-        training.deepspeed = str(DEEPSPEED_CONFIGS / "zero2.json")
+        training.deepspeed = str(resources.path("configs", "deepspeed", "zero2.json"))
     elif strategy != "ddp":
         raise ValueError(f"unknown strategy {strategy}")
     return Recipe(

@@ -12,13 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ctrain import proc
+from ctrain import proc, resources
 from ctrain.config import ClusterConfig, ProjectConfig
 from ctrain.errors import ConfigError, ToolNotFound
 from ctrain.settings import from_mapping, to_mapping
 
-# The ctrain source tree's cluster/ directory: the template and the custom-action scripts.
-SHIPPED = Path(__file__).resolve().parents[3] / "cluster"
 TEMPLATE_NAME = "pcluster.yaml"
 SCRIPTS_NAME = "scripts"
 
@@ -54,23 +52,16 @@ class Setup:
         return uri.rstrip("/") if uri else None
 
     def display(self, p: Path) -> str:
-        """A path as users know it: relative to the project or to the ctrain tree where possible."""
-        for base in (self.root, SHIPPED.parent):
-            try:
-                return str(p.relative_to(base))
-            except ValueError:
-                continue
-        return str(p)
+        """A path as users know it: relative to the project or to ctrain's files where possible."""
+        try:
+            return str(p.relative_to(self.root))
+        except ValueError:
+            return resources.display(p)
 
 
 def _shipped(name: str) -> Path:
-    path = SHIPPED / name
-    if not path.exists():
-        raise ConfigError(
-            f"{path} is missing: the cluster template and scripts ship in ctrain's source tree (cluster/); "
-            "run ctrain from a checkout, or set cluster.template and cluster.scripts_dir in ctrain.yaml"
-        )
-    return path
+    """The template or scripts ctrain ships in cluster/ (cluster.template / cluster.scripts_dir replace them)."""
+    return resources.path("cluster", name)
 
 
 def load(project: ProjectConfig, overrides: Mapping[str, Any] | None = None) -> Setup:

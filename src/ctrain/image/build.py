@@ -11,18 +11,20 @@ as a netrc that exists only while the build runs and is mounted for the install 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ctrain import proc, ui
+from ctrain import proc, resources, ui
 from ctrain.errors import CommandError, ConfigError, CtrainError
 from ctrain.files import make_dirs, remove_dirs, writable_dir_problem
 from ctrain.image import secrets, store
@@ -85,6 +87,25 @@ def check_context(context: Path, builder: str) -> None:
             f"{context} is not a ctrain checkout ({recipe} or src/ctrain missing): run ctrain build in the "
             "repository, or point --config at its ctrain.yaml"
         )
+
+
+@contextlib.contextmanager
+def source_context(context: Path) -> Iterator[Path]:
+    """The directory the builder reads: ``context`` itself when it is a ctrain checkout (it has
+    ``src/ctrain``); else, for an installed ctrain in a project from ``ctrain init``, a temporary
+    one with the project's ``containers/`` (ctrain's own where it has none), the running ctrain's
+    package source and its ``pyproject.toml``: an installed ctrain builds an image of itself."""
+    if (context / "src" / "ctrain").is_dir():
+        yield context
+        return
+    containers = context / "containers" if (context / "containers").is_dir() else resources.path("containers")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "_data")
+    with tempfile.TemporaryDirectory(prefix="ctrain-context-") as tmp:
+        staged = Path(tmp)
+        shutil.copytree(containers, staged / "containers", ignore=ignore)
+        shutil.copy2(resources.pyproject(), staged / "pyproject.toml")
+        shutil.copytree(resources.package_dir(), staged / "src" / "ctrain", ignore=ignore)
+        yield staged
 
 
 def check_wheelhouse(path: Path) -> None:
@@ -195,6 +216,11 @@ def _oci_command(
 
 def build(req: BuildRequest, *, emit: Callable[[str], None] = ui.info) -> store.Image:
     """Build the image; returns where it is, with its ID and (where the store has one) digest."""
+    with source_context(req.context) as context:
+        return _build(replace(req, context=context), emit=emit)
+
+
+def _build(req: BuildRequest, *, emit: Callable[[str], None]) -> store.Image:
     builder = choose(req.builder)
     check_context(req.context, builder)
     if req.wheelhouse:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ctrain import proc, ui
+from ctrain import proc, resources, ui
 from ctrain.errors import CommandError, ConfigError, CtrainError
 from ctrain.files import atomic_write_json, creatable_dir_problem, make_dirs, remove_dirs, writable_dir_problem
 from ctrain.image import sqsh, store
@@ -211,12 +211,14 @@ def _check_tools(image: store.Image, to: str, context: Path) -> None:
         proc.require("umoci")
         proc.require("mksquashfs")
         return
-    definition = context / FROM_IMAGE_DEF
-    if not definition.is_file():
-        raise CtrainError(
-            f"{definition} not found: run ctrain convert in the ctrain checkout (or point --config at it)"
-        )
+    definition(context)
     proc.require("apptainer")
+
+
+def definition(context: Path) -> Path:
+    """containers/ctrain.def of the context (a checkout or a project from ``ctrain init``), else ctrain's own."""
+    found = context / FROM_IMAGE_DEF
+    return found if found.is_file() else resources.path(*FROM_IMAGE_DEF.parts)
 
 
 def space_needed(image: store.Image) -> int | None:
@@ -351,7 +353,6 @@ def _sif(
     emit: Callable[[str], None],
 ) -> None:
     """``apptainer build`` of containers/ctrain.def from the exported layout (the exact image ID)."""
-    definition = context / FROM_IMAGE_DEF
     cmd = ["apptainer", "build", "--disable-cache"]
     if compression != AUTO_COMPRESSION["sif"]:
         cmd += ["--mksquashfs-args", " ".join(sqsh.SQUASH_OPTIONS[compression])]
@@ -367,7 +368,7 @@ def _sif(
         "SOURCE_ID": image.id,
     }.items():
         cmd += ["--build-arg", f"{key}={value}"]
-    cmd += [str(tmp), str(definition)]
+    cmd += [str(tmp), str(definition(context))]
     scratch = work / "apptainer"
     scratch.mkdir()
     run_apptainer(cmd, env={"APPTAINER_TMPDIR": str(scratch)}, on_line=Progress(emit, "sif"))

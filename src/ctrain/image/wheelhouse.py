@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from ctrain import proc, ui
+from ctrain import proc, resources, ui
 from ctrain.errors import CtrainError
 from ctrain.files import creatable_dir_problem, make_dirs
 from ctrain.image import secrets
@@ -30,10 +30,9 @@ def fill(
     is configured with. deepspeed is published as a source archive whose build imports torch, so
     it is built into a wheel here, against the torch of ``python``.
     """
-    constraints = context / "containers" / "constraints.txt"
-    requirements = context / "containers" / "requirements.txt"
-    if not constraints.is_file() or not requirements.is_file():
-        raise CtrainError(f"{context} is not a ctrain checkout (containers/constraints.txt missing)")
+    pins = context / "containers" if (context / "containers" / "constraints.txt").is_file() else None
+    constraints = (pins or resources.path("containers")) / "constraints.txt"
+    requirements = (pins or resources.path("containers")) / "requirements.txt"
     problem = creatable_dir_problem(directory.absolute())
     if problem:
         raise CtrainError(f"cannot fill the wheelhouse {directory}: {problem}: give a directory you can write")

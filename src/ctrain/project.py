@@ -1,0 +1,173 @@
+"""``ctrain init``: a new project directory with the files ctrain runs from, and the check of a
+project's copies against the installed ctrain (``--upgrade``).
+
+A project holds two kinds of files. ctrain's own (``sbatch/``, ``containers/``) are copies of the
+installed version: ``--force`` refreshes them and ``--upgrade`` reports the ones that differ. The
+user's (``ctrain.yaml``, ``recipes/``, ``.gitignore``) start as ctrain's starters and are theirs to
+edit: ``--force`` replaces one only while it is still the copy ``init`` wrote. What ``init`` wrote is
+recorded, with hashes, in :data:`MANIFEST`, which is how "still the copy" and "edited" are told apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from ctrain import __version__, files, resources
+from ctrain.errors import ConfigError, CtrainError
+
+MANIFEST = Path(".ctrain-init.json")
+# Directories copied whole from ctrain's files; ctrain owns them.
+OWNED_DIRS = ("sbatch", "containers")
+# The user's starters: project path -> where ctrain keeps it.
+_TEMPLATES = Path(__file__).resolve().parent / "templates"
+USER_FILES = {Path("ctrain.yaml"): _TEMPLATES / "ctrain.yaml", Path(".gitignore"): _TEMPLATES / "gitignore"}
+USER_DIRS = ("recipes",)
+
+Status = Literal["same", "missing", "outdated", "edited"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file ``init`` writes: its path in the project, the installed copy, and whose it is."""
+
+    path: Path
+    source: Path
+    owned: bool
+
+    def text(self) -> str:
+        return self.source.read_text()
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A project file measured against the installed copy: same, missing, outdated (unchanged since
+    ``init`` wrote it, so ``--force`` may replace it) or edited (changed in the project)."""
+
+    path: Path
+    owned: bool
+    status: Status
+
+
+def entries() -> list[Entry]:
+    """Every file of a new project, in the order they are written."""
+    found = [Entry(path, source, owned=False) for path, source in USER_FILES.items()]
+    root = resources.root()
+    for name in USER_DIRS:
+        found += [Entry(rel, root / rel, owned=False) for rel in resources.files(name)]
+    for name in OWNED_DIRS:
+        found += [Entry(rel, root / rel, owned=True) for rel in resources.files(name)]
+    return found
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def read_manifest(directory: Path) -> dict[str, str]:
+    """Project path -> hash of the copy ``init`` last wrote there; empty when there is no manifest."""
+    path = directory / MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        return {str(k): str(v) for k, v in data["files"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{path} is not a ctrain init manifest ({exc}): remove it and run ctrain init --force") from exc
+
+
+def written_by(directory: Path) -> str | None:
+    """The ctrain version that last wrote the project's files (``init`` or ``--force``), if recorded."""
+    path = directory / MANIFEST
+    try:
+        version = json.loads(path.read_text()).get("ctrain") if path.is_file() else None
+    except (ValueError, AttributeError):
+        return None
+    return str(version) if version else None
+
+
+def _status(directory: Path, entry: Entry, manifest: dict[str, str]) -> Status:
+    target = directory / entry.path
+    if not target.is_file():
+        return "missing"
+    current = _sha256(target.read_text(errors="replace"))
+    if current == _sha256(entry.text()):
+        return "same"
+    return "outdated" if manifest.get(str(entry.path)) == current else "edited"
+
+
+def compare(directory: Path) -> list[Difference]:
+    """Each file a project gets from ``init``, measured against the installed ctrain."""
+    if not (directory / MANIFEST).is_file() and not (directory / "sbatch").is_dir():
+        raise ConfigError(f"{directory} is not a ctrain project (no {MANIFEST} or sbatch/): run ctrain init {directory}")
+    manifest = read_manifest(directory)
+    return [Difference(e.path, e.owned, _status(directory, e, manifest)) for e in entries()]
+
+
+def init(directory: Path, *, force: bool = False, emit: Callable[[str], None] = lambda _: None) -> list[Path]:
+    """Write a new project into ``directory`` (made if missing); returns the files written.
+
+    Without ``force`` any file already there stops it before anything is written. With ``force``
+    ctrain's own files are refreshed, and the user's only where they are missing or unchanged copies.
+    """
+    files.check_directory(directory, "the project directory", "choose another directory")
+    plan = entries()
+    manifest = read_manifest(directory) if force else {}
+    if not force:
+        present = [e.path for e in plan if os.path.lexists(directory / e.path)]
+        present += [MANIFEST] if (directory / MANIFEST).exists() else []
+        if present:
+            shown = ", ".join(str(p) for p in present[:3]) + (f" and {len(present) - 3} more" if len(present) > 3 else "")
+            raise ConfigError(
+                f"{directory} already has {shown}: ctrain init writes only new projects; "
+                "`ctrain init --force` refreshes ctrain's own files, `ctrain init --upgrade` shows what differs"
+            )
+    todo: list[Entry] = []
+    for entry in plan:
+        target = directory / entry.path
+        if target.is_dir() or (target.is_symlink() and not target.is_file()):
+            raise ConfigError(f"{target} is in the way (not a file): move it away and run ctrain init again")
+        status = _status(directory, entry, manifest)
+        if status == "same":
+            continue
+        if status == "edited" and not entry.owned:
+            emit(f"kept {entry.path} (yours, edited since ctrain init)")
+            continue
+        if status == "edited":
+            emit(f"replaced {entry.path}: it differed from ctrain {__version__}'s (git diff shows what was lost)")
+        todo.append(entry)
+    return _write(directory, todo, manifest)
+
+
+def _write(directory: Path, todo: list[Entry], manifest: dict[str, str]) -> list[Path]:
+    """Write ``todo`` and the manifest; on a failure, take back the files this call created."""
+    created: list[Path] = []
+    made_dirs: list[Path] = []
+    hashes = dict(manifest)
+    try:
+        for entry in todo:
+            target = directory / entry.path
+            made_dirs += files.make_dirs(target.parent, "choose a directory you can write")
+            existed = target.exists()
+            text = entry.text()
+            files.atomic_write_text(target, text)
+            if not existed:
+                created.append(target)
+            os.chmod(target, entry.source.stat().st_mode & 0o777 | 0o644)
+            hashes[str(entry.path)] = _sha256(text)
+        for entry in entries():
+            target = directory / entry.path
+            if target.is_file() and _sha256(target.read_text(errors="replace")) == _sha256(entry.text()):
+                hashes[str(entry.path)] = _sha256(entry.text())
+        files.atomic_write_json(directory / MANIFEST, {"ctrain": __version__, "files": dict(sorted(hashes.items()))})
+    except (OSError, CtrainError):
+        for path in created:
+            path.unlink(missing_ok=True)
+        files.remove_dirs(sorted(made_dirs, key=lambda p: len(p.parts), reverse=True))
+        raise
+    return [directory / e.path for e in todo]

@@ -1,0 +1,247 @@
+"""``ctrain init`` (refuse, --force, --upgrade) and ``ctrain.resources``, the one place that finds
+ctrain's own files, in agreement with the build hook that packages them."""
+
+from __future__ import annotations
+
+import ast
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ctrain import files, project, resources, submit
+from ctrain.cli import main
+from ctrain.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def ctrain(*args: str | os.PathLike[str]) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def new(tmp_path: Path) -> Path:
+    path = tmp_path / "proj"
+    code, _, err = ctrain("init", path)
+    assert code == 0, err
+    return path
+
+
+# --- resources ------------------------------------------------------------------------------------
+
+
+def test_resources_come_from_the_checkout_in_dev_mode() -> None:
+    assert resources.is_checkout()
+    assert resources.root() == REPO
+    assert resources.path("sbatch", "lib", "ctrain.sh") == REPO / "sbatch" / "lib" / "ctrain.sh"
+    assert resources.display(REPO / "cluster" / "pcluster.yaml") == "cluster/pcluster.yaml"
+
+
+def test_resources_refuse_what_ctrain_does_not_ship() -> None:
+    with pytest.raises(ValueError):
+        resources.path("tests")
+
+
+def test_build_hook_and_sdist_package_what_resources_finds() -> None:
+    tree_ = ast.parse((REPO / "setup.py").read_text())
+    data = next(
+        ast.literal_eval(node.value)
+        for node in tree_.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "DATA"
+    )
+    assert tuple(data) == resources.DIRECTORIES
+    grafts = {line.split()[1] for line in (REPO / "MANIFEST.in").read_text().splitlines() if line.startswith("graft ")}
+    assert set(resources.DIRECTORIES) <= grafts
+    assert all((REPO / name).is_dir() for name in resources.DIRECTORIES)
+
+
+def test_no_module_counts_parent_directories_to_find_ctrains_files() -> None:
+    offenders = [
+        str(p.relative_to(REPO))
+        for p in (REPO / "src" / "ctrain").rglob("*.py")
+        if p.name != "resources.py" and ".parents[" in p.read_text()
+    ]
+    assert offenders == []
+
+
+def test_submit_uses_the_projects_scripts_else_the_shipped_ones(tmp_path: Path, new: Path) -> None:
+    assert submit.scripts_dir(new) == new / "sbatch"
+    assert submit.scripts_dir(tmp_path / "empty") == REPO / "sbatch"
+
+
+# --- init -----------------------------------------------------------------------------------------
+
+
+def test_init_writes_a_project_whose_files_are_ctrains(new: Path) -> None:
+    written = tree(new)
+    for rel in [*resources.files("sbatch"), *resources.files("containers"), *resources.files("recipes")]:
+        assert written[str(rel)] == (REPO / rel).read_bytes(), rel
+    assert {"ctrain.yaml", ".gitignore", str(project.MANIFEST)} <= set(written)
+    manifest = json.loads(written[str(project.MANIFEST)])
+    assert set(manifest["files"]) == set(written) - {str(project.MANIFEST)}
+
+
+def test_the_starter_config_is_valid_and_names_the_choices(new: Path) -> None:
+    config = load_config(new / "ctrain.yaml")
+    assert config.slurm.runtime == "apptainer"
+    assert config.slurm.recipe is not None and (new / config.slurm.recipe).is_file()
+    text = (new / "ctrain.yaml").read_text()
+    for choice in ("runtime:", "image:", "partition:", "account:", "gpus_per_node:"):
+        assert choice in text, choice
+
+
+def test_the_gitignore_covers_what_ctrain_writes(new: Path) -> None:
+    ignored = (new / ".gitignore").read_text().splitlines()
+    config = load_config(new / "ctrain.yaml")
+    for directory in (config.convert.output_dir, Path("outputs"), Path("logs")):
+        assert f"/{directory}/" in ignored, directory
+
+
+@pytest.mark.parametrize("existing", ["ctrain.yaml", "sbatch/lib/ctrain.sh", "recipes/demo-addition.yaml"])
+def test_init_refuses_to_overwrite_and_writes_nothing(tmp_path: Path, existing: str) -> None:
+    (tmp_path / existing).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / existing).write_text("mine\n")
+    before = tree(tmp_path)
+    code, _, err = ctrain("init", tmp_path)
+    assert code != 0
+    assert err.startswith("error: ") and err.count("\n") == 1 and existing in err and "--force" in err
+    assert tree(tmp_path) == before
+
+
+def test_init_refuses_a_file_as_the_directory(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    code, _, err = ctrain("init", tmp_path / "f")
+    assert code != 0 and err.startswith("error: ") and "Traceback" not in err
+
+
+def test_init_takes_back_what_it_wrote_when_the_disk_fills(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = files.atomic_write_text
+    calls = []
+
+    def filling(path: Path, text: str) -> None:
+        calls.append(path)
+        if len(calls) == 5:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, text)
+
+    monkeypatch.setattr(files, "atomic_write_text", filling)
+    code, _, err = ctrain("init", tmp_path / "proj")
+    assert code != 0 and err.startswith("error: ") and "space" in err
+    assert tree(tmp_path) == {}
+
+
+def test_force_refreshes_ctrains_files_and_keeps_the_users(new: Path) -> None:
+    lib = new / "sbatch" / "lib" / "ctrain.sh"
+    lib.write_text("edited\n")
+    (new / "recipes" / "demo-addition.yaml").write_text("my recipe\n")
+    (new / "ctrain.yaml").write_text("slurm:\n  partition: mine\n")
+    (new / "containers" / "Dockerfile").unlink()
+    code, _, err = ctrain("init", "--force", new)
+    assert code == 0, err
+    assert lib.read_bytes() == (REPO / "sbatch" / "lib" / "ctrain.sh").read_bytes()
+    assert (new / "containers" / "Dockerfile").read_bytes() == (REPO / "containers" / "Dockerfile").read_bytes()
+    assert (new / "recipes" / "demo-addition.yaml").read_text() == "my recipe\n"
+    assert (new / "ctrain.yaml").read_text() == "slurm:\n  partition: mine\n"
+    assert "kept ctrain.yaml" in err and "kept recipes/demo-addition.yaml" in err
+    assert "replaced sbatch/lib/ctrain.sh" in err
+
+
+def test_force_refreshes_a_users_file_that_is_an_unchanged_older_copy(new: Path) -> None:
+    """A recipe init wrote from an older ctrain and nobody edited: the manifest's hash still matches."""
+    recipe = new / "recipes" / "demo-addition.yaml"
+    recipe.write_text("what an older ctrain shipped\n")
+    manifest = json.loads((new / project.MANIFEST).read_text())
+    manifest["files"]["recipes/demo-addition.yaml"] = project._sha256("what an older ctrain shipped\n")
+    (new / project.MANIFEST).write_text(json.dumps(manifest))
+    assert ctrain("init", "--force", new)[0] == 0
+    assert recipe.read_bytes() == (REPO / "recipes" / "demo-addition.yaml").read_bytes()
+
+
+def test_upgrade_reports_nothing_for_a_fresh_project(new: Path) -> None:
+    code, out, err = ctrain("init", "--upgrade", new)
+    assert code == 0 and out == "" and "0 of ctrain's files differ" in err
+
+
+def test_upgrade_fails_when_ctrains_files_differ_and_lists_the_users(new: Path) -> None:
+    (new / "sbatch" / "pyxis.sbatch").write_text("#!/bin/bash\n")
+    (new / "containers" / "install.sh").unlink()
+    (new / "recipes" / "demo-addition.yaml").write_text("mine\n")
+    before = tree(new)
+    code, out, err = ctrain("init", "--upgrade", new)
+    assert code == 1
+    rows = {tuple(line.split()) for line in out.splitlines()[1:]}
+    assert rows == {
+        ("sbatch/pyxis.sbatch", "ctrain's", "edited"),
+        ("containers/install.sh", "ctrain's", "missing"),
+        ("recipes/demo-addition.yaml", "yours", "edited"),
+    }
+    assert "2 of ctrain's files differ" in err and "--force" in err
+    assert tree(new) == before
+
+
+def test_upgrade_passes_when_only_the_users_files_differ(new: Path) -> None:
+    (new / "ctrain.yaml").write_text("slurm:\n  runtime: pyxis\n")
+    code, out, _ = ctrain("init", "--upgrade", new)
+    assert code == 0 and "ctrain.yaml" in out
+
+
+def test_upgrade_of_a_directory_that_is_no_project(tmp_path: Path) -> None:
+    code, _, err = ctrain("init", "--upgrade", tmp_path)
+    assert code != 0 and err.startswith("error: ") and "ctrain init" in err
+
+
+def test_force_and_upgrade_exclude_each_other(new: Path) -> None:
+    code, _, err = ctrain("init", "--force", "--upgrade", new)
+    assert code != 0 and err.startswith("error: ")
+
+
+# --- ctrain build from a project ------------------------------------------------------------------
+
+
+def test_a_checkout_is_its_own_build_context() -> None:
+    from ctrain.image import build
+
+    with build.source_context(REPO) as context:
+        assert context == REPO
+
+
+def test_a_project_builds_from_its_containers_and_the_running_ctrain(new: Path) -> None:
+    from ctrain.image import build
+
+    dockerfile = new / "containers" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "# the project's pins\n")
+    with build.source_context(new) as context:
+        assert context != new
+        build.check_context(context, "buildah")
+        build.check_context(context, "apptainer")
+        assert (context / "containers" / "Dockerfile").read_text().endswith("# the project's pins\n")
+        assert (context / "pyproject.toml").read_bytes() == (REPO / "pyproject.toml").read_bytes()
+        staged = {str(p.relative_to(context / "src")) for p in (context / "src").rglob("*") if p.is_file()}
+        source = {str(p.relative_to(REPO / "src")) for p in (REPO / "src" / "ctrain").rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts}  # fmt: skip
+        assert staged == source
+        assert build.source_version(context) == build.source_version(REPO)
+    assert not context.exists()
+
+
+def test_a_directory_without_containers_builds_from_ctrains_own(tmp_path: Path) -> None:
+    from ctrain.image import build
+
+    with build.source_context(tmp_path) as context:
+        assert (context / "containers" / "install.sh").read_bytes() == (REPO / "containers" / "install.sh").read_bytes()
+
+
+def test_convert_uses_the_projects_definition_else_ctrains(tmp_path: Path, new: Path) -> None:
+    from ctrain.image import convert
+
+    assert convert.definition(new) == new / "containers" / "ctrain.def"
+    assert convert.definition(tmp_path / "elsewhere") == REPO / "containers" / "ctrain.def"
