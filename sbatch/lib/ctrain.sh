@@ -43,6 +43,8 @@ ctrain_settings() {
     : "${CTRAIN_EFA:=0}"                         # 1: AWS EFA settings for NCCL (see ctrain_environment)
     : "${CTRAIN_REQUEUE_EXIT:=75}"               # the trainer's "checkpointed, requeue me" exit code
     : "${CTRAIN_MAX_REQUEUES:=10}"               # stop requeueing after this many restarts
+    : "${CTRAIN_HANG_TIMEOUT:=600}"              # seconds without a finished step before a rank counts as hung; 0: off
+    : "${CTRAIN_APPTAINER_UNSQUASH:=1}"          # 1: run a SIF from a node-local copy (see ctrain_container_apptainer)
     : "${CTRAIN_DRY_RUN:=0}"                     # 1: print the commands instead of running them
 
     # Files are given relative to the project directory; the containers need absolute paths
@@ -159,6 +161,11 @@ ctrain_container_apptainer() {
         fi
     fi
     CTRAIN_CONTAINER=("$apptainer" exec)
+    # Unprivileged Apptainer serves a SIF's files through squashfuse, a process of the step: Slurm's
+    # TERM (scancel, scontrol requeue, preemption) ends it with the workers, whose next read of the
+    # image then dies of SIGBUS mid-checkpoint. Unpacked to a node-local directory first (what
+    # enroot does for pyxis), the image has no process that a TERM can end.
+    [[ $CTRAIN_APPTAINER_UNSQUASH != 1 || -d $CTRAIN_IMAGE ]] || CTRAIN_CONTAINER+=(--unsquash)
     # GPUs only when Slurm gave the job some: --nv on a CPU node only prints warnings.
     [[ ${SLURM_GPUS_ON_NODE:-0} -eq 0 ]] || CTRAIN_CONTAINER+=(--nv)
     [[ $CTRAIN_MOUNT_HOME == 1 ]] || CTRAIN_CONTAINER+=(--no-home)
@@ -274,10 +281,17 @@ ctrain_run() {
     [[ $CTRAIN_DRY_RUN != 1 ]] || return 0
 
     CTRAIN_SIGNAL=
-    export CTRAIN_PIDS=.ctrain/$SLURM_JOB_ID # relative to the project directory, on every node
-    mkdir -p "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS"
+    export CTRAIN_PIDS=.ctrain/$SLURM_JOB_ID    # relative to the project directory, on every node
+    export CTRAIN_HEARTBEATS=$CTRAIN_PIDS/heartbeat # each rank's progress, written by the trainer
+    rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_PIDS" # what a killed run of this job left
+    mkdir -p "$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS"
     "${CTRAIN_SRUN[@]}" &
     CTRAIN_STEP_PID=$!
+    local watchdog=
+    if ((CTRAIN_HANG_TIMEOUT > 0)); then
+        ctrain_watchdog &
+        watchdog=$!
+    fi
     # #SBATCH --signal=B:USR1@SECONDS warns this shell (only) before the time limit: pass it on.
     trap 'ctrain_forward USR1' USR1
     # Preemption and scancel send TERM to every process of the job themselves: keep waiting
@@ -290,11 +304,73 @@ ctrain_run() {
         kill -0 "$CTRAIN_STEP_PID" 2>/dev/null || break # wait returned early for a trapped signal
     done
     trap - USR1 TERM
+    [[ -z $watchdog ]] || kill "$watchdog" 2>/dev/null
+    local hung=
+    [[ ! -e $CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/hung ]] || hung=1
     rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_PIDS"
     rmdir "$CTRAIN_PROJECT_DIR/.ctrain" 2>/dev/null
     echo "ctrain: step exited with $rc${CTRAIN_SIGNAL:+ after SIG$CTRAIN_SIGNAL}"
+    if [[ -n $hung ]]; then
+        echo "ctrain: the step was ended because a rank stopped making progress (the 'hang:' lines above);" \
+            "not requeued: resume with the same command once the cause is found"
+        return "$rc"
+    fi
     ctrain_requeue_if_asked "$rc"
     return "$rc"
+}
+
+# ctrain_watchdog (in the background, beside the step): watch the ranks' progress from outside.
+# Every rank rewrites CTRAIN_HEARTBEATS/rank-R ("STEP HOST PID") when it finishes a step, an eval
+# batch or a save. A stopped rank, or one stuck in a collective, cannot report itself, and the
+# collective timeout of torch.distributed is 30 minutes. The watchdog arms at the first heartbeat
+# (start-up, model loading and the first compile are not counted) and, once any rank has gone
+# CTRAIN_HANG_TIMEOUT seconds without one, names the ranks, shows their processes' states and
+# ends the step as a lost rank ends it: the workers are killed, the launchers and srun follow.
+ctrain_watchdog() {
+    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS budget=$CTRAIN_HANG_TIMEOUT
+    local world=$((CTRAIN_NNODES * CTRAIN_NPROC_PER_NODE)) poll=$((CTRAIN_HANG_TIMEOUT / 10))
+    ((poll >= 1)) || poll=1
+    ((poll <= 30)) || poll=30
+    local -A seen since
+    local armed= file rank stamp now idle stale=()
+    while ((${#stale[@]} == 0)); do
+        sleep "$poll"
+        now=$SECONDS
+        for file in "$dir"/rank-*; do
+            rank=${file##*/rank-}
+            stamp=$(stat -c %.9Y "$file" 2>/dev/null) || continue
+            [[ ${seen[$rank]-} == "$stamp" ]] || { seen[$rank]=$stamp; since[$rank]=$now; }
+            : "${armed:=$now}"
+        done
+        [[ -n $armed ]] || continue
+        for ((rank = 0; rank < world; rank++)); do
+            idle=$((now - ${since[$rank]:-$armed}))
+            ((idle <= budget)) || stale+=("$rank:$idle")
+        done
+    done
+    ctrain_hung "$dir" "${stale[@]}"
+}
+
+# ctrain_hung DIR RANK:IDLE...: report the ranks without progress, with the state of each worker
+# process (T: stopped, D: uninterruptible, in the kernel or a driver; S or R: alive, e.g. waiting
+# in a collective for a rank that is not), then end the step.
+ctrain_hung() {
+    local dir=$1 entry rank idle step host pid
+    shift
+    echo "ctrain: hang: no finished step for more than CTRAIN_HANG_TIMEOUT=${CTRAIN_HANG_TIMEOUT}s on $# rank(s); ending the step"
+    local -A state
+    while read -r host pid stat; do
+        state[$host $pid]=$stat
+    done < <(ctrain_on_nodes 'ps -o pid=,stat= --ppid "$(cat "$1/$(uname -n).pid")" | sed "s/^ */$(uname -n) /"' \
+        "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS")
+    for entry in "$@"; do
+        rank=${entry%%:*} idle=${entry#*:} step=- host=? pid=?
+        [[ ! -r $dir/rank-$rank ]] || read -r step host pid <"$dir/rank-$rank"
+        echo "ctrain: hang: rank $rank on $host (pid $pid): last step $step, no progress for ${idle}s," \
+            "process state ${state[$host $pid]:-gone}"
+    done
+    echo "$*" >"$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/hung"
+    ctrain_on_nodes 'pkill -KILL -P "$(cat "$1/$(uname -n).pid")"' "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS"
 }
 
 # Hand a signal to the training workers (the launcher's children) on every node, through a
@@ -304,14 +380,27 @@ ctrain_run() {
 ctrain_forward() {
     CTRAIN_SIGNAL=$1
     echo "ctrain: SIG$1 (time limit near): passing it to the training processes on every node"
+    ctrain_on_nodes 'pkill -"$2" -P "$(cat "$1/$(uname -n).pid")"' "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS" "$1"
+}
+
+# ctrain_on_nodes SCRIPT ARG...: run `sh -c SCRIPT` once on every node of the step, on the host,
+# beside the training step (the launcher's PID is in ARG1/NODE.pid).
+ctrain_on_nodes() {
+    local script=$1
+    shift
     srun --overlap --nodes="$CTRAIN_NNODES" --ntasks="$CTRAIN_NNODES" --ntasks-per-node=1 \
-        sh -c 'pkill -"$0" -P "$(cat "$1/$(uname -n).pid")"' "$1" "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS"
+        sh -c "$script" ctrain-on-node "$@"
 }
 
 # The run asked to come back: it was warned of the time limit, or the trainer exited with its
 # requeue code after saving a checkpoint. The requeued job resumes from that checkpoint.
 ctrain_requeue_if_asked() {
     local rc=$1 restarts=${SLURM_RESTART_COUNT:-0}
+    if [[ $CTRAIN_SIGNAL == TERM ]]; then
+        # Slurm itself requeues a job it preempted or was told to requeue; scancel means stop.
+        echo "ctrain: SIGTERM came from Slurm (scancel, scontrol requeue or preemption): Slurm decides whether the job runs again"
+        return 0
+    fi
     [[ $CTRAIN_SIGNAL == USR1 || $rc -eq $CTRAIN_REQUEUE_EXIT ]] || return 0
     if ((restarts >= CTRAIN_MAX_REQUEUES)); then
         echo "ctrain: not requeueing: already restarted $restarts times (CTRAIN_MAX_REQUEUES=$CTRAIN_MAX_REQUEUES)"

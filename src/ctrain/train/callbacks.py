@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import resource
 import signal
+import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -222,6 +224,35 @@ class CompleteCheckpoints(TrainerCallback):
                 )  # fmt: skip
         # No rank moves on (and may exit, ending rank 0 through the launcher) before the marker is written.
         barrier()
+
+
+class Heartbeat(TrainerCallback):
+    """Rewrite ``DIRECTORY/rank-R`` ("STEP HOST PID") whenever this rank finishes a step, an eval
+    batch or a save, for the job's watchdog (sbatch/lib/ctrain.sh), which ends the step when a rank
+    goes silent. The watchdog looks from outside: a stopped or deadlocked rank cannot say so itself.
+
+    Only the training loop beats, never a thread of its own, so a rank stuck in a collective goes
+    silent too. Written to a hidden file and renamed, so the watchdog never reads half a line.
+    """
+
+    def __init__(self, directory: Path, rank: int) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"rank-{rank}"
+        self.partial = directory / f".rank-{rank}"
+        self.tail = f" {socket.gethostname()} {os.getpid()}\n"
+
+    def beat(self, step: int) -> None:
+        self.partial.write_text(f"{step}{self.tail}")
+        os.replace(self.partial, self.path)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.beat(state.global_step)
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.beat(state.global_step)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.beat(state.global_step)
 
 
 class AlreadyTrained(Exception):

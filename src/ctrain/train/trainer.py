@@ -43,6 +43,8 @@ PREPARED_KEY = "ctrain/prepared"
 # Ranks other than 0 wait this long for rank 0 to prepare the data; the launcher ends them sooner
 # if rank 0 fails, so this only bounds a hang.
 PREPARE_WAIT = timedelta(days=2)
+# Where each rank reports its progress for the job's hang watchdog (sbatch/lib/ctrain.sh sets it).
+HEARTBEAT_ENV = "CTRAIN_HEARTBEATS"
 
 
 @dataclass
@@ -383,6 +385,7 @@ def run(recipe: Recipe) -> int:
         AlreadyTrained,
         CompleteCheckpoints,
         FiniteGuard,
+        Heartbeat,
         Preemption,
         Progress,
         StopAtMaxSteps,
@@ -422,6 +425,8 @@ def run(recipe: Recipe) -> int:
         StopAtMaxSteps(),
         FiniteGuard(check_grad_norm=layout.precision != "fp16"),  # last: after every callback that asks to save
     ]
+    if os.environ.get(HEARTBEAT_ENV):  # set by the sbatch scripts, whose watchdog reads it
+        callbacks.append(Heartbeat(Path(os.environ[HEARTBEAT_ENV]), rank))
     trainer = build_trainer(recipe, layout, args, model, data, callbacks)
     progress = Progress(
         output_dir, world, rank, peak_tflops(recipe.training.peak_tflops), recipe.logging.memory, run_id
