@@ -205,6 +205,7 @@ class SlurmConfig:
     mount_home: bool | None = None
     efa: bool | None = None
     max_requeues: int | None = None
+    hang_timeout: int | None = None  # seconds without a finished step before the job's watchdog ends it
     env: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:

@@ -94,7 +94,8 @@ def time_seconds(value: str) -> int | None:
 
 def check_slurm_config(c: SlurmConfig) -> None:
     """Relations between settings that are wrong before anything is run."""
-    for name in ("nodes", "gpus_per_node", "ntasks_per_node", "cpus_per_task", "max_requeues", "signal_lead"):
+    for name in ("nodes", "gpus_per_node", "ntasks_per_node", "cpus_per_task", "max_requeues", "signal_lead",
+                 "hang_timeout"):
         value = getattr(c, name)
         least = 1 if name in ("nodes", "ntasks_per_node", "cpus_per_task") else 0
         if value is not None and value < least:
@@ -271,6 +272,8 @@ def settings_env(c: SlurmConfig, config: ProjectConfig, project: Path, runtime: 
             env[var] = "1" if value else "0"
     if c.max_requeues is not None:
         env["CTRAIN_MAX_REQUEUES"] = str(c.max_requeues)
+    if c.hang_timeout is not None:
+        env["CTRAIN_HANG_TIMEOUT"] = str(c.hang_timeout)
     env.update(c.env)
     if c.env:
         env["CTRAIN_CONTAINER_ENV"] = ",".join(c.env)
