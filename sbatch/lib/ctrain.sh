@@ -363,12 +363,19 @@ ctrain_hung() {
         state[$host $pid]=$stat
     done < <(ctrain_on_nodes 'ps -o pid=,stat= --ppid "$(cat "$1/$(uname -n).pid")" | sed "s/^ */$(uname -n) /"' \
         "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS")
+    local culprits=()
     for entry in "$@"; do
         rank=${entry%%:*} idle=${entry#*:} step=- host=? pid=?
         [[ ! -r $dir/rank-$rank ]] || read -r step host pid <"$dir/rank-$rank"
         echo "ctrain: hang: rank $rank on $host (pid $pid): last step $step, no progress for ${idle}s," \
             "process state ${state[$host $pid]:-gone}"
+        [[ ${state[$host $pid]:-gone} != [TDZ]* && -n ${state[$host $pid]-} ]] || culprits+=("rank $rank on $host")
     done
+    if ((${#culprits[@]} > 0)); then
+        echo "ctrain: hang: not running (stopped, stuck in the kernel, or gone): $(IFS=,; echo "${culprits[*]}")"
+    else
+        echo "ctrain: hang: every rank is alive but none finishes a step: a collective that some rank never joined?"
+    fi
     echo "$*" >"$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/hung"
     ctrain_on_nodes 'pkill -KILL -P "$(cat "$1/$(uname -n).pid")"' "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS"
 }

@@ -1,0 +1,140 @@
+"""Faults delivered the way a cluster delivers them, to 2-node Apptainer jobs on the testbed.
+
+- Slurm's TERM (``scontrol requeue``, as preemption and ``scancel`` send it), twice in one job:
+  each time a complete checkpoint at the step the ranks were at, no Bus error (the image stays
+  readable), and the requeued run resumes from that step.
+- A rank that stops making progress (SIGSTOP): the job's watchdog names it and ends the step
+  within the configured budget.
+
+Each test prints ``reliability | ...`` lines with the figures docs/reliability.md records.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from ctrain.testbed.plan import CRED_EXPIRE_S
+from tests.plugins.slurm import Project
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+DEMO = "recipes/demo-addition.yaml"
+JOB_TIMEOUT = 900
+HANG_BUDGET = 20  # CTRAIN_HANG_TIMEOUT for the hang test, seconds (the default is 600)
+
+
+def report(what: str, value: str) -> None:
+    print(f"reliability | {what} | {value}")
+
+
+def wait_until(what: str, condition, timeout: float, every: float = 0.2) -> float:
+    """Poll ``condition`` until it holds; the monotonic time at which it was seen to hold."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(every)
+    return time.monotonic()
+
+
+def restarts(project: Project, job_id: str) -> int:
+    record = project.testbed.slurm(["scontrol", "show", "job", "-o", job_id]).stdout
+    return int(re.search(r"\bRestarts=(\d+)", record).group(1))
+
+
+def submit(project: Project, image: Path, name: str, *overrides: str, env: dict[str, str] | None = None) -> str:
+    return project.sbatch("--ntasks-per-node=2", f"--job-name={name}", "sbatch/apptainer_multinode.sbatch", DEMO,
+                          *overrides, f"training.output_dir=/outputs/{name}",
+                          env={"IMAGE": str(image), **(env or {})})  # fmt: skip
+
+
+def test_slurm_term_twice_checkpoints_at_the_signalled_step_and_resumes(sbatch_project: Project,
+                                                                        cpu_sif: Path) -> None:  # fmt: skip
+    """`scontrol requeue` mid-run, and again in the requeued run: each TERM ends in a complete checkpoint
+    of the current step (not the last periodic one: there is none), and each run resumes from it."""
+    project = sbatch_project
+    steps = 120
+    job_id = submit(project, cpu_sif, "term", f"training.max_steps={steps}", "training.logging_steps=5",
+                    "training.save_steps=1000")  # fmt: skip
+    pattern = rf"step (\d+)/{steps}, loss"
+    for restart in (0, 1):
+        # Mid-run: this run has logged a step (the first run at least 10, so it has trained since its start).
+        def trained() -> bool:
+            runs = project.log(job_id).split("ctrain: job ")
+            return len(runs) == restart + 2 and any(int(n) >= 10 for n in re.findall(pattern, runs[-1]))
+
+        wait_until(f"run {restart} to train", trained, JOB_TIMEOUT, every=0.5)
+        sent = time.monotonic()
+        project.testbed.slurm(["scontrol", "requeue", job_id])
+        saved = wait_until(
+            "the checkpoint", lambda: len(re.findall(r"checkpoint /outputs/term/checkpoint-\d+ complete",
+                                                     project.log(job_id))) == restart + 1, 120)  # fmt: skip
+        ended = wait_until("the step's end", lambda: project.log(job_id).count("step exited with") == restart + 1, 120)
+        wait_until("Slurm's requeue", lambda: restarts(project, job_id) == restart + 1, 120, every=1)
+        # Slurm holds a requeued job back; it may start once the old job's credential has expired.
+        project.testbed.slurm(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"],
+                              check=False)  # it may have started already: the testbed's credentials live 10 s
+        resumed = wait_until("the first resumed step", lambda: re.search(
+            pattern, project.log(job_id).split("resuming from")[-1] if project.log(job_id).count("resuming from")
+            == restart + 1 else ""), JOB_TIMEOUT)  # fmt: skip
+        report(f"TERM {restart + 1}: to checkpoint complete", f"{saved - sent:.1f} s")
+        report(f"TERM {restart + 1}: to the step's end", f"{ended - sent:.1f} s")
+        report(f"TERM {restart + 1}: to the first resumed step", f"{resumed - sent:.1f} s")
+    state = project.testbed.wait(job_id, timeout=JOB_TIMEOUT)
+    log = project.log(job_id)
+    assert state == "COMPLETED", f"job {job_id} ended {state}:\n{log[-6000:]}"
+    runs = log.split("ctrain: job ")[1:]
+    assert len(runs) == 3, log[-6000:]
+    assert "apptainer exec --unsquash " in runs[0]
+    assert "Bus error" not in log  # the image stayed readable through both TERMs
+    for number, (run, after) in enumerate(zip(runs, runs[1:]), 1):
+        stopped = int(re.search(r"preemption \(SIGTERM\): saving a complete checkpoint at step (\d+)", run).group(1))
+        trained = [int(n) for n in re.findall(pattern, run)]
+        assert f"checkpoint /outputs/term/checkpoint-{stopped} complete" in run
+        assert "after SIGTERM" in run and "Slurm decides whether the job runs again" in run
+        assert f"resuming from /outputs/term/checkpoint-{stopped} " in after
+        resumed = [int(n) for n in re.findall(pattern, after)]
+        # Nothing trained before the TERM is lost: the stop step is the newest step of that run.
+        assert max(trained) <= stopped < min(resumed), (trained, stopped, resumed)
+        report(f"TERM {number}: checkpoint at the signalled step, steps lost", f"{stopped}, 0")
+    assert "saved the final model and tokenizer to /outputs/term/final" in runs[2]
+
+
+def test_stopped_rank_is_caught_within_the_budget(sbatch_project: Project, cpu_sif: Path) -> None:
+    """SIGSTOP one worker of a 2-node job: the watchdog names that rank and its node, says it is
+    stopped, and ends the step after CTRAIN_HANG_TIMEOUT seconds without progress; not requeued."""
+    project = sbatch_project
+    job_id = submit(project, cpu_sif, "hang", "training.max_steps=5000", "training.logging_steps=5",
+                    "training.save_steps=100000", env={"CTRAIN_HANG_TIMEOUT": str(HANG_BUDGET)})  # fmt: skip
+    beat = project.path / ".ctrain" / job_id / "heartbeat" / "rank-3"
+
+    def beating_past_step_5() -> bool:
+        return beat.is_file() and int(beat.read_text().split()[0] or 0) >= 5
+
+    wait_until("rank 3's heartbeat", beating_past_step_5, JOB_TIMEOUT, every=0.5)
+    step, host, pid = beat.read_text().split()
+    os.kill(int(pid), signal.SIGSTOP)
+    stopped = time.monotonic()
+    caught = wait_until("the watchdog", lambda: "ctrain: hang: " in project.log(job_id), 120)
+    state = project.testbed.wait(job_id, timeout=120)
+    ended = time.monotonic()
+    log = project.log(job_id)
+    assert state == "FAILED", f"job {job_id} ended {state}:\n{log[-6000:]}"
+    line = re.search(rf"^ctrain: hang: rank 3 on {host} \(pid {pid}\): last step (\d+), no progress for (\d+)s, "
+                     r"process state (\S+)$", log, re.MULTILINE)  # fmt: skip
+    assert line, log[-6000:]
+    assert line.group(3).startswith("T"), line.group(0)  # stopped, and said so
+    assert f"ctrain: hang: not running (stopped, stuck in the kernel, or gone): rank 3 on {host}\n" in log
+    assert int(line.group(2)) > HANG_BUDGET
+    assert "the step was ended because a rank stopped making progress" in log
+    assert "requeueing" not in log and restarts(project, job_id) == 0
+    # The rank's last heartbeat came just before the stop: detection takes the budget, plus at most
+    # a poll (budget / 10) and the time to ask the nodes for their processes' states.
+    assert HANG_BUDGET - 2 <= caught - stopped <= HANG_BUDGET + 15, caught - stopped
+    report("SIGSTOP of rank 3: to the hang report", f"{caught - stopped:.1f} s (CTRAIN_HANG_TIMEOUT={HANG_BUDGET})")
+    report("SIGSTOP of rank 3: to the job's end", f"{ended - stopped:.1f} s")
