@@ -121,6 +121,7 @@ def test_time_limit_errors_say_the_formats() -> None:
         ({"env": {"HF_TOKEN": "hf_x"}}, "HF_TOKEN looks like a secret; .*Export it in your shell instead"),
         ({"env": {"WANDB_API_KEY": "x"}}, "looks like a secret"),
         ({"sbatch_args": ["qos=high"]}, "must be an sbatch option"),
+        ({"hang_timeout": -1}, "slurm.hang_timeout must be at least 0"),
     ],
 )
 def test_config_relations(settings: dict, message: str) -> None:
@@ -169,6 +170,13 @@ def test_rendered_script_golden(tmp_path: Path, nodes: int) -> None:
     golden(f"submit-pyxis-{nodes}node.sbatch", job.text)
     assert job.template.name == ("pyxis.sbatch" if nodes == 1 else "pyxis_multinode.sbatch")
     assert job.options["nodes"] == str(nodes) and job.options["signal"] == "B:USR1@600"
+
+
+def test_hang_timeout_reaches_the_script_and_defaults_there(tmp_path: Path) -> None:
+    config = load_config(project(tmp_path, "slurm:\n  hang_timeout: 120\n") / "ctrain.yaml")
+    assert submit.prepare(config, nodes=2).settings["CTRAIN_HANG_TIMEOUT"] == "120"
+    config = load_config(project(tmp_path, "slurm:\n  nodes: 2\n") / "ctrain.yaml")
+    assert submit.prepare(config, nodes=2).settings["CTRAIN_HANG_TIMEOUT"] == "600"  # the library's default
 
 
 def test_rendered_script_runs_as_the_library_says(tmp_path: Path) -> None:

@@ -277,6 +277,27 @@ def test_a_checkpoint_at_max_steps_trains_no_step() -> None:
     StopAtMaxSteps().on_train_begin(None, state, _Control())
 
 
+def test_heartbeat_names_step_host_and_pid_and_changes_at_each_beat(tmp_path: Path) -> None:
+    """What the job's hang watchdog reads: one line per rank, rewritten whole, its mtime moving on."""
+    pytest.importorskip("transformers")
+    import os
+    import socket
+
+    from ctrain.train.callbacks import Heartbeat
+
+    beat = Heartbeat(tmp_path / "heartbeat", rank=3)
+    state = _State()
+    state.global_step = 4
+    beat.on_step_end(None, state, _Control())
+    path = tmp_path / "heartbeat" / "rank-3"
+    assert path.read_text() == f"4 {socket.gethostname()} {os.getpid()}\n"
+    os.utime(path, ns=(0, 0))
+    state.global_step = 5
+    beat.on_save(None, state, _Control())
+    assert path.read_text().split()[0] == "5" and path.stat().st_mtime_ns > 0
+    assert [p.name for p in (tmp_path / "heartbeat").iterdir()] == ["rank-3"]  # renamed into place, nothing half-written
+
+
 def test_eval_refuses_models_ctrain_did_not_finish_saving(tmp_path: Path) -> None:
     from ctrain.train.evaluate import check_model_dir
 
