@@ -94,8 +94,15 @@ def time_seconds(value: str) -> int | None:
 
 def check_slurm_config(c: SlurmConfig) -> None:
     """Relations between settings that are wrong before anything is run."""
-    for name in ("nodes", "gpus_per_node", "ntasks_per_node", "cpus_per_task", "max_requeues", "signal_lead",
-                 "hang_timeout"):
+    for name in (
+        "nodes",
+        "gpus_per_node",
+        "ntasks_per_node",
+        "cpus_per_task",
+        "max_requeues",
+        "signal_lead",
+        "hang_timeout",
+    ):
         value = getattr(c, name)
         least = 1 if name in ("nodes", "ntasks_per_node", "cpus_per_task") else 0
         if value is not None and value < least:

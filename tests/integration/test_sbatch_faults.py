@@ -11,6 +11,7 @@ Each test prints ``reliability | ...`` lines with the figures docs/reliability.m
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -64,24 +65,28 @@ def test_slurm_term_twice_checkpoints_at_the_signalled_step_and_resumes(sbatch_p
     pattern = rf"step (\d+)/{steps}, loss"
     for restart in (0, 1):
         # Mid-run: this run has logged a step (the first run at least 10, so it has trained since its start).
-        def trained() -> bool:
+        def trained(restart: int = restart) -> bool:
             runs = project.log(job_id).split("ctrain: job ")
             return len(runs) == restart + 2 and any(int(n) >= 10 for n in re.findall(pattern, runs[-1]))
 
         wait_until(f"run {restart} to train", trained, JOB_TIMEOUT, every=0.5)
         sent = time.monotonic()
         project.testbed.slurm(["scontrol", "requeue", job_id])
+        runs = restart + 1  # runs that have started so far; each TERM so far ended one
         saved = wait_until(
-            "the checkpoint", lambda: len(re.findall(r"checkpoint /outputs/term/checkpoint-\d+ complete",
-                                                     project.log(job_id))) == restart + 1, 120)  # fmt: skip
-        ended = wait_until("the step's end", lambda: project.log(job_id).count("step exited with") == restart + 1, 120)
-        wait_until("Slurm's requeue", lambda: restarts(project, job_id) == restart + 1, 120, every=1)
+            "the checkpoint", lambda runs=runs: len(re.findall(r"checkpoint /outputs/term/checkpoint-\d+ complete",
+                                                     project.log(job_id))) == runs, 120)  # fmt: skip
+        ended = wait_until(
+            "the step's end", lambda runs=runs: project.log(job_id).count("step exited with") == runs, 120
+        )
+        wait_until("Slurm's requeue", lambda runs=runs: restarts(project, job_id) == runs, 120, every=1)
         # Slurm holds a requeued job back; it may start once the old job's credential has expired.
-        project.testbed.slurm(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"],
-                              check=False)  # it may have started already: the testbed's credentials live 10 s
-        resumed = wait_until("the first resumed step", lambda: re.search(
+        project.testbed.slurm(
+            ["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"], check=False
+        )  # it may have started already: the testbed's credentials live 10 s
+        resumed = wait_until("the first resumed step", lambda runs=runs: re.search(
             pattern, project.log(job_id).split("resuming from")[-1] if project.log(job_id).count("resuming from")
-            == restart + 1 else ""), JOB_TIMEOUT)  # fmt: skip
+            == runs else ""), JOB_TIMEOUT)  # fmt: skip
         report(f"TERM {restart + 1}: to checkpoint complete", f"{saved - sent:.1f} s")
         report(f"TERM {restart + 1}: to the step's end", f"{ended - sent:.1f} s")
         report(f"TERM {restart + 1}: to the first resumed step", f"{resumed - sent:.1f} s")
@@ -92,7 +97,7 @@ def test_slurm_term_twice_checkpoints_at_the_signalled_step_and_resumes(sbatch_p
     assert len(runs) == 3, log[-6000:]
     assert "apptainer exec --unsquash " in runs[0]
     assert "Bus error" not in log  # the image stayed readable through both TERMs
-    for number, (run, after) in enumerate(zip(runs, runs[1:]), 1):
+    for number, (run, after) in enumerate(itertools.pairwise(runs), 1):
         stopped = int(re.search(r"preemption \(SIGTERM\): saving a complete checkpoint at step (\d+)", run).group(1))
         trained = [int(n) for n in re.findall(pattern, run)]
         assert f"checkpoint /outputs/term/checkpoint-{stopped} complete" in run
@@ -117,7 +122,7 @@ def test_stopped_rank_is_caught_within_the_budget(sbatch_project: Project, cpu_s
         return beat.is_file() and int(beat.read_text().split()[0] or 0) >= 5
 
     wait_until("rank 3's heartbeat", beating_past_step_5, JOB_TIMEOUT, every=0.5)
-    step, host, pid = beat.read_text().split()
+    _, host, pid = beat.read_text().split()
     os.kill(int(pid), signal.SIGSTOP)
     stopped = time.monotonic()
     caught = wait_until("the watchdog", lambda: "ctrain: hang: " in project.log(job_id), 120)

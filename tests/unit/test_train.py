@@ -295,7 +295,8 @@ def test_heartbeat_names_step_host_and_pid_and_changes_at_each_beat(tmp_path: Pa
     state.global_step = 5
     beat.on_save(None, state, _Control())
     assert path.read_text().split()[0] == "5" and path.stat().st_mtime_ns > 0
-    assert [p.name for p in (tmp_path / "heartbeat").iterdir()] == ["rank-3"]  # renamed into place, nothing half-written
+    # Renamed into place: nothing half-written is left beside it.
+    assert [p.name for p in (tmp_path / "heartbeat").iterdir()] == ["rank-3"]
 
 
 def test_eval_refuses_models_ctrain_did_not_finish_saving(tmp_path: Path) -> None:
