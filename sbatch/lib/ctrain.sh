@@ -391,11 +391,12 @@ ctrain_forward() {
 }
 
 # ctrain_on_nodes SCRIPT ARG...: run `sh -c SCRIPT` once on every node of the step, on the host,
-# beside the training step (the launcher's PID is in ARG1/NODE.pid).
+# beside the training step (the launcher's PID is in ARG1/NODE.pid). Given up after two minutes:
+# a node that does not answer must not hold the batch shell.
 ctrain_on_nodes() {
     local script=$1
     shift
-    srun --overlap --nodes="$CTRAIN_NNODES" --ntasks="$CTRAIN_NNODES" --ntasks-per-node=1 \
+    timeout 120 srun --overlap --nodes="$CTRAIN_NNODES" --ntasks="$CTRAIN_NNODES" --ntasks-per-node=1 \
         sh -c "$script" ctrain-on-node "$@"
 }
 
