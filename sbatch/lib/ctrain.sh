@@ -355,7 +355,7 @@ ctrain_watchdog() {
 # process (T: stopped, D: uninterruptible, in the kernel or a driver; S or R: alive, e.g. waiting
 # in a collective for a rank that is not), then end the step.
 ctrain_hung() {
-    local dir=$1 entry rank idle step host pid
+    local dir=$1 entry rank idle step host pid stat
     shift
     echo "ctrain: hang: no finished step for more than CTRAIN_HANG_TIMEOUT=${CTRAIN_HANG_TIMEOUT}s on $# rank(s); ending the step"
     local -A state
