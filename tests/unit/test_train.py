@@ -297,6 +297,13 @@ def test_heartbeat_names_step_host_and_pid_and_changes_at_each_beat(tmp_path: Pa
     assert path.read_text().split()[0] == "5" and path.stat().st_mtime_ns > 0
     # Renamed into place: nothing half-written is left beside it.
     assert [p.name for p in (tmp_path / "heartbeat").iterdir()] == ["rank-3"]
+    # Steps closer together than Heartbeat.EVERY write once (a shared filesystem takes the renames).
+    state.global_step = 6
+    beat.on_step_end(None, state, _Control())
+    assert path.read_text().split()[0] == "5"
+    beat.last -= Heartbeat.EVERY
+    beat.on_step_end(None, state, _Control())
+    assert path.read_text().split()[0] == "6"
 
 
 def test_eval_refuses_models_ctrain_did_not_finish_saving(tmp_path: Path) -> None:
