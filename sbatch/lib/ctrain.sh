@@ -215,17 +215,20 @@ ctrain_container() {
 ctrain_launcher() {
     local train=(-m ctrain train "$CTRAIN_RECIPE" "${CTRAIN_OVERRIDES[@]}")
     local endpoint=$CTRAIN_MASTER_ADDR:$CTRAIN_MASTER_PORT
+    CTRAIN_STORE=
     case $CTRAIN_LAUNCHER in
         torchrun | deepspeed)
             # DeepSpeed runs under torchrun: its own launcher needs pdsh/ssh between nodes,
             # which containers on Slurm do not have.
             [[ $CTRAIN_LAUNCHER == torchrun ]] || train+=("training.deepspeed=$CTRAIN_DEEPSPEED_CONFIG")
+            CTRAIN_STORE=$endpoint
             CTRAIN_LAUNCH=(
                 torchrun
                 --nnodes="$CTRAIN_NNODES"
                 --nproc-per-node="$CTRAIN_NPROC_PER_NODE"
                 --rdzv-backend=c10d
                 --rdzv-endpoint="$endpoint"
+                --rdzv-conf=is_host=false # the store is a process of its own (CTRAIN_TASK)
                 --rdzv-id="$SLURM_JOB_ID"
                 "${train[@]}"
             )
@@ -254,13 +257,49 @@ ctrain_launcher() {
 # - The launcher's PID goes to CTRAIN_PIDS (in the project directory, the working directory), so
 #   the time-limit warning can be handed to its workers and to nothing else (ctrain_forward).
 # - A stray USR1 must not kill the launcher: it ignores it (ignoring survives exec; the workers
-#   install their own handler).
+#   install their own handler). TERM, which Slurm sends to every process of the step, reaches the
+#   launcher and its workers; the task waits for them.
+# - With CTRAIN_STORE=HOST:PORT the first node also hosts torchrun's rendezvous store, in a process
+#   of its own that outlives its launcher until every node's launcher has exited (their `.done`
+#   files), at most 30 s more. Hosted inside the first launcher, as torchrun does
+#   by default, the store died with it while the other launchers were still in their exit barrier,
+#   and a finished run ended in "Error waiting on exit barrier ... Failed to recv" and a C++ stack
+#   trace (pytorch#69520).
 CTRAIN_TASK='unset RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT
 trap "" USR1
-echo $$ >"$CTRAIN_PIDS/$(uname -n).pid"
 if [ "$1" = accelerate ]; then shift 2; set -- accelerate launch --machine_rank="$SLURM_NODEID" "$@"; fi
 echo "ctrain: $(uname -n): $*"
-exec "$@"'
+store=
+if [ -n "${CTRAIN_STORE:-}" ] && [ "${SLURM_NODEID:-0}" = 0 ]; then
+    python3 -c "
+import datetime, signal, sys
+import torch.distributed as dist
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+store = dist.TCPStore(sys.argv[1], int(sys.argv[2]), is_master=True, wait_for_workers=False,
+                      multi_tenant=True, timeout=datetime.timedelta(seconds=300))
+while True:
+    signal.pause()
+" "${CTRAIN_STORE%:*}" "${CTRAIN_STORE##*:}" &
+    store=$!
+fi
+trap : TERM
+"$@" &
+launcher=$!
+echo $launcher >"$CTRAIN_PIDS/$(uname -n).pid"
+wait $launcher
+rc=$?
+while kill -0 $launcher 2>/dev/null; do wait $launcher; rc=$?; done
+: >"$CTRAIN_PIDS/node-${SLURM_NODEID:-0}.done"
+if [ -n "$store" ]; then
+    waited=0
+    while [ "$(ls "$CTRAIN_PIDS" | grep -c "[.]done$")" -lt "${SLURM_STEP_NUM_NODES:-1}" ] &&
+        [ $waited -lt 300 ]; do
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    kill -9 $store
+fi
+exit $rc'
 
 # --- run ------------------------------------------------------------------------------------------
 
@@ -272,6 +311,10 @@ ctrain_run() {
         --nodes="$CTRAIN_NNODES"
         --ntasks="$CTRAIN_NNODES"
         --ntasks-per-node=1         # one launcher per node starts the node's workers
+    )
+    # The rendezvous store's address, for the first node's task (CTRAIN_TASK) to host it.
+    [[ -z $CTRAIN_STORE ]] || CTRAIN_SRUN+=(--export="ALL,CTRAIN_STORE=$CTRAIN_STORE")
+    CTRAIN_SRUN+=(
         "${CTRAIN_SRUN_CONTAINER[@]}"
         "${CTRAIN_CONTAINER[@]}"
         sh -c "$CTRAIN_TASK" ctrain-task

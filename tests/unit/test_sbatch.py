@@ -12,7 +12,10 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -148,7 +151,7 @@ def test_accelerate_machine_rank_per_node(slurm_conf: Path, tmp_path: Path) -> N
     assert {"--num_machines=2", "--num_processes=4", "--main_process_ip=gpu001", "--rdzv_backend=c10d"} <= set(launch)
     # The per-node part: the task script inserts the node's own rank, here run as node 1 would.
     task = words[words.index("-c") + 1]
-    shown = subprocess.run(["sh", "-c", task.replace('exec "$@"', "true"), "ctrain-task", *launch], cwd=tmp_path,
+    shown = subprocess.run(["sh", "-c", task.replace('"$@" &', "true &"), "ctrain-task", *launch], cwd=tmp_path,
                            env={"SLURM_NODEID": "1", "PATH": os.environ["PATH"], "CTRAIN_PIDS": "."},
                            capture_output=True, text=True, check=True)  # fmt: skip
     assert f"ctrain: {os.uname().nodename}: accelerate launch --machine_rank=1 --multi_gpu" in shown.stdout
@@ -336,3 +339,40 @@ def test_requeue_code_is_the_trainers() -> None:
     from ctrain.train.recipe import PREEMPTED_EXIT_CODE
 
     assert lib_defaults()["CTRAIN_REQUEUE_EXIT"] == [str(PREEMPTED_EXIT_CODE)]
+
+
+def test_first_node_hosts_the_store_until_every_launcher_is_done(slurm_conf: Path, tmp_path: Path) -> None:
+    """The rendezvous store outlives the first node's launcher: a launcher on another node that is
+    still in torchrun's exit barrier when the first one exits can still reach it (pytorch#69520).
+    Two nodes' tasks, run here as their nodes would, with a launcher that talks to the store."""
+    words = srun_words(dry_run("apptainer_multinode", env=allocation(2), slurm_conf=slurm_conf).stdout)
+    task = words[words.index("-c") + 1]
+    assert "--rdzv-conf=is_host=false" in words
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = ("import sys, datetime, torch.distributed as d; "
+              "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=False, timeout=datetime.timedelta(seconds=20)); "
+              "s.set('n' + sys.argv[2], 'x'); print('seen', s.get('n0').decode())")  # fmt: skip
+    (tmp_path / "pids").mkdir()
+    env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "CTRAIN_PIDS": "pids",
+           "CTRAIN_STORE": f"127.0.0.1:{port}", "SLURM_STEP_NUM_NODES": "2"}  # fmt: skip
+
+    def node(rank: int, *launcher: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(["sh", "-c", task, "ctrain-task", *launcher], cwd=tmp_path, text=True,
+                                env={**env, "SLURM_NODEID": str(rank)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+
+    first = node(0, sys.executable, "-c", client, str(port), "0")
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "pids/node-0.done").exists():  # the first launcher has exited
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0]
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert first.poll() is None, "the first node's task left before the other node was done"
+    second = node(1, sys.executable, "-c", client, str(port), "1")
+    out, _ = second.communicate(timeout=60)
+    assert second.returncode == 0 and "seen x" in out, out  # the store was still there
+    out, _ = first.communicate(timeout=30)
+    assert first.returncode == 0 and "seen x" in out, out
+    with socket.socket() as gone:  # and the store ended with the step
+        assert gone.connect_ex(("127.0.0.1", port)) != 0
