@@ -82,7 +82,7 @@ def test_demo_trains_across_two_nodes(demo: tuple[str, str]) -> None:
     for task, node in ((0, "node1"), (1, "node2")):
         assert launcher_line(log, task, node) == (
             f"torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=node1:{port} "
-            f"--rdzv-id={job_id} -m ctrain train {DEMO}"
+            f"--rdzv-conf=is_host=false --rdzv-id={job_id} -m ctrain train {DEMO}"
         )
     # The trainer's own prefixes: four ranks, two on each node.
     ranks = set(re.findall(r"^\d: \[rank (\d) host (node\d)\]", log, re.MULTILINE))
