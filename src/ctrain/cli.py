@@ -454,9 +454,10 @@ def train(recipe: Path, overrides: tuple[str, ...], check: bool, world_size: int
             click.echo(f"note: {note}")
         click.echo(f"recipe {recipe} is valid")
         return
+    from ctrain.train.callbacks import exit_process
     from ctrain.train.trainer import run
 
-    sys.exit(run(loaded))  # type: ignore[arg-type]
+    exit_process(run(loaded))  # type: ignore[arg-type]
 
 
 @main.command()

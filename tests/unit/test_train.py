@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import json
 from pathlib import Path
 
@@ -475,3 +478,27 @@ def test_preemption_handler_survives_a_native_library_taking_the_signal() -> Non
         assert preemption.received == signal.SIGUSR1 and preemption.stopped_at == 7 and control.should_save
     finally:
         preemption.restore()
+
+
+def test_exit_process_runs_exit_handlers_flushes_and_keeps_the_code(tmp_path: Path) -> None:
+    """``ctrain train`` ends through exit_process: nothing Python would do at exit may be lost."""
+    marker = tmp_path / "atexit-ran"
+    program = (
+        "import atexit, logging, sys\n"
+        "from pathlib import Path\n"
+        "from ctrain.train.callbacks import exit_process\n"
+        f"atexit.register(lambda: Path({str(marker)!r}).write_text('yes'))\n"
+        "logging.basicConfig(stream=sys.stderr)\n"
+        "logging.getLogger('t').warning('logged line')\n"
+        "sys.stdout.write('buffered, no newline')\n"
+        "exit_process(75)\n"
+        "print('never reached')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")},
+    )  # fmt: skip
+    assert result.returncode == 75, result.stderr
+    assert result.stdout == "buffered, no newline"
+    assert "logged line" in result.stderr
+    assert marker.read_text() == "yes"
