@@ -20,6 +20,7 @@ STACK = {
     "torch": "torch",
     "transformers": "transformers",
     "trl": "trl",
+    "peft": "peft",
     "datasets": "datasets",
     "accelerate": "accelerate",
     "deepspeed": "deepspeed",

@@ -35,6 +35,8 @@ def jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 MINIMAL = "model:\n  path: {model}\ndata:\n  source: {source}\n"
+# Overrides that turn the tiny recipe's new model into a pretrained one.
+PRETRAINED = ["model.config=null", "model.config_overrides={}", "model.path=gpt2", "tokenizer.train=null"]
 
 
 def test_unknown_key_lists_the_valid_ones(tmp_path: Path) -> None:
@@ -75,6 +77,17 @@ def test_overrides_apply_on_top_and_are_checked(tmp_path: Path) -> None:
         (["training.engine=fast", "training.liger_kernel=true"], "turn training.liger_kernel off, or use engine hf"),
         (["fast.gc_every=-1"], "fast.gc_every must be >= 0"),
         (["training.deepspeed=ds.json", "training.fsdp=true"], "at most one of training.deepspeed and training.fsdp"),
+        (["peft.method=lora"], "peft.method: lora adapts a pretrained model, and model.config makes a new one"),
+        (["peft.merge=true"], "peft.merge folds trained adapters into the model: set peft.method"),
+        (["peft.r=0"], "peft.r is 0; the adapter rank must be at least 1"),
+        (["peft.alpha=0"], "peft.alpha is 0.0; it must be positive"),
+        (["peft.dropout=1"], "peft.dropout is 1.0; it must be at least 0 and below 1"),
+        (["peft.target_modules=[]"], "peft.target_modules names no module"),
+        (["peft.target_modules=[all-linear, q_proj]"], "all-linear stands alone"),
+        (["peft.method=dora"], "'peft.method' is 'dora'; valid values: none, lora, qlora"),
+        (PRETRAINED + ["peft.method=lora", "training.engine=fast"], "training.engine: fast trains every weight"),
+        (PRETRAINED + ["peft.method=qlora", "training.fsdp=true"], "does not combine with training.fsdp"),
+        (PRETRAINED + ["peft.method=qlora", "model.dtype=float32"], "qlora computes in bfloat16"),
     ],
 )
 def test_impossible_settings_are_one_clear_error(tmp_path: Path, overrides: list[str], message: str) -> None:
@@ -114,6 +127,10 @@ def test_shipped_recipes_validate_offline() -> None:
     assert {p.name for p in recipes} >= {"demo-addition.yaml", "llama-3.1-8b-sft-zero3.yaml", "gpt2-clm-wikitext.yaml"}
     for path in recipes:
         recipe = load_recipe(path)
+        if path.name == "demo-lora.yaml":  # adapts the demo's model, which `ctrain train` makes first
+            with pytest.raises(ConfigError, match="outputs/demo-addition/final does not exist"):
+                check_recipe(recipe)
+            continue
         for world in (1, 2, 4, 16):
             notes = check_recipe(recipe, world_size=world)
         if recipe.training.deepspeed:
@@ -121,6 +138,8 @@ def test_shipped_recipes_validate_offline() -> None:
         if recipe.model.path:
             assert any("hub name" in note for note in notes), notes
     big = load_recipe(REPO / "recipes/llama-3.1-8b-sft-zero3.yaml")
+    assert load_recipe(REPO / "recipes/llama-3.1-8b-lora.yaml").peft.method == "lora"
+    assert load_recipe(REPO / "recipes/llama-3.1-8b-qlora.yaml").peft.method == "qlora"
     assert big.training.deepspeed == "configs/deepspeed/zero3.json"
     assert batch_layout(big.training, 16) == (2, 4)
 
@@ -272,3 +291,39 @@ def test_docs_state_the_defaults_the_code_has() -> None:
             value = None
         rendered = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
         assert documented == rendered, f"docs/training.md says {key} defaults to {documented}, the code {rendered}"
+
+
+def test_lora_targets_are_checked_against_the_model_without_weights() -> None:
+    from transformers import AutoConfig
+
+    from ctrain.train.model import check_adapters
+
+    recipe = Recipe()
+    recipe.model.path = "base"
+    recipe.peft.method = "lora"
+    config = AutoConfig.for_model("llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=2, vocab_size=300)  # fmt: skip
+    check_adapters(recipe, config)  # all-linear
+    recipe.peft.target_modules = ["q_proj", "v_proj"]
+    check_adapters(recipe, config)
+    recipe.peft.target_modules = ["q_proj", "query"]
+    with pytest.raises(ConfigError) as err:
+        check_adapters(recipe, config)
+    assert str(err.value) == (
+        "peft.target_modules: llama has no linear layer named 'query'; its linear layers: down_proj, gate_proj, "
+        "k_proj, o_proj, q_proj, up_proj, v_proj (or use all-linear)"
+    )
+    recipe.peft.target_modules = "all-linear"
+    recipe.peft.modules_to_save = ["lm_heads"]
+    with pytest.raises(ConfigError, match="peft.modules_to_save: llama has no module named 'lm_heads'"):
+        check_adapters(recipe, config)
+
+
+def test_adapters_need_peft_and_qlora_a_gpu(tmp_path: Path) -> None:
+    from ctrain.train.trainer import plan
+
+    recipe = load_recipe(write(tmp_path, TINY_RECIPE), [*PRETRAINED, "peft.method=qlora"])
+    with pytest.raises(ConfigError, match="qlora loads the base model in 4 bits with bitsandbytes, which needs a GPU"):
+        plan(recipe)
+    lora = load_recipe(write(tmp_path, TINY_RECIPE), [*PRETRAINED, "peft.method=lora"])
+    assert plan(lora).engine == "hf"

@@ -67,7 +67,7 @@ def check_model_dir(model_dir: Path) -> None:
                 "run the same `ctrain train` command again (it saves the final model from the last checkpoint "
                 "without training further), or pass --model with a complete model directory"
             )
-        if not (model_dir / "config.json").is_file():
+        if not any((model_dir / name).is_file() for name in ("config.json", "adapter_config.json")):
             raise ConfigError(f"no trained model in {model_dir}: run `ctrain train` first (or pass --model DIR)")
         return
     verdict = checkpoint.verify(model_dir)
@@ -104,9 +104,10 @@ def evaluate(recipe: Recipe, model_dir: Path | None = None, max_examples: int | 
     model_dir = model_dir or recipe.output_dir / FINAL_DIR
     check(recipe, model_dir)  # before torch is imported: a refusal takes no time
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from ctrain.train.data import load_raw
+    from ctrain.train.model import load_trained
 
     _, held_out = load_raw(recipe, streaming=False)
     if held_out is None:
@@ -116,7 +117,7 @@ def evaluate(recipe: Recipe, model_dir: Path | None = None, max_examples: int | 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).to(device).eval()
+    model = load_trained(model_dir, recipe).to(device).eval()
     started = time.perf_counter()
     answers: list[str] = []
     size = recipe.eval.batch_size

@@ -8,11 +8,16 @@ ids come from the tokenizer.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
+import warnings
+from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError
 from ctrain.train.recipe import BUILTIN_MODEL_TYPE, Recipe, expand_path
+
+ADAPTER_CONFIG = "adapter_config.json"  # what PEFT writes beside an adapter's weights
 
 log = logging.getLogger("ctrain.train")
 
@@ -111,6 +116,10 @@ def build_model(recipe: Recipe, config: Any, tokenizer: Any, precision: str, dev
     attn = attention(recipe, device_type, precision)
     if model_settings.path:
         local = expand_path(model_settings.path)
+        extra: dict[str, Any] = {}
+        if recipe.peft.method == "qlora":
+            extra["quantization_config"] = _four_bits()
+            dtype = extra["quantization_config"].bnb_4bit_compute_dtype
         try:
             model = AutoModelForCausalLM.from_pretrained(
                 str(local) if local.exists() else model_settings.path,
@@ -119,6 +128,7 @@ def build_model(recipe: Recipe, config: Any, tokenizer: Any, precision: str, dev
                 dtype=dtype,
                 attn_implementation=attn,
                 trust_remote_code=model_settings.trust_remote_code,
+                **extra,
             )
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot load the model {model_settings.path}: {exc}") from exc
@@ -144,6 +154,156 @@ def build_model(recipe: Recipe, config: Any, tokenizer: Any, precision: str, dev
         if tokenizer.eos_token_id is not None:
             generation.eos_token_id = tokenizer.eos_token_id
     return model
+
+
+def _four_bits() -> Any:
+    """QLoRA's quantisation of the frozen base: NF4 weights, double quantisation, bf16 compute."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
+
+
+def linear_names(model: Any) -> list[str]:
+    """The last name part of every linear layer but the output head: what ``target_modules`` can name."""
+    import torch
+
+    head = model.get_output_embeddings()
+    names = set()
+    for name, module in model.named_modules():
+        if module is head:
+            continue
+        if isinstance(module, torch.nn.Linear) or type(module).__name__ in ("Linear4bit", "Linear8bitLt"):
+            names.add(name.rsplit(".", 1)[-1])
+    return sorted(names)
+
+
+def check_targets(recipe: Recipe, model: Any) -> None:
+    """The modules ``peft`` names exist in the model (ConfigError listing the ones that do)."""
+    settings = recipe.peft
+    targets = settings.targets()
+    if isinstance(targets, list):
+        available = linear_names(model)
+        missing = [t for t in targets if t not in available]
+        if missing:
+            raise ConfigError(
+                f"peft.target_modules: {model.config.model_type} has no linear layer named '{missing[0]}'; "
+                f"its linear layers: {', '.join(available)} (or use all-linear)"
+            )
+    modules = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing_saved = [m for m in settings.modules_to_save if m not in modules]
+    if missing_saved:
+        raise ConfigError(
+            f"peft.modules_to_save: {model.config.model_type} has no module named '{missing_saved[0]}'; "
+            f"top-level modules: {', '.join(sorted(n for n, _ in model.named_children()))}"
+        )
+
+
+def check_adapters(recipe: Recipe, config: Any) -> None:
+    """Check ``peft`` against the model's layers before any data or weights load: the model is
+    built from its config on the meta device, which allocates nothing."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
+    check_targets(recipe, skeleton)
+
+
+def add_adapters(recipe: Recipe, model: Any) -> Any:
+    """The model with trainable LoRA adapters (a PeftModel); the base weights stay frozen."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    settings = recipe.peft
+    check_targets(recipe, model)
+    if settings.method == "qlora":
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=recipe.training.gradient_checkpointing
+        )
+    elif recipe.training.gradient_checkpointing:
+        # The frozen embeddings give checkpointed layers no input that needs a gradient.
+        model.enable_input_require_grads()
+    config = LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=settings.targets(),
+        modules_to_save=settings.modules_to_save or None,
+        task_type="CAUSAL_LM",
+    )
+    with warnings.catch_warnings():  # transformers' deprecation notices, raised from inside PEFT
+        warnings.simplefilter("ignore", FutureWarning)
+        model = get_peft_model(model, config)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    log.info(
+        "%s r=%d alpha=%g on %s: %s of %s parameters train (%.3f%%)",
+        settings.method.upper() if settings.method == "qlora" else "LoRA", settings.r, settings.alpha,
+        ", ".join(sorted({n.rsplit(".", 1)[-1] for n in model.peft_config["default"].target_modules})),
+        f"{trainable:,}", f"{total:,}",
+        100.0 * trainable / max(total, 1),
+    )  # fmt: skip
+    return model
+
+
+def merge_adapters(recipe: Recipe, adapter_dir: Path, target: Path) -> None:
+    """Fold the adapter in ``adapter_dir`` into a fresh copy of the base model and save it to ``target``.
+
+    The base is loaded again at full precision on the CPU: merging into QLoRA's 4-bit weights would
+    round the result, and the training model may be wrapped or sharded.
+    """
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_settings = recipe.model
+    assert model_settings.path is not None
+    local = expand_path(model_settings.path)
+    dtype = load_dtype(recipe, "fp32") if recipe.model.dtype != "auto" else "auto"
+    base = AutoModelForCausalLM.from_pretrained(
+        str(local) if local.exists() else model_settings.path,
+        revision=model_settings.revision,
+        dtype=dtype,
+        trust_remote_code=model_settings.trust_remote_code,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir))
+    if len(tokenizer) > base.get_input_embeddings().weight.shape[0]:
+        base.resize_token_embeddings(len(tokenizer))
+    with warnings.catch_warnings():  # transformers' deprecation notices, raised from inside PEFT
+        warnings.simplefilter("ignore", FutureWarning)
+        merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+        merged.save_pretrained(str(target))
+    tokenizer.save_pretrained(str(target))
+
+
+def load_trained(model_dir: Path, recipe: Recipe) -> Any:
+    """A trained model for inference: a full model, or the recipe's base with the adapter in ``model_dir``."""
+    from transformers import AutoModelForCausalLM
+
+    if not (model_dir / ADAPTER_CONFIG).is_file():
+        return AutoModelForCausalLM.from_pretrained(str(model_dir))
+    from peft import PeftModel
+
+    base_name = json.loads((model_dir / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    reference = recipe.model.path or base_name
+    if not reference:
+        raise ConfigError(f"{model_dir} holds a LoRA adapter and neither it nor the recipe names its base model")
+    local = expand_path(reference)
+    base = AutoModelForCausalLM.from_pretrained(
+        str(local) if local.exists() else reference,
+        revision=recipe.model.revision,
+        trust_remote_code=recipe.model.trust_remote_code,
+    )
+    from transformers import AutoTokenizer
+
+    size = len(AutoTokenizer.from_pretrained(str(model_dir)))
+    if size > base.get_input_embeddings().weight.shape[0]:
+        base.resize_token_embeddings(size)
+    return PeftModel.from_pretrained(base, str(model_dir))
 
 
 def parameter_count(model: Any) -> int:

@@ -39,6 +39,7 @@ COMPLETE_MARKER = "ctrain-complete.json"  # last file of a checkpoint or final m
 PREPARED_MARKER = "ctrain-prepared.json"  # last file of a prepared data set, with what it was made from
 PREEMPTED_FILE = "ctrain-preempted.json"  # written when a run stops on a preemption signal
 FINAL_DIR = "final"  # the trained model and tokenizer, Hugging Face format
+MERGED_DIR = "merged"  # in FINAL_DIR with peft.merge: the base model with the adapter folded in
 PREPARED_DIR = "prepared"  # default place of `ctrain prepare`'s output
 METRICS_FILE = "metrics.jsonl"  # every logged step, one JSON object a line
 RECIPE_COPY = "recipe.yaml"  # the recipe as run, overrides applied
@@ -46,7 +47,7 @@ RECIPE_COPY = "recipe.yaml"  # the recipe as run, overrides applied
 # Bumped whenever tokenisation or packing changes what a prepared data set holds.
 PREPARE_VERSION = 1
 
-BUILTIN_SOURCES = ("addition",)
+BUILTIN_SOURCES = ("addition", "subtraction")
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _GLOB = re.compile(r"[*?\[]")
@@ -248,6 +249,53 @@ class TrainingSettings:
 
 
 @dataclass
+class PeftSettings:
+    """Train LoRA adapters on a pretrained model instead of every weight (PEFT, as TRL's ``--use_peft``).
+
+    ``method: lora`` adds rank-``r`` adapters to ``target_modules`` (``all-linear``: every linear
+    layer but the output head; or module names such as ``[q_proj, v_proj]``); ``qlora`` also loads
+    the frozen base in 4 bits (bitsandbytes nf4, double quantisation), on GPUs only. Checkpoints and
+    ``final/`` hold the adapter; ``merge: true`` also writes ``final/merged``, the base model with
+    the adapter folded in, loadable without PEFT.
+    """
+
+    method: Literal["none", "lora", "qlora"] = "none"
+    r: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.05
+    target_modules: str | list[str] = "all-linear"
+    modules_to_save: list[str] = field(default_factory=list)
+    merge: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+    def validate(self) -> None:
+        if self.r < 1:
+            raise ConfigError(f"peft.r is {self.r}; the adapter rank must be at least 1 (8 to 64 is usual)")
+        if self.alpha <= 0:
+            raise ConfigError(f"peft.alpha is {self.alpha}; it must be positive (often twice peft.r)")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"peft.dropout is {self.dropout}; it must be at least 0 and below 1")
+        targets = [self.target_modules] if isinstance(self.target_modules, str) else self.target_modules
+        if not targets or any(not isinstance(t, str) or not t.strip() for t in targets):
+            raise ConfigError(
+                "peft.target_modules names no module: use all-linear, or module names such as [q_proj, v_proj]"
+            )
+        if isinstance(self.target_modules, list) and "all-linear" in self.target_modules:
+            raise ConfigError("peft.target_modules: all-linear stands alone (target_modules: all-linear)")
+        if self.merge and not self.enabled:
+            raise ConfigError("peft.merge folds trained adapters into the model: set peft.method (lora or qlora)")
+
+    def targets(self) -> str | list[str]:
+        """What PEFT's LoraConfig takes: the ``all-linear`` shorthand as is, else the list of names."""
+        if isinstance(self.target_modules, str):
+            return self.target_modules if self.target_modules == "all-linear" else [self.target_modules]
+        return list(self.target_modules)
+
+
+@dataclass
 class LoggingSettings:
     """Where metrics go, and what each rank prints."""
 
@@ -306,6 +354,7 @@ class Recipe:
     hub: HubSettings = field(default_factory=HubSettings)
     eval: EvalSettings = field(default_factory=EvalSettings)
     fast: FastSettings = field(default_factory=FastSettings)
+    peft: PeftSettings = field(default_factory=PeftSettings)
     path: Path | None = field(default=None, init=False, compare=False)
 
     def validate(self) -> None:
@@ -313,10 +362,12 @@ class Recipe:
             raise ConfigError(f"the recipe names no model: {MINIMAL_RECIPE}", key="model")
         if not self.data.source:
             raise ConfigError(f"the recipe names no data (data.source): {MINIMAL_RECIPE}", key="data")
-        for section in (self.model, self.tokenizer, self.data, self.training, self.hub, self.eval, self.fast):
+        for section in (self.model, self.tokenizer, self.data, self.training, self.hub, self.eval, self.fast, self.peft):
             section.validate()
         if self.tokenizer.train is not None:
             self.tokenizer.train.validate()
+        if self.peft.enabled:
+            self._validate_peft()
         if self.name is not None:
             problem = name_problem(self.name)
             if problem:
@@ -363,6 +414,27 @@ class Recipe:
                 f"data.max_length ({self.data.max_length}) is larger than the model's max_position_embeddings "
                 f"({positions}, model.config_overrides)"
             )
+
+    def _validate_peft(self) -> None:
+        method = self.peft.method
+        if self.model.path is None:
+            raise ConfigError(
+                f"peft.method: {method} adapts a pretrained model, and model.config makes a new one with random "
+                "weights: set model.path (a local directory or hub name), or remove the peft section to train "
+                "every weight"
+            )
+        if self.training.engine == "fast":
+            raise ConfigError(
+                f"training.engine: fast trains every weight; with peft.method: {method} use engine auto or hf"
+            )
+        if method == "qlora" and (self.training.deepspeed or self.training.fsdp):
+            sharding = "deepspeed" if self.training.deepspeed else "fsdp"
+            raise ConfigError(
+                f"peft.method: qlora keeps a 4-bit base on every GPU (DDP) and does not combine with training."
+                f"{sharding}: remove training.{sharding}, or use method lora"
+            )
+        if method == "qlora" and self.model.dtype == "float32":
+            raise ConfigError("peft.method: qlora computes in bfloat16: set model.dtype to auto or bfloat16")
 
     # --- derived values ---------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from ctrain.train import checkpoint, logs
 from ctrain.train.recipe import (
     COMPLETE_MARKER,
     FINAL_DIR,
+    MERGED_DIR,
     PREEMPTED_EXIT_CODE,
     PREEMPTED_FILE,
     RECIPE_COPY,
@@ -84,7 +85,13 @@ def plan(recipe: Recipe) -> Layout:
         # The fast path: SFT on a GPU, with the batches it is built for (packed unless told otherwise),
         # unless the recipe asks for transformers' own speed-ups instead (whole-model compile, Liger).
         packed_ok = recipe.data.packing or recipe.fast.batching != "packed"
-        fast_ok = device_type == "cuda" and recipe.task == "sft" and packed_ok and not recipe.training.hf_speedups()
+        fast_ok = (
+            device_type == "cuda"
+            and recipe.task == "sft"
+            and packed_ok
+            and not recipe.training.hf_speedups()
+            and not recipe.peft.enabled  # adapters train through PEFT under transformers' Trainer
+        )
         engine = "fast" if fast_ok else "hf"
     # The fast path sizes micro-batches in tokens (fast.tokens_per_device): rows of max_length each.
     cap = recipe.fast.rows_per_device(recipe.data.max_length) if engine == "fast" else None
@@ -95,12 +102,35 @@ def plan(recipe: Recipe) -> Layout:
         )
     if engine == "fast" and recipe.fast.batching == "packed" and not recipe.data.packing:
         raise ConfigError("fast.batching: packed needs data.packing: true (or set fast.batching: padded)")
+    if recipe.peft.enabled:
+        _check_peft(recipe, device_type)
     from transformers.training_args import OptimizerNames
 
     optimizers = [o.value for o in OptimizerNames]
     if recipe.training.optim not in ("auto", *optimizers):
         raise ConfigError(f"training.optim is {recipe.training.optim!r}; valid: auto, {', '.join(optimizers)}")
     return Layout(rank, world, device_type, _precision(recipe, device_type), engine, per_device, accumulation)
+
+
+def _check_peft(recipe: Recipe, device_type: str) -> None:
+    """The packages and the device adapters need, before the process group or the model."""
+    import importlib.util
+
+    method = recipe.peft.method
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError(f"peft.method: {method} trains adapters with PEFT, which is not installed (pip install peft)")
+    if method != "qlora":
+        return
+    if device_type != "cuda":
+        raise ConfigError(
+            "peft.method: qlora loads the base model in 4 bits with bitsandbytes, which needs a GPU, and this "
+            "process has none: use peft.method: lora"
+        )
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ConfigError(
+            "peft.method: qlora needs bitsandbytes, which is not installed (pip install bitsandbytes), or use "
+            "peft.method: lora"
+        )
 
 
 def _report_to(recipe: Recipe) -> list[str]:
@@ -393,12 +423,21 @@ def run(recipe: Recipe) -> int:
         close_process_group,
         peak_tflops,
     )
-    from ctrain.train.model import build_model, check_sizes, load_config
+    from ctrain.train.model import (
+        add_adapters,
+        build_model,
+        check_adapters,
+        check_sizes,
+        load_config,
+        merge_adapters,
+    )
 
     logs.quiet_libraries()
     layout = plan(recipe)
     config = load_config(recipe)
     check_sizes(recipe, config)
+    if recipe.peft.enabled:
+        check_adapters(recipe, config)
     report_to = _report_to(recipe)
     _check_hub(recipe)
     signals = [signal_number(name) for name in recipe.training.preemption_signals]
@@ -408,6 +447,8 @@ def run(recipe: Recipe) -> int:
     logs.rebind_handlers()
     set_seed(recipe.seed)  # a new model's weights: the same on every rank and every world size
     model = build_model(recipe, config, data.tokenizer, layout.precision, layout.device_type)
+    if recipe.peft.enabled:
+        model = add_adapters(recipe, model)
     resume = resume_point(recipe, output_dir, rank, world)
     run_id = time.strftime("%Y%m%dT%H%M%S")
     if rank == 0:
@@ -474,12 +515,16 @@ def run(recipe: Recipe) -> int:
     barrier()
     if rank == 0:
         (final / RECIPE_COPY).write_text(recipe.to_yaml())
+        if recipe.peft.merge:
+            log.info("merging the adapter into the base model: %s", final / MERGED_DIR)
+            merge_adapters(recipe, final, final / MERGED_DIR)
     barrier()
     damage = checkpoint.seal(final, {"step": trainer.state.global_step, "world_size": world}, rank, world)
     if damage is not None:
         raise CtrainError(f"the final model in {final} cannot be read back ({damage}); it is not marked complete")
     if rank == 0:
-        log.info("saved the final model and tokenizer to %s", final)
+        what = "adapter" if recipe.peft.enabled else "model"
+        log.info("saved the final %s and tokenizer to %s", what, final)
         if recipe.hub.repo_id:
             _push(recipe, final)
     close_process_group()

@@ -1,0 +1,190 @@
+"""LoRA for real on CPU: adapters on a pretrained tiny model, killed and resumed, merged, evaluated,
+on one process and under torchrun; and the demo model adapted to a task it has never seen."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ctrain.train.recipe import COMPLETE_MARKER
+from tests.plugins.train import REPO, TINY_RECIPE, TORCHRUN, start, train_env, wait_for
+
+pytestmark = pytest.mark.integration
+
+LORA = """\
+task: sft
+seed: 7
+model:
+  path: {base}
+data:
+  source: builtin:{task}
+  max_examples: 1024
+  eval_size: 64
+  max_length: 64
+  packing: false
+training:
+  global_batch_size: 16
+  max_steps: 40
+  learning_rate: 2.0e-3
+  logging_steps: 1
+  save_steps: 10
+logging:
+  report_to: []
+eval:
+  max_new_tokens: 5
+peft:
+  method: lora
+  r: 8
+  alpha: 16
+  dropout: 0.1
+"""
+
+
+def losses(output_dir: Path) -> dict[str, dict[int, float]]:
+    runs: dict[str, dict[int, float]] = {}
+    for line in (output_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "loss" in record:
+            runs.setdefault(record["run"], {})[record["step"]] = record["loss"]
+    return runs
+
+
+def digest(directory: Path) -> str:
+    return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(directory.glob("*.safetensors")))).hexdigest()
+
+
+def run(cwd: Path, *args: str, launcher: tuple[str, ...] = (), timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    command = [*launcher, *(["-m", "ctrain"] if launcher else [sys.executable, "-m", "ctrain"]), *args]
+    return subprocess.run(command, cwd=cwd, env=train_env(cwd), capture_output=True, text=True, timeout=timeout,
+                          check=False)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A pretrained tiny model: the tiny recipe trained 30 steps from scratch (its final/)."""
+    work = tmp_path_factory.mktemp("base")
+    (work / "tiny.yaml").write_text(TINY_RECIPE)
+    result = run(work, "train", "tiny.yaml", "training.max_steps=30")
+    assert result.returncode == 0, result.stderr[-4000:]
+    return work / "outputs/tiny/final"
+
+
+def lora_recipe(work: Path, base: Path, task: str = "subtraction") -> Path:
+    path = work / "lora.yaml"
+    path.write_text(LORA.format(base=base, task=task))
+    return path
+
+
+def test_lora_preempted_and_resumed_matches_an_uninterrupted_run(base: Path, tmp_path: Path) -> None:
+    lora_recipe(tmp_path, base)
+    before = digest(base)
+    common = ["train", "lora.yaml", "data.prepared_dir=prepared"]
+    whole = run(tmp_path, *common, "training.output_dir=outputs/whole")
+    assert whole.returncode == 0, whole.stderr[-4000:]
+    assert "LoRA r=8 alpha=16 on down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj" in whole.stderr
+    (reference,) = losses(tmp_path / "outputs/whole").values()
+
+    stopped = tmp_path / "outputs/stopped"
+    log = tmp_path / "stopped.log"
+    process = start([*common, f"training.output_dir={stopped}", "training.save_steps=5000"], tmp_path, log)
+    wait_for(lambda: "step 12/40" in log.read_text(), process, "step 12")
+    process.send_signal(signal.SIGUSR1)
+    assert process.wait(timeout=300) == 75, log.read_text()[-4000:]
+    (saved,) = [p for p in stopped.glob("checkpoint-*") if (p / COMPLETE_MARKER).is_file()]
+    names = {p.name for p in saved.iterdir()}
+    assert {"adapter_model.safetensors", "adapter_config.json", "optimizer.pt"} <= names, names
+    assert "model.safetensors" not in names  # the frozen base is not saved again
+    adapter = (saved / "adapter_model.safetensors").stat().st_size
+    assert adapter < (base / "model.safetensors").stat().st_size / 2, adapter
+
+    again = run(tmp_path, *common, f"training.output_dir={stopped}", "training.save_steps=5000")
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert f"resuming from {saved} " in again.stderr
+    runs = losses(stopped)
+    first, second = (runs[key] for key in sorted(runs))
+    step = int(saved.name.split("-")[1])
+    assert sorted(second) == list(range(step + 1, 41))
+    for number, loss in {**first, **second}.items():
+        assert loss == pytest.approx(reference[number], rel=1e-4, abs=1e-5), f"step {number}"
+    from safetensors.torch import load_file
+
+    trained = load_file(stopped / "final/adapter_model.safetensors")
+    lora_b = [v for k, v in trained.items() if "lora_B" in k]
+    assert len(lora_b) == 14 and all(v.abs().max() > 0 for v in lora_b), "an adapter was not trained (B starts at 0)"
+    assert digest(base) == before, "training adapters changed the base model's files"
+    assert (stopped / "final/adapter_model.safetensors").is_file()
+    assert json.loads((stopped / "final" / COMPLETE_MARKER).read_text())["step"] == 40
+
+
+def test_lora_on_two_processes_merges_and_evaluates_either_form(base: Path, tmp_path: Path) -> None:
+    lora_recipe(tmp_path, base)
+    trained = run(tmp_path, "train", "lora.yaml", "training.max_steps=20", "peft.merge=true", launcher=TORCHRUN)
+    assert trained.returncode == 0, trained.stderr[-4000:]
+    assert "[rank 1 host" in trained.stderr and "Traceback" not in trained.stderr
+    final = tmp_path / "outputs/lora/final"
+    marker = json.loads((final / COMPLETE_MARKER).read_text())
+    assert marker["world_size"] == 2
+    assert "merged/model.safetensors" in marker["manifest"], marker  # sealed with the rest
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    batch = tokenizer(["What is 58 - 27?"], return_tensors="pt")
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), final).eval()
+    merged = AutoModelForCausalLM.from_pretrained(final / "merged").eval()
+    plain = AutoModelForCausalLM.from_pretrained(base).eval()
+    with torch.no_grad():
+        expected, got, before = (m(**batch).logits for m in (adapted, merged, plain))
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(before, expected, atol=1e-3), "the adapter changes nothing"
+
+    results = {}
+    for model in (None, final / "merged"):
+        evaluated = run(tmp_path, "eval", "lora.yaml", *(["--model", str(model)] if model else []))
+        assert evaluated.returncode == 0, evaluated.stderr[-4000:]
+        results[str(model)] = json.loads((tmp_path / "outputs/lora/eval.json").read_text())
+    adapter_result, merged_result = results.values()
+    assert adapter_result["total"] == 64
+    assert [e["answer"] for e in adapter_result["examples"]] == [e["answer"] for e in merged_result["examples"]]
+    assert adapter_result["correct"] == merged_result["correct"]
+
+
+def test_lora_refuses_what_cannot_work_before_any_data(base: Path, tmp_path: Path) -> None:
+    lora_recipe(tmp_path, base)
+    result = run(tmp_path, "train", "lora.yaml", "peft.target_modules=[q_proj,wq]")
+    assert result.returncode != 0
+    assert "peft.target_modules: llama has no linear layer named 'wq'; its linear layers: down_proj" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "outputs/lora/prepared").exists()
+    scratch = run(tmp_path, "train", "lora.yaml", "model.path=null", "model.config=llama")
+    assert scratch.returncode != 0 and "adapts a pretrained model" in scratch.stderr, scratch.stderr
+    qlora = run(tmp_path, "train", "lora.yaml", "peft.method=qlora")
+    assert qlora.returncode != 0 and "needs a GPU" in qlora.stderr, qlora.stderr[-2000:]
+    assert not (tmp_path / "outputs/lora/prepared").exists()
+
+
+@pytest.mark.slow
+def test_demo_model_learns_subtraction_through_adapters(tmp_path: Path) -> None:
+    """The LoRA demo as the README runs it: the addition model, then recipes/demo-lora.yaml."""
+    base_run = run(tmp_path, "train", str(REPO / "recipes/demo-addition.yaml"), timeout=1500)
+    assert base_run.returncode == 0, base_run.stderr[-3000:]
+    recipe = str(REPO / "recipes/demo-lora.yaml")
+    before = run(tmp_path, "eval", recipe, "--model", "outputs/demo-addition/final", "--max-examples", "100")
+    assert before.returncode == 0, before.stderr[-3000:]
+    untrained = json.loads((tmp_path / "outputs/demo-lora/eval.json").read_text())["accuracy"]
+    adapted = run(tmp_path, "train", recipe, timeout=1500)
+    assert adapted.returncode == 0, adapted.stderr[-3000:]
+    evaluated = run(tmp_path, "eval", recipe)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    result = json.loads((tmp_path / "outputs/demo-lora/eval.json").read_text())
+    print(f"\nLoRA demo: subtraction accuracy {untrained:.3f} before, {result['accuracy']:.3f} after")
+    assert untrained < 0.2
+    assert result["accuracy"] >= 0.9 and result["total"] == 500
