@@ -60,7 +60,8 @@ ctrain logs --follow "$job"
 ctrain status "$job"
 state=$(ctrain status "$job" | awk -v id="$job" '$1 == id { print $3 }')
 if [[ $state != COMPLETED ]]; then
-    echo "demo job $job ended $state; its log: $project/logs/ctrain-$job.out" >&2
+    echo "demo job $job ended $state; the end of its log, $project/logs/ctrain-$job.out:" >&2
+    tail -n 40 "$project/logs/ctrain-$job.out" >&2 || true
     exit 1
 fi
 

@@ -20,7 +20,7 @@ def test_quickstart_trains_the_demo_on_two_nodes_and_passes_the_bar(testbed: Tes
         [REPO / "scripts" / "quickstart.sh"], capture_output=True, text=True, timeout=2400, check=False
     )
     output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-5000:]
+    assert result.returncode == 0, f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"
     accuracy = re.findall(r"^accuracy: ([0-9.]+) \((\d+)/(\d+) exact\)", result.stdout, re.MULTILINE)
     assert accuracy, output[-3000:]
     assert float(accuracy[-1][0]) >= 0.9
