@@ -61,6 +61,19 @@ def train_env(tmp: Path) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo recipe trained once, as the README runs it (``outputs/demo-addition`` in the
+    returned directory); the tests that read it must not change it."""
+    work = tmp_path_factory.mktemp("demo")
+    result = subprocess.run(
+        [sys.executable, "-m", "ctrain", "train", str(REPO / "recipes/demo-addition.yaml")],
+        cwd=work, env=train_env(work), capture_output=True, text=True, timeout=1500, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return work
+
+
 @pytest.fixture
 def tiny_recipe(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.yaml"
