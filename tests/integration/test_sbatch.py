@@ -8,8 +8,6 @@ requeue runs are short (a few steps each). Every job costs about a minute of sta
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,10 +21,12 @@ from tests.plugins.slurm import HOOK_VALUES, Project
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DEMO = "recipes/demo-addition.yaml"
-DEMO_ACCURACY = 0.9  # the demo's bar: at least 0.9 exact-match accuracy on held-out problems
 JOB_TIMEOUT = 1200
 # A few steps, then the final model: enough to see every process train together and save once.
 SHORT = ("training.max_steps=4", "training.logging_steps=2", "training.save_steps=1000")
+# The plain-sbatch demo trains long enough to log, checkpoint and save on 4 ranks; the accuracy bar
+# on 2 nodes x 2 processes is the quickstart's (tests/integration/test_quickstart.py), not repeated.
+DEMO_STEPS = ("training.max_steps=60", "training.save_steps=30")
 
 
 def finish(project: Project, job_id: str) -> str:
@@ -70,7 +70,7 @@ def project(sbatch_project: Project) -> Project:
 def demo(project: Project, cpu_sif: Path) -> tuple[str, str]:
     """`sbatch sbatch/apptainer_multinode.sbatch` of the demo recipe, as a user types it: job id, log."""
     job_id = project.sbatch(
-        "--ntasks-per-node=2", "sbatch/apptainer_multinode.sbatch", DEMO, env={"IMAGE": str(cpu_sif)}
+        "--ntasks-per-node=2", "sbatch/apptainer_multinode.sbatch", DEMO, *DEMO_STEPS, env={"IMAGE": str(cpu_sif)}
     )
     return job_id, finish(project, job_id)
 
@@ -82,7 +82,7 @@ def test_demo_trains_across_two_nodes(demo: tuple[str, str]) -> None:
     for task, node in ((0, "node1"), (1, "node2")):
         assert launcher_line(log, task, node) == (
             f"torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=node1:{port} "
-            f"--rdzv-conf=is_host=false --rdzv-id={job_id} -m ctrain train {DEMO}"
+            f"--rdzv-conf=is_host=false --rdzv-id={job_id} -m ctrain train {DEMO} {' '.join(DEMO_STEPS)}"
         )
     # The trainer's own prefixes: four ranks, two on each node.
     ranks = set(re.findall(r"^\d: \[rank (\d) host (node\d)\]", log, re.MULTILINE))
@@ -91,16 +91,6 @@ def test_demo_trains_across_two_nodes(demo: tuple[str, str]) -> None:
     assert "saved the final model and tokenizer to /outputs/demo-addition/final" in log
     # A finished run ends quietly: no launcher's exit barrier lost its store (pytorch#69520).
     assert "Traceback" not in log and "exit barrier" not in log, log[-4000:]
-
-
-def test_demo_passes_the_accuracy_bar(demo: tuple[str, str], project: Project) -> None:
-    final = project.path / "outputs" / "demo-addition" / "final"
-    result = subprocess.run([sys.executable, "-m", "ctrain", "eval", str(project.path / DEMO), "--model", str(final),
-                             "--min-accuracy", str(DEMO_ACCURACY)], capture_output=True, text=True, cwd=project.path,
-                            check=False)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    accuracy = float(re.search(r"^accuracy: ([0-9.]+)", result.stdout, re.MULTILINE).group(1))
-    assert accuracy >= DEMO_ACCURACY
 
 
 def test_status_and_logs_of_the_finished_demo(demo: tuple[str, str]) -> None:
