@@ -418,7 +418,7 @@ ctrain_guard() {
         sleep 1
     done
     for node in "${missing[@]}"; do
-        timeout 10 srun --overlap --nodes=1 --ntasks=1 --nodelist="$node" true >/dev/null 2>&1 &
+        timeout --signal=KILL 10 srun --overlap --nodes=1 --ntasks=1 --nodelist="$node" true >/dev/null 2>&1 &
         probes+=($!)
     done
     for node in "${!missing[@]}"; do
