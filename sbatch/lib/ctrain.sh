@@ -432,10 +432,12 @@ ctrain_guard() {
 
 # End the training step now: SIGKILL to every process of it on the nodes that still answer, then to
 # srun, which would otherwise wait for the tasks of a node that does not.
+# scancel is not waited for: with a node gone it can take slurmctld's MessageTimeout to return.
 ctrain_end_step() {
     local step
-    step=$(cat "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/step" 2>/dev/null) &&
-        scancel --signal=KILL "$SLURM_JOB_ID.$step" 2>/dev/null
+    if step=$(cat "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/step" 2>/dev/null); then
+        timeout --signal=KILL 30 scancel --signal=KILL "$SLURM_JOB_ID.$step" 2>/dev/null &
+    fi
     sleep 2
     kill -KILL "$CTRAIN_STEP_PID" 2>/dev/null
 }
