@@ -218,10 +218,12 @@ def test_lost_node_ends_the_step_within_a_minute(sbatch_project: Project, cpu_si
         count = testbed.kill_node("node2")
         killed = time.monotonic()
         gone = wait_until("node1's launcher and ranks to end", lambda: not any(map(alive, [*survivors, launcher])), 60)
+        guarded = wait_until("the guard", lambda: "does not answer: ending the step" in project.log(job_id), 90)
         ended = wait_until("the step's end", lambda: "step exited with" in project.log(job_id), 90)
         decided = wait_until("the decision", lambda: "not requeueing" in project.log(job_id), 30)
         report("node2 killed: processes killed", str(count))
         report("node2 killed: to node1's launcher and ranks gone", f"{gone - killed:.1f} s")
+        report("node2 killed: to the batch script ending the step", f"{guarded - killed:.1f} s")
         report("node2 killed: to the step's end", f"{ended - killed:.1f} s")
         report("node2 killed: to the batch script's decision", f"{decided - killed:.1f} s")
     finally:
@@ -234,3 +236,33 @@ def test_lost_node_ends_the_step_within_a_minute(sbatch_project: Project, cpu_si
             "submit it again once node2 is back") in log  # fmt: skip
     assert state in ("FAILED", "NODE_FAIL"), f"job {job_id} ended {state}:\n{log[-6000:]}"
     assert restarts(project, job_id) == 0
+
+
+def test_requeue_without_a_lost_node_runs_on_another(sbatch_project: Project) -> None:
+    """The lost-node requeue against the real Slurm: a 1-node job that declares its own node lost is
+    requeued with that node in ExcNodeList (set after the requeue, which TERMs the batch shell, while
+    the job is pending again), and its second run starts on the other node."""
+    project = sbatch_project
+    script = """#!/bin/bash
+#SBATCH --nodes=1
+#SBATCH --job-name=exclude
+#SBATCH --output=logs/%x-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+source "$SLURM_SUBMIT_DIR/sbatch/lib/ctrain.sh" || exit 2
+CTRAIN_NNODES=1 CTRAIN_MAX_REQUEUES=10
+echo "run ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME"
+[[ ${SLURM_RESTART_COUNT:-0} -gt 0 ]] || ctrain_requeue_without "$SLURMD_NODENAME"
+"""
+    job_id = project.sbatch(script_text=script)
+    wait_until("the requeue", lambda: restarts(project, job_id) == 1, 60, every=0.5)
+    project.testbed.slurm(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"], check=False)
+    state = project.testbed.wait(job_id, timeout=120)
+    log = project.log(job_id)
+    runs = re.findall(r"^run (\d) on (\S+)$", log, re.MULTILINE)
+    assert state == "COMPLETED" and len(runs) == 2, log
+    (_, first), (_, second) = runs
+    assert second != first, log
+    assert f"ctrain: requeueing job {job_id} (restart 1) without {first} (ExcNodeList)" in log
+    record = project.testbed.slurm(["scontrol", "show", "job", "-o", job_id]).stdout
+    assert f"ExcNodeList={first} " in record, record
