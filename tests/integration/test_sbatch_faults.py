@@ -5,6 +5,10 @@
   readable), and the requeued run resumes from that step.
 - A rank that stops making progress (SIGSTOP): the job's watchdog names it and ends the step
   within the configured budget.
+- A rank SIGKILLed on a live node: the step ends in seconds and the job is retried once, not twice.
+- A node lost (``Testbed.kill_node``: its slurmd and every process on it SIGKILLed): the batch
+  script ends the step within a minute instead of srun waiting for Slurm to declare the node dead,
+  and does not requeue the job onto it; a requeue with a node excluded runs on another.
 
 Each test prints ``reliability | ...`` lines with the figures docs/reliability.md records.
 """
@@ -176,7 +180,8 @@ def test_killed_rank_on_a_live_node_is_retried_once(sbatch_project: Project, cpu
                     "training.save_steps=100000")  # fmt: skip
     for restart in (0, 1):
         if restart:
-            wait_until("Slurm's requeue", lambda: restarts(project, job_id) == 1, 120, every=1)
+            requeued = wait_until("the requeue", lambda: restarts(project, job_id) == 1, 120, every=0.5)
+            report("SIGKILL of rank 3 (run 1): to the requeue", f"{requeued - killed:.1f} s")
             project.testbed.slurm(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"],
                                   check=False)  # fmt: skip
             wait_until("the retry to start", lambda: project.log(job_id).count("ctrain: job ") == 2, JOB_TIMEOUT)
