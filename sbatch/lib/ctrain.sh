@@ -400,7 +400,7 @@ ctrain_failed_node() {
 # CTRAIN_PIDS/lost, for ctrain_run), and the step is ended: SIGKILL to what is left of it, then
 # to srun. A step whose launchers have all ended is left alone (Apptainer may still be cleaning up).
 ctrain_guard() {
-    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS failed= since node probe
+    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS failed= since node
     local hosts=() missing=() probes=() lost=()
     mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
     while [[ -z $failed ]]; do

@@ -392,7 +392,7 @@ def fake_slurm(tmp_path: Path, slurm_conf: Path) -> Path:
         "scontrol": f"""echo "scontrol $*" >>"$FAKE/calls.log"
 case "$1 $2" in
     "show hostnames" | "show hostlist") exec {real} "$@" ;;
-    "show job") echo "JobId=4242 JobState=RUNNING ExcNodeList=$(cat "$FAKE/excluded" 2>/dev/null || echo '(null)') Restarts=0" ;;
+    "show job") echo "JobId=4242 ExcNodeList=$(cat "$FAKE/excluded" 2>/dev/null || echo '(null)') Restarts=0" ;;
 esac""",
         "sinfo": 'echo "sinfo $*" >>"$FAKE/calls.log"; cat "$FAKE/sinfo"',
         "scancel": 'echo "scancel $*" >>"$FAKE/calls.log"',
@@ -487,7 +487,8 @@ def test_guard_leaves_a_step_alone_whose_launchers_all_ended(fake_slurm: Path, s
     pids.mkdir()
     (pids / "node-0.done").write_text("0 gpu001\n")
     (pids / "node-1.done").write_text("1 gpu002\n")
-    out = library(fake_slurm, "sleep 30 & CTRAIN_STEP_PID=$!; ctrain_guard; kill -0 $CTRAIN_STEP_PID && echo running; kill $CTRAIN_STEP_PID; "
-                  "ctrain_failed_node pids", slurm_conf).stdout  # fmt: skip
+    commands = ("sleep 30 & CTRAIN_STEP_PID=$!; ctrain_guard; kill -0 $CTRAIN_STEP_PID && echo running; "
+                "kill $CTRAIN_STEP_PID; ctrain_failed_node pids")
+    out = library(fake_slurm, commands, slurm_conf).stdout
     assert out.splitlines() == ["running", "1 gpu002"]
     assert not calls(fake_slurm, "srun") and not calls(fake_slurm, "scancel")

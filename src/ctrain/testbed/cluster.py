@@ -256,7 +256,8 @@ class Testbed:
         DOWN meanwhile is resumed, as an administrator would after replacing it."""
         node = self._node(name)
         state = self._state() or {}
-        daemon = host.start_daemon(self._slurmd_argv(node), "slurmd", self.layout.pid_file(f"slurmd-{name}"), self.marker)
+        pid_file = self.layout.pid_file(f"slurmd-{name}")
+        daemon = host.start_daemon(self._slurmd_argv(node), "slurmd", pid_file, self.marker)
         state.setdefault("daemons", {})[f"slurmd-{name}"] = daemon.to_json()
         self._save(state)
         deadline = time.monotonic() + timeout
@@ -269,7 +270,8 @@ class Testbed:
 
     def node_state(self, name: str) -> str:
         """The node's state as ``sinfo`` prints it (``idle``, ``allocated``, ``down*``, ...)."""
-        return parse_node_states(self.slurm(["sinfo", "-h", "-N", "-n", name, "-o", "%N %T"]).stdout).get(name, "missing")
+        states = parse_node_states(self.slurm(["sinfo", "-h", "-N", "-n", name, "-o", "%N %T"]).stdout)
+        return states.get(name, "missing")
 
     # --- status ------------------------------------------------------------------------------------------
 
