@@ -44,6 +44,7 @@ ctrain_settings() {
     : "${CTRAIN_REQUEUE_EXIT:=75}"               # the trainer's "checkpointed, requeue me" exit code
     : "${CTRAIN_MAX_REQUEUES:=10}"               # stop requeueing after this many restarts
     : "${CTRAIN_HANG_TIMEOUT:=600}"              # seconds without a finished step before a rank counts as hung; 0: off
+    : "${CTRAIN_STEP_GRACE:=10}"                 # seconds the other nodes get to end after one node's launcher failed
     : "${CTRAIN_APPTAINER_UNSQUASH:=1}"          # 1: run a SIF from a node-local copy (see ctrain_container_apptainer)
     : "${CTRAIN_DRY_RUN:=0}"                     # 1: print the commands instead of running them
 
@@ -259,6 +260,8 @@ ctrain_launcher() {
 # - A stray USR1 must not kill the launcher: it ignores it (ignoring survives exec; the workers
 #   install their own handler). TERM, which Slurm sends to every process of the step, reaches the
 #   launcher and its workers; the task waits for them.
+# - When the launcher has ended, "EXIT-CODE HOSTNAME" goes to CTRAIN_PIDS/node-N.done: the batch
+#   script learns from it that a node's launcher failed (ctrain_guard) and which nodes never ended.
 # - With CTRAIN_STORE=HOST:PORT the first node also hosts torchrun's rendezvous store, in a process
 #   of its own that outlives its launcher until every node's launcher has exited (their `.done`
 #   files), at most 30 s more. Hosted inside the first launcher, as torchrun does
@@ -286,10 +289,11 @@ trap : TERM
 "$@" &
 launcher=$!
 echo $launcher >"$CTRAIN_PIDS/$(uname -n).pid"
+echo "${SLURM_STEP_ID:-0}" >"$CTRAIN_PIDS/step"
 wait $launcher
 rc=$?
 while kill -0 $launcher 2>/dev/null; do wait $launcher; rc=$?; done
-: >"$CTRAIN_PIDS/node-${SLURM_NODEID:-0}.done"
+echo "$rc $(uname -n)" >"$CTRAIN_PIDS/node-${SLURM_NODEID:-0}.done"
 if [ -n "$store" ]; then
     waited=0
     while [ "$(ls "$CTRAIN_PIDS" | grep -c "[.]done$")" -lt "${SLURM_STEP_NUM_NODES:-1}" ] &&
@@ -330,11 +334,13 @@ ctrain_run() {
     mkdir -p "$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS"
     "${CTRAIN_SRUN[@]}" &
     CTRAIN_STEP_PID=$!
-    local watchdog=
+    local watchdog= guard
     if ((CTRAIN_HANG_TIMEOUT > 0)); then
         ctrain_watchdog &
         watchdog=$!
     fi
+    ctrain_guard &
+    guard=$!
     # #SBATCH --signal=B:USR1@SECONDS warns this shell (only) before the time limit: pass it on.
     trap 'ctrain_forward USR1' USR1
     # Preemption and scancel send TERM to every process of the job themselves: keep waiting
@@ -348,18 +354,92 @@ ctrain_run() {
     done
     trap - USR1 TERM
     [[ -z $watchdog ]] || kill "$watchdog" 2>/dev/null
-    local hung=
-    [[ ! -e $CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/hung ]] || hung=1
+    kill "$guard" 2>/dev/null
+    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS hung= lost= failed
+    [[ ! -e $dir/hung ]] || hung=1
+    [[ ! -e $dir/lost ]] || lost=$(<"$dir/lost")
+    failed=$(ctrain_failed_node "$dir")
     rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_PIDS"
-    rmdir "$CTRAIN_PROJECT_DIR/.ctrain" 2>/dev/null
     echo "ctrain: step exited with $rc${CTRAIN_SIGNAL:+ after SIG$CTRAIN_SIGNAL}"
+    CTRAIN_REQUEUED=
     if [[ -n $hung ]]; then
         echo "ctrain: the step was ended because a rank stopped making progress (the 'hang:' lines above);" \
             "not requeued: resume with the same command once the cause is found"
-        return "$rc"
+    elif [[ -n $lost ]]; then
+        echo "ctrain: failure: node lost: $lost (its launcher never ended and its slurmd does not answer)"
+        ctrain_requeue_without $lost
+    elif [[ -n $failed && -z $CTRAIN_SIGNAL ]]; then
+        echo "ctrain: failure: a rank failed on a live node: ${failed#* }'s launcher exited with ${failed%% *}" \
+            "first (a rank killed, e.g. out of memory, or an error in the training code)"
+        ctrain_retry_once
+    else
+        ctrain_requeue_if_asked "$rc"
     fi
-    ctrain_requeue_if_asked "$rc"
+    # The one retry after a failed rank counts for the whole job, across requeues.
+    [[ -n $CTRAIN_REQUEUED ]] || rm -f "$CTRAIN_PROJECT_DIR/.ctrain/$SLURM_JOB_ID.retried"
+    rmdir "$CTRAIN_PROJECT_DIR/.ctrain" 2>/dev/null
     return "$rc"
+}
+
+# ctrain_failed_node DIR: "EXIT-CODE HOST" of the node whose launcher failed first (an exit code
+# other than 0 and CTRAIN_REQUEUE_EXIT in its node-N.done), nothing when none did.
+ctrain_failed_node() {
+    local file rc host
+    while read -r file; do
+        read -r rc host <"$file" || continue
+        [[ $rc == 0 || $rc == "$CTRAIN_REQUEUE_EXIT" ]] || { echo "$rc $host"; return; }
+    done < <(ls -1tr "$1"/node-*.done 2>/dev/null)
+}
+
+# ctrain_guard (in the background, beside the step): end the step soon after one node's launcher
+# failed. The other nodes' launchers normally follow within seconds (their collectives fail, and
+# srun's --kill-on-bad-exit ends the rest), but a node that is gone cannot report: srun then waits
+# for its task until slurmctld declares the node dead (SlurmdTimeout, 300 s by default), with no
+# rank left anywhere. So after CTRAIN_STEP_GRACE seconds the nodes whose launcher has not ended
+# are asked (a short step each) whether they answer; those that do not are lost (written to
+# CTRAIN_PIDS/lost, for ctrain_run), and the step is ended: SIGKILL to what is left of it, then
+# to srun. A step whose launchers have all ended is left alone (Apptainer may still be cleaning up).
+ctrain_guard() {
+    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS failed= since node
+    local hosts=() missing=() probes=() lost=()
+    mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    while [[ -z $failed ]]; do
+        sleep 1
+        failed=$(ctrain_failed_node "$dir")
+    done
+    since=$SECONDS
+    while :; do
+        missing=()
+        for node in "${!hosts[@]}"; do
+            [[ -e $dir/node-$node.done ]] || missing+=("${hosts[node]}")
+        done
+        ((${#missing[@]} > 0)) || return 0
+        ((SECONDS - since < CTRAIN_STEP_GRACE)) || break
+        sleep 1
+    done
+    for node in "${missing[@]}"; do
+        timeout --signal=KILL 10 srun --overlap --nodes=1 --ntasks=1 --nodelist="$node" true >/dev/null 2>&1 &
+        probes+=($!)
+    done
+    for node in "${!missing[@]}"; do
+        wait "${probes[node]}" || lost+=("${missing[node]}")
+    done
+    echo "ctrain: ${failed#* }'s launcher exited with ${failed%% *}; ${CTRAIN_STEP_GRACE}s later" \
+        "${missing[*]} had not ended${lost[*]:+, and ${lost[*]} does not answer}: ending the step"
+    ((${#lost[@]} == 0)) || echo "${lost[*]}" >"$dir/lost"
+    ctrain_end_step
+}
+
+# End the training step now: SIGKILL to every process of it on the nodes that still answer, then to
+# srun, which would otherwise wait for the tasks of a node that does not.
+# scancel is not waited for: with a node gone it can take slurmctld's MessageTimeout to return.
+ctrain_end_step() {
+    local step
+    if step=$(cat "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/step" 2>/dev/null); then
+        timeout --signal=KILL 30 scancel --signal=KILL "$SLURM_JOB_ID.$step" 2>/dev/null &
+    fi
+    sleep 2
+    kill -KILL "$CTRAIN_STEP_PID" 2>/dev/null
 }
 
 # ctrain_watchdog (in the background, beside the step): watch the ranks' progress from outside.
@@ -458,7 +538,60 @@ ctrain_requeue_if_asked() {
         return 0
     fi
     echo "ctrain: requeueing job $SLURM_JOB_ID (restart $((restarts + 1))); it resumes from the last checkpoint"
-    scontrol requeue "$SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID" && CTRAIN_REQUEUED=1
+}
+
+# ctrain_retry_once: a rank failed on a node that is still up (killed by the kernel for memory, a
+# transient device error, or a bug in the training code, which fails the same way again): requeue
+# once per job, within CTRAIN_MAX_REQUEUES; the next run resumes from the last checkpoint.
+ctrain_retry_once() {
+    local restarts=${SLURM_RESTART_COUNT:-0} marker=$CTRAIN_PROJECT_DIR/.ctrain/$SLURM_JOB_ID.retried
+    if [[ -e $marker ]]; then
+        echo "ctrain: not requeueing: the job was already retried once after a failed rank; the error above" \
+            "repeats, so it is likely in the training code or the data"
+    elif ((restarts >= CTRAIN_MAX_REQUEUES)); then
+        echo "ctrain: not requeueing: already restarted $restarts times (CTRAIN_MAX_REQUEUES=$CTRAIN_MAX_REQUEUES)"
+    else
+        : >"$marker"
+        echo "ctrain: requeueing job $SLURM_JOB_ID once (restart $((restarts + 1))); it resumes from the last checkpoint"
+        scontrol requeue "$SLURM_JOB_ID" && CTRAIN_REQUEUED=1
+    fi
+}
+
+# ctrain_requeue_without NODE...: requeue the job with the lost nodes excluded, where the partition
+# still has enough nodes in service without them (and without those excluded before); otherwise
+# end, naming the nodes. Requeued as it was, the job would wait for them: PENDING, with no end, on
+# nodes that are DOWN.
+ctrain_requeue_without() {
+    local restarts=${SLURM_RESTART_COUNT:-0} excluded before usable=0 node state
+    before=$(scontrol show job -o "$SLURM_JOB_ID" | grep -o 'ExcNodeList=[^ ]*')
+    before=${before#ExcNodeList=}
+    [[ $before != "(null)" ]] || before=
+    excluded=$({ [[ -z $before ]] || scontrol show hostnames "$before"; printf '%s\n' "$@"; } | sort -u | paste -sd,)
+    excluded=$(scontrol show hostlist "$excluded")
+    while read -r node state; do
+        [[ $state =~ ^(idle|mix|mixed|alloc|allocated|comp|completing)$ ]] || continue
+        scontrol show hostnames "$excluded" | grep -qx "$node" || usable=$((usable + 1))
+    done < <(sinfo -h -N -p "${SLURM_JOB_PARTITION:-}" -o '%N %t' | sort -u)
+    if ((restarts >= CTRAIN_MAX_REQUEUES)); then
+        echo "ctrain: not requeueing: already restarted $restarts times (CTRAIN_MAX_REQUEUES=$CTRAIN_MAX_REQUEUES)"
+    elif ((usable < CTRAIN_NNODES)); then
+        echo "ctrain: not requeueing: partition ${SLURM_JOB_PARTITION:-} has $usable node(s) in service besides" \
+            "$excluded, the job needs $CTRAIN_NNODES; submit it again once $* is back (sinfo -n $*)," \
+            "or on fewer nodes; it resumes from the last checkpoint"
+    else
+        echo "ctrain: requeueing job $SLURM_JOB_ID (restart $((restarts + 1))) without $excluded" \
+            "(ExcNodeList); it resumes from the last checkpoint once Slurm has let go of the lost node"
+        # Only a pending job's ExcNodeList can change, and the requeue TERMs this shell: ignore it
+        # until the update is in (Slurm's SIGKILL comes KillWait seconds later).
+        trap '' TERM
+        if scontrol requeue "$SLURM_JOB_ID" && scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$excluded"; then
+            CTRAIN_REQUEUED=1
+        else
+            echo "ctrain: requeueing without $excluded failed (above)"
+        fi
+        trap - TERM
+    fi
 }
 
 # --- helpers --------------------------------------------------------------------------------------

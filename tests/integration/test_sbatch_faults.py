@@ -5,6 +5,10 @@
   readable), and the requeued run resumes from that step.
 - A rank that stops making progress (SIGSTOP): the job's watchdog names it and ends the step
   within the configured budget.
+- A rank SIGKILLed on a live node: the step ends in seconds and the job is retried once, not twice.
+- A node lost (``Testbed.kill_node``: its slurmd and every process on it SIGKILLed): the batch
+  script ends the step within a minute instead of srun waiting for Slurm to declare the node dead,
+  and does not requeue the job onto it; a requeue with a node excluded runs on another.
 
 Each test prints ``reliability | ...`` lines with the figures docs/reliability.md records.
 """
@@ -20,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from ctrain.testbed import host
 from ctrain.testbed.plan import CRED_EXPIRE_S
 from tests.plugins.slurm import Project
 
@@ -143,3 +148,126 @@ def test_stopped_rank_is_caught_within_the_budget(sbatch_project: Project, cpu_s
     assert HANG_BUDGET - 2 <= caught - stopped <= HANG_BUDGET + 15, caught - stopped
     report("SIGSTOP of rank 3: to the hang report", f"{caught - stopped:.1f} s (CTRAIN_HANG_TIMEOUT={HANG_BUDGET})")
     report("SIGSTOP of rank 3: to the job's end", f"{ended - stopped:.1f} s")
+
+
+def heartbeats(project: Project, job_id: str) -> dict[int, tuple[int, str, int]]:
+    """Each rank's last heartbeat: rank -> (step, host, pid)."""
+    beats = {}
+    for path in (project.path / ".ctrain" / job_id / "heartbeat").glob("rank-*"):
+        fields = path.read_text().split()
+        if len(fields) == 3:
+            beats[int(path.name.removeprefix("rank-"))] = (int(fields[0] or 0), fields[1], int(fields[2]))
+    return beats
+
+
+def training(project: Project, job_id: str, past: int = 5) -> dict[int, tuple[int, str, int]]:
+    """Wait until all 4 ranks have finished step ``past``; their heartbeats."""
+    wait_until(f"4 ranks past step {past}", lambda: len(beats := heartbeats(project, job_id)) == 4
+               and min(step for step, _, _ in beats.values()) >= past, JOB_TIMEOUT, every=0.5)  # fmt: skip
+    return heartbeats(project, job_id)
+
+
+def alive(pid: int) -> bool:
+    info = host.proc_info(pid)
+    return info is not None and info.state not in ("Z", "X")
+
+
+def test_killed_rank_on_a_live_node_is_retried_once(sbatch_project: Project, cpu_sif: Path) -> None:
+    """SIGKILL one worker (its node stays up), in the first run and again in the retry: the step ends
+    within seconds, the log says a rank failed on a live node, the job is requeued once, then not again."""
+    project = sbatch_project
+    job_id = submit(project, cpu_sif, "rank", "training.max_steps=5000", "training.logging_steps=5",
+                    "training.save_steps=100000")  # fmt: skip
+    for restart in (0, 1):
+        if restart:
+            requeued = wait_until("the requeue", lambda: restarts(project, job_id) == 1, 120, every=0.5)
+            report("SIGKILL of rank 3 (run 1): to the requeue", f"{requeued - killed:.1f} s")
+            project.testbed.slurm(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"],
+                                  check=False)  # fmt: skip
+            wait_until("the retry to start", lambda: project.log(job_id).count("ctrain: job ") == 2, JOB_TIMEOUT)
+        _, node, pid = training(project, job_id)[3]
+        others = [p for _, _, p in heartbeats(project, job_id).values() if p != pid]
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        gone = wait_until("the other ranks to end", lambda: not any(alive(p) for p in others), 60)
+        ended = wait_until("the step's end", lambda: project.log(job_id).count("step exited with") == restart + 1, 60)
+        report(f"SIGKILL of rank 3 on {node} (run {restart + 1}): to the last rank gone", f"{gone - killed:.1f} s")
+        report(f"SIGKILL of rank 3 on {node} (run {restart + 1}): to the step's end", f"{ended - killed:.1f} s")
+        assert ended - killed <= 60
+    state = project.testbed.wait(job_id, timeout=120)
+    log = project.log(job_id)
+    assert state == "FAILED", f"job {job_id} ended {state}:\n{log[-6000:]}"
+    first, second = log.split("ctrain: job ")[1:]
+    for run in (first, second):
+        assert "ctrain: failure: a rank failed on a live node: " in run, run[-4000:]
+        assert "node lost" not in run
+    assert f"ctrain: requeueing job {job_id} once (restart 1)" in first
+    assert "not requeueing: the job was already retried once after a failed rank" in second
+    assert restarts(project, job_id) == 1
+    assert not (project.path / ".ctrain" / f"{job_id}.retried").exists()
+
+
+def test_lost_node_ends_the_step_within_a_minute(sbatch_project: Project, cpu_sif: Path) -> None:
+    """Kill node2 as a power cut would (its slurmd and every process on it): the batch script on node1
+    ends the step within 60 s (srun would wait for Slurm to declare node2 dead), names node2 as lost,
+    and, the testbed having no other node, ends the job saying so instead of requeueing it onto node2."""
+    project = sbatch_project
+    testbed = project.testbed
+    job_id = submit(project, cpu_sif, "lost", "training.max_steps=5000", "training.logging_steps=5",
+                    "training.save_steps=100000")  # fmt: skip
+    beats = training(project, job_id)
+    survivors = [pid for _, node, pid in beats.values() if node == "node1"]
+    launcher = int((project.path / ".ctrain" / job_id / "node1.pid").read_text())
+    assert len(survivors) == 2, beats
+    try:
+        count = testbed.kill_node("node2")
+        killed = time.monotonic()
+        gone = wait_until("node1's launcher and ranks to end", lambda: not any(map(alive, [*survivors, launcher])), 60)
+        guarded = wait_until("the guard", lambda: "does not answer: ending the step" in project.log(job_id), 90)
+        ended = wait_until("the step's end", lambda: "step exited with" in project.log(job_id), 90)
+        decided = wait_until("the decision", lambda: "not requeueing" in project.log(job_id), 30)
+        report("node2 killed: processes killed", str(count))
+        report("node2 killed: to node1's launcher and ranks gone", f"{gone - killed:.1f} s")
+        report("node2 killed: to the batch script ending the step", f"{guarded - killed:.1f} s")
+        report("node2 killed: to the step's end", f"{ended - killed:.1f} s")
+        report("node2 killed: to the batch script's decision", f"{decided - killed:.1f} s")
+    finally:
+        testbed.start_node("node2")
+    state = testbed.wait(job_id, timeout=120)
+    log = project.log(job_id)
+    assert ended - killed <= 60, log[-6000:]
+    assert "ctrain: failure: node lost: node2 (its launcher never ended and its slurmd does not answer)" in log
+    assert ("not requeueing: partition debug has 1 node(s) in service besides node2, the job needs 2; "
+            "submit it again once node2 is back") in log  # fmt: skip
+    assert state in ("FAILED", "NODE_FAIL"), f"job {job_id} ended {state}:\n{log[-6000:]}"
+    assert restarts(project, job_id) == 0
+
+
+def test_requeue_without_a_lost_node_runs_on_another(sbatch_project: Project) -> None:
+    """The lost-node requeue against the real Slurm: a 1-node job that declares its own node lost is
+    requeued with that node in ExcNodeList (set after the requeue, which TERMs the batch shell, while
+    the job is pending again), and its second run starts on the other node."""
+    project = sbatch_project
+    script = """#!/bin/bash
+#SBATCH --nodes=1
+#SBATCH --job-name=exclude
+#SBATCH --output=logs/%x-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+source "$SLURM_SUBMIT_DIR/sbatch/lib/ctrain.sh" || exit 2
+CTRAIN_NNODES=1 CTRAIN_MAX_REQUEUES=10
+echo "run ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME"
+[[ ${SLURM_RESTART_COUNT:-0} -gt 0 ]] || ctrain_requeue_without "$SLURMD_NODENAME"
+"""
+    job_id = project.sbatch(script_text=script)
+    wait_until("the requeue", lambda: restarts(project, job_id) == 1, 60, every=0.5)
+    project.testbed.slurm(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"], check=False)
+    state = project.testbed.wait(job_id, timeout=120)
+    log = project.log(job_id)
+    runs = re.findall(r"^run (\d) on (\S+)$", log, re.MULTILINE)
+    assert state == "COMPLETED" and len(runs) == 2, log
+    (_, first), (_, second) = runs
+    assert second != first, log
+    assert f"ctrain: requeueing job {job_id} (restart 1) without {first} (ExcNodeList)" in log
+    record = project.testbed.slurm(["scontrol", "show", "job", "-o", job_id]).stdout
+    assert f"ExcNodeList={first} " in record, record

@@ -376,3 +376,119 @@ def test_first_node_hosts_the_store_until_every_launcher_is_done(slurm_conf: Pat
     assert first.returncode == 0 and "seen x" in out, out
     with socket.socket() as gone:  # and the store ended with the step
         assert gone.connect_ex(("127.0.0.1", port)) != 0
+
+
+# --- a lost node or rank: the batch script's decisions, with Slurm's commands faked -------------
+
+
+@pytest.fixture
+def fake_slurm(tmp_path: Path, slurm_conf: Path) -> Path:
+    """A bin/ directory of stand-ins for scontrol (``show hostnames|hostlist`` from the real one),
+    sinfo, scancel and srun: what the library asks of Slurm goes to calls.log, answers come from files."""
+    real = shutil.which("scontrol")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scripts = {
+        "scontrol": f"""echo "scontrol $*" >>"$FAKE/calls.log"
+case "$1 $2" in
+    "show hostnames" | "show hostlist") exec {real} "$@" ;;
+    "show job") echo "JobId=4242 ExcNodeList=$(cat "$FAKE/excluded" 2>/dev/null || echo '(null)') Restarts=0" ;;
+esac""",
+        "sinfo": 'echo "sinfo $*" >>"$FAKE/calls.log"; cat "$FAKE/sinfo"',
+        "scancel": 'echo "scancel $*" >>"$FAKE/calls.log"',
+        # A probe of a node named in $FAKE/dead hangs, as srun does for a node whose slurmd is gone.
+        "srun": 'echo "srun $*" >>"$FAKE/calls.log"; for a; do case $a in --nodelist=*) '
+                '! grep -qx "${a#*=}" "$FAKE/dead" 2>/dev/null || exec sleep 60 ;; esac; done',
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + body + "\n")
+        (bin_dir / name).chmod(0o755)
+    return tmp_path
+
+
+def library(fake: Path, commands: str, slurm_conf: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``commands`` in bash with the library sourced, in a 4-node partition gpu[001-004] with a
+    2-node job on gpu[001-002], and Slurm's commands faked (``fake_slurm``)."""
+    base = {"PATH": f"{fake / 'bin'}:{os.environ['PATH']}", "FAKE": str(fake), "SLURM_CONF": str(slurm_conf),
+            "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[001-002]", "SLURM_JOB_PARTITION": "p",
+            "CTRAIN_NNODES": "2", "CTRAIN_MAX_REQUEUES": "10", "CTRAIN_REQUEUE_EXIT": "75",
+            "CTRAIN_PROJECT_DIR": str(fake), "CTRAIN_PIDS": "pids", "CTRAIN_STEP_GRACE": "1"}  # fmt: skip
+    return subprocess.run(["bash", "-c", f'source "$0"; {commands}', LIB], env={**base, **env}, cwd=fake,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+
+
+def calls(fake: Path, command: str) -> list[str]:
+    log = fake / "calls.log"
+    return [line for line in log.read_text().splitlines() if line.startswith(command)] if log.exists() else []
+
+
+def test_lost_node_is_excluded_when_the_partition_has_enough_others(fake_slurm: Path, slurm_conf: Path) -> None:
+    (fake_slurm / "sinfo").write_text("gpu001 alloc\ngpu002 alloc\ngpu003 idle\ngpu004 down*\n")
+    out = library(fake_slurm, "ctrain_requeue_without gpu002; echo requeued=$CTRAIN_REQUEUED", slurm_conf).stdout
+    assert "ctrain: requeueing job 4242 (restart 1) without gpu002 (ExcNodeList)" in out
+    assert "requeued=1" in out
+    assert calls(fake_slurm, "scontrol requeue") == ["scontrol requeue 4242"]
+    assert calls(fake_slurm, "scontrol update") == ["scontrol update JobId=4242 ExcNodeList=gpu002"]
+
+
+def test_lost_nodes_add_up_and_too_few_left_ends_the_job(fake_slurm: Path, slurm_conf: Path) -> None:
+    """A node excluded by an earlier requeue stays excluded; with too few nodes left the job ends,
+    naming the node, instead of waiting PENDING for nodes that are down."""
+    (fake_slurm / "sinfo").write_text("gpu001 alloc\ngpu002 alloc\ngpu003 idle\ngpu004 drain\n")
+    (fake_slurm / "excluded").write_text("gpu003")
+    out = library(fake_slurm, "ctrain_requeue_without gpu002; echo requeued=$CTRAIN_REQUEUED", slurm_conf).stdout
+    assert ("ctrain: not requeueing: partition p has 1 node(s) in service besides gpu[002-003], the job needs 2; "
+            "submit it again once gpu002 is back (sinfo -n gpu002)") in out  # fmt: skip
+    assert "requeued=\n" in out
+    assert not calls(fake_slurm, "scontrol requeue") and not calls(fake_slurm, "scontrol update")
+
+
+def test_lost_node_requeues_stop_at_the_limit(fake_slurm: Path, slurm_conf: Path) -> None:
+    (fake_slurm / "sinfo").write_text("gpu001 alloc\ngpu002 alloc\ngpu003 idle\n")
+    out = library(fake_slurm, "ctrain_requeue_without gpu002", slurm_conf, SLURM_RESTART_COUNT="10").stdout
+    assert "not requeueing: already restarted 10 times (CTRAIN_MAX_REQUEUES=10)" in out
+    assert not calls(fake_slurm, "scontrol requeue")
+
+
+def test_a_failed_rank_is_retried_once_per_job(fake_slurm: Path, slurm_conf: Path) -> None:
+    (fake_slurm / ".ctrain").mkdir()
+    first = library(fake_slurm, "ctrain_retry_once", slurm_conf).stdout
+    assert "ctrain: requeueing job 4242 once (restart 1)" in first
+    assert (fake_slurm / ".ctrain" / "4242.retried").exists()
+    second = library(fake_slurm, "ctrain_retry_once", slurm_conf, SLURM_RESTART_COUNT="1").stdout
+    assert "not requeueing: the job was already retried once after a failed rank" in second
+    assert calls(fake_slurm, "scontrol requeue") == ["scontrol requeue 4242"]
+
+
+def test_guard_ends_the_step_and_names_the_node_that_does_not_answer(fake_slurm: Path, slurm_conf: Path) -> None:
+    """node 0's launcher failed, node 1 never reports and its probe hangs: after the grace the step is
+    cancelled, srun killed, and gpu002 recorded as lost; a node whose launcher ended is never probed."""
+    pids = fake_slurm / "pids"
+    pids.mkdir()
+    (pids / "step").write_text("0\n")
+    (pids / "node-0.done").write_text("1 gpu001\n")
+    (fake_slurm / "dead").write_text("gpu002\n")
+    started = time.monotonic()
+    out = library(fake_slurm, "sleep 300 & CTRAIN_STEP_PID=$!; ctrain_guard; wait $CTRAIN_STEP_PID; echo srun=$?",
+                  slurm_conf).stdout  # fmt: skip
+    took = time.monotonic() - started
+    assert "ctrain: gpu001's launcher exited with 1; 1s later gpu002 had not ended, and gpu002 does not answer" in out
+    assert "srun=137" in out  # the step's srun was SIGKILLed
+    assert (pids / "lost").read_text() == "gpu002\n"
+    assert calls(fake_slurm, "scancel") == ["scancel --signal=KILL 4242.0"]
+    assert [c for c in calls(fake_slurm, "srun") if "--nodelist=gpu001" in c] == []
+    assert took < 20, took  # the grace, a poll, the probe's 10 s and 2 s for the step's processes
+
+
+def test_guard_leaves_a_step_alone_whose_launchers_all_ended(fake_slurm: Path, slurm_conf: Path) -> None:
+    """Every node reported (one failed): srun is ending the step by itself (--kill-on-bad-exit, Apptainer
+    cleaning up), so nothing is probed or killed."""
+    pids = fake_slurm / "pids"
+    pids.mkdir()
+    (pids / "node-0.done").write_text("0 gpu001\n")
+    (pids / "node-1.done").write_text("1 gpu002\n")
+    commands = ("sleep 30 & CTRAIN_STEP_PID=$!; ctrain_guard; kill -0 $CTRAIN_STEP_PID && echo running; "
+                "kill $CTRAIN_STEP_PID; ctrain_failed_node pids")
+    out = library(fake_slurm, commands, slurm_conf).stdout
+    assert out.splitlines() == ["running", "1 gpu002"]
+    assert not calls(fake_slurm, "srun") and not calls(fake_slurm, "scancel")

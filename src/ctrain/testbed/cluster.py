@@ -14,6 +14,7 @@ import pwd
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -229,6 +230,48 @@ class Testbed:
             if time.monotonic() > deadline:
                 raise CtrainError(f"job {job_id} is still {state} after {timeout:.0f}s")
             time.sleep(poll)
+
+    # --- faults ------------------------------------------------------------------------------------------
+
+    def _node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise CtrainError(f"the testbed has no node {name!r} (nodes: {', '.join(n.name for n in self.nodes)})")
+
+    def kill_node(self, name: str) -> int:
+        """Lose a node as a power cut or a kernel panic loses it: SIGKILL its slurmd and every process
+        in its network namespace (steps, containers, workers), nothing told first, Slurm included.
+
+        Returns how many processes died. :meth:`start_node` brings the node back.
+        """
+        node = self._node(name)
+        daemon = self._daemons(self._state()).get(f"slurmd-{name}")
+        if daemon is not None and host.is_ours(daemon, self.marker):
+            os.kill(daemon.pid, signal.SIGKILL)
+        return host.kill_netns_now(node.netns)
+
+    def start_node(self, name: str, *, timeout: float = STARTUP_TIMEOUT) -> None:
+        """Start a killed node's slurmd again and wait until Slurm can give it jobs; a node Slurm set
+        DOWN meanwhile is resumed, as an administrator would after replacing it."""
+        node = self._node(name)
+        state = self._state() or {}
+        pid_file = self.layout.pid_file(f"slurmd-{name}")
+        daemon = host.start_daemon(self._slurmd_argv(node), "slurmd", pid_file, self.marker)
+        state.setdefault("daemons", {})[f"slurmd-{name}"] = daemon.to_json()
+        self._save(state)
+        deadline = time.monotonic() + timeout
+        while (now := self.node_state(name)) not in READY_NODE_STATES:
+            if now.startswith(("down", "drain", "fail")):
+                self.slurm(["scontrol", "update", f"NodeName={name}", "State=RESUME"], check=False)
+            if time.monotonic() > deadline:
+                raise CtrainError(f"{name} is {now} {timeout:.0f}s after its slurmd started again")
+            time.sleep(0.5)
+
+    def node_state(self, name: str) -> str:
+        """The node's state as ``sinfo`` prints it (``idle``, ``allocated``, ``down*``, ...)."""
+        states = parse_node_states(self.slurm(["sinfo", "-h", "-N", "-n", name, "-o", "%N %T"]).stdout)
+        return states.get(name, "missing")
 
     # --- status ------------------------------------------------------------------------------------------
 

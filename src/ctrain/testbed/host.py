@@ -197,6 +197,24 @@ def kill_netns_processes(name: str, timeout: float = 2) -> int:
     return len(pids)
 
 
+def kill_netns_now(name: str, timeout: float = 5) -> int:
+    """SIGKILL every process in the namespace at once, again for any started meanwhile, until none is left.
+
+    How a node is lost (power, kernel panic): nothing in it gets to clean up or say goodbye.
+    Returns how many processes were killed.
+    """
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while pids := [pid for pid in netns_pids(name) if _alive(pid)]:
+        if time.monotonic() > deadline:
+            raise CtrainError(f"process(es) {', '.join(map(str, pids))} in {name} still alive after SIGKILL")
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+        killed.update(pids)
+        time.sleep(0.05)
+    return len(killed)
+
+
 def _alive(pid: int) -> bool:
     """Whether ``pid`` is a process that has not exited (a zombie has exited)."""
     info = proc_info(pid)
