@@ -602,10 +602,17 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
 @main.command()
 @click.argument("job_ids", nargs=-1)
 def status(job_ids: tuple[str, ...]) -> None:
-    """Show jobs: the given JOB_IDS (queued, running or finished), else your queued and running jobs."""
+    """Show jobs: the given JOB_IDS (queued, running or finished), else your queued and running jobs.
+
+    For each JOB_ID, also what its batch script last logged about a failure (a lost node, a failed
+    rank, a hang) and whether it requeued the job."""
     from ctrain import slurm
 
-    click.echo(slurm.status_table(slurm.status(job_ids)))
+    jobs = slurm.status(job_ids)
+    click.echo(slurm.status_table(jobs))
+    for job in jobs if job_ids else []:  # the jobs asked about by id: what their batch script decided
+        for event in slurm.job_events(job):
+            click.echo(f"job {job.id}: {event}")
 
 
 @main.command()

@@ -254,6 +254,36 @@ def status_table(jobs: list[Job]) -> str:
     return table(["job", "name", "state", "time", "limit", "nodes", "nodelist / reason", "exit"], rows)
 
 
+# What the batch script decided about a job (sbatch/lib/ctrain.sh): what went wrong, then what it
+# did about it. Only these lines, so a training log full of other text cannot be mistaken for them.
+_FAILURE = re.compile(r"^ctrain: (failure: .*|the step was ended because .*)$", re.MULTILINE)
+_DECISION = re.compile(r"^ctrain: ((?:not )?requeueing.*)$", re.MULTILINE)
+_LOG_TAIL = 256 * 1024
+
+
+def events(text: str) -> list[str]:
+    """The job's last failure and the last requeue decision after it, as the batch script logged them."""
+    failures = list(_FAILURE.finditer(text))
+    start = failures[-1].end() if failures else 0
+    decisions = list(_DECISION.finditer(text, start))
+    return [m.group(1) for m in ([failures[-1]] if failures else []) + ([decisions[-1]] if decisions else [])]
+
+
+def job_events(found: Job, *, search: Iterable[Path] = (Path("logs"),)) -> list[str]:
+    """:func:`events` from the job's log (its end), where the log can be read; else none."""
+    candidates = [Path(found.stdout)] if found.stdout else []
+    for directory in search:
+        candidates += sorted(directory.glob(f"*-{found.id.split('.')[0]}.out"))
+    for path in candidates:
+        try:
+            with path.open("rb") as handle:
+                handle.seek(max(0, path.stat().st_size - _LOG_TAIL))
+                return events(handle.read().decode(errors="replace"))
+        except OSError:
+            continue
+    return []
+
+
 def wait(
     job_id: str, *, timeout: float | None = None, poll: float = 2.0, on_change: Callable[[Job], None] | None = None
 ) -> Job:

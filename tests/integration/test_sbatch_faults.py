@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from ctrain.cli import main
 from ctrain.testbed import host
 from ctrain.testbed.plan import CRED_EXPIRE_S
 from tests.plugins.slurm import Project
@@ -205,6 +207,10 @@ def test_killed_rank_on_a_live_node_is_retried_once(sbatch_project: Project, cpu
     assert "not requeueing: the job was already retried once after a failed rank" in second
     assert restarts(project, job_id) == 1
     assert not (project.path / ".ctrain" / f"{job_id}.retried").exists()
+    status = CliRunner().invoke(main, ["status", job_id])  # the same story, without reading the log
+    assert re.search(rf"^{job_id}\s+\S+\s+FAILED\s", status.output, re.MULTILINE), status.output
+    assert f"job {job_id}: failure: a rank failed on a live node: " in status.output, status.output
+    assert f"job {job_id}: not requeueing: the job was already retried once" in status.output, status.output
 
 
 def test_lost_node_ends_the_step_within_a_minute(sbatch_project: Project, cpu_sif: Path) -> None:

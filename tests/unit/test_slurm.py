@@ -364,3 +364,33 @@ def test_signal_must_come_after_the_start(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"comes 300s before the end .* the time limit is 4 \(240s\)"):
         submit.check_signal(job.options)
     submit.check_signal(submit.prepare(config, time="6").options)
+
+
+LOST_NODE_LOG = """\
+0: [rank 0 host node1] 12:00:01 step 40/800, loss 2.31
+ctrain: failure: a rank failed on a live node: node2's launcher exited with 1 first (a rank killed, e.g. out of memory, or an error in the training code)
+ctrain: requeueing job 7 once (restart 1); it resumes from the last checkpoint
+0: [rank 0 host node1] 12:03:01 resuming from /outputs/demo/checkpoint-200
+0: [rank 0 host node1] 12:03:09 ctrain: failure: this is the trainer's text, not the batch script's
+ctrain: node1's launcher exited with 1; 10s later node2 had not ended, and node2 does not answer: ending the step
+ctrain: step exited with 137
+ctrain: failure: node lost: node2 (its launcher never ended and its slurmd does not answer)
+ctrain: not requeueing: partition debug has 1 node(s) in service besides node2, the job needs 2
+"""
+
+
+def test_status_events_are_the_last_failure_and_what_was_done_about_it(tmp_path: Path) -> None:
+    assert slurm.events(LOST_NODE_LOG) == [
+        "failure: node lost: node2 (its launcher never ended and its slurmd does not answer)",
+        "not requeueing: partition debug has 1 node(s) in service besides node2, the job needs 2",
+    ]
+    first_run = LOST_NODE_LOG.split("0: [rank 0 host node1] 12:03:01")[0]
+    assert slurm.events(first_run)[1] == "requeueing job 7 once (restart 1); it resumes from the last checkpoint"
+    assert slurm.events("ctrain: requeueing job 7 (restart 1); it resumes\n") == [
+        "requeueing job 7 (restart 1); it resumes"
+    ]
+    assert slurm.events("0: [rank 0 host node1] training\nctrain: step exited with 0\n") == []
+    (tmp_path / "ctrain-7.out").write_text(LOST_NODE_LOG)
+    job = slurm.Job("7", "ctrain", "FAILED")
+    assert slurm.job_events(job, search=[tmp_path])[0].startswith("failure: node lost: node2")
+    assert slurm.job_events(slurm.Job("8", "ctrain", "FAILED"), search=[tmp_path]) == []
