@@ -363,8 +363,8 @@ ctrain_run() {
     echo "ctrain: step exited with $rc${CTRAIN_SIGNAL:+ after SIG$CTRAIN_SIGNAL}"
     CTRAIN_REQUEUED=
     if [[ -n $hung ]]; then
-        echo "ctrain: the step was ended because a rank stopped making progress (the 'hang:' lines above);" \
-            "not requeued: resume with the same command once the cause is found"
+        echo "ctrain: failure: a rank stopped making progress (the 'hang:' lines above); the step was ended"
+        ctrain_retry_once
     elif [[ -n $lost ]]; then
         echo "ctrain: failure: node lost: $lost (its launcher never ended and its slurmd does not answer)"
         ctrain_requeue_without $lost
@@ -541,14 +541,14 @@ ctrain_requeue_if_asked() {
     scontrol requeue "$SLURM_JOB_ID" && CTRAIN_REQUEUED=1
 }
 
-# ctrain_retry_once: a rank failed on a node that is still up (killed by the kernel for memory, a
-# transient device error, or a bug in the training code, which fails the same way again): requeue
-# once per job, within CTRAIN_MAX_REQUEUES; the next run resumes from the last checkpoint.
+# ctrain_retry_once: a rank failed or hung on a node that is still up (killed by the kernel for
+# memory, a transient device or network fault, or a bug in the training code, which fails the same
+# way again): requeue once per job, within CTRAIN_MAX_REQUEUES; the next run resumes from the last checkpoint.
 ctrain_retry_once() {
     local restarts=${SLURM_RESTART_COUNT:-0} marker=$CTRAIN_PROJECT_DIR/.ctrain/$SLURM_JOB_ID.retried
     if [[ -e $marker ]]; then
-        echo "ctrain: not requeueing: the job was already retried once after a failed rank; the error above" \
-            "repeats, so it is likely in the training code or the data"
+        echo "ctrain: not requeueing: the job was already retried once after a failed or hung rank; the failure" \
+            "above repeats, so it is likely in the training code or the data"
     elif ((restarts >= CTRAIN_MAX_REQUEUES)); then
         echo "ctrain: not requeueing: already restarted $restarts times (CTRAIN_MAX_REQUEUES=$CTRAIN_MAX_REQUEUES)"
     else

@@ -456,7 +456,7 @@ def test_a_failed_rank_is_retried_once_per_job(fake_slurm: Path, slurm_conf: Pat
     assert "ctrain: requeueing job 4242 once (restart 1)" in first
     assert (fake_slurm / ".ctrain" / "4242.retried").exists()
     second = library(fake_slurm, "ctrain_retry_once", slurm_conf, SLURM_RESTART_COUNT="1").stdout
-    assert "not requeueing: the job was already retried once after a failed rank" in second
+    assert "not requeueing: the job was already retried once after a failed or hung rank" in second
     assert calls(fake_slurm, "scontrol requeue") == ["scontrol requeue 4242"]
 
 
