@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError
-from ctrain.train.recipe import BUILTIN_MODEL_TYPE, Recipe, expand_path
+from ctrain.train.recipe import BUILTIN_MODEL_TYPE, Recipe, check_max_length, expand_path
 
 ADAPTER_CONFIG = "adapter_config.json"  # what PEFT writes beside an adapter's weights
 
@@ -76,12 +76,7 @@ def max_positions(config: Any) -> int | None:
 
 def check_sizes(recipe: Recipe, config: Any) -> None:
     """Sequence length against what the model can hold, before any weights load."""
-    positions = max_positions(config)
-    if positions is not None and recipe.data.max_length > positions:
-        raise ConfigError(
-            f"data.max_length ({recipe.data.max_length}) is larger than the model's max_position_embeddings "
-            f"({positions}): lower data.max_length"
-        )
+    check_max_length(recipe.data.max_length, max_positions(config), f"the {config.model_type} config")
 
 
 def attention(recipe: Recipe, device_type: str, dtype: str) -> str:

@@ -409,11 +409,8 @@ class Recipe:
             raise ConfigError(
                 f"model.config_overrides.max_position_embeddings is {positions!r}; it must be a positive integer"
             )
-        if isinstance(positions, int) and self.data.max_length > positions:
-            raise ConfigError(
-                f"data.max_length ({self.data.max_length}) is larger than the model's max_position_embeddings "
-                f"({positions}, model.config_overrides)"
-            )
+        if isinstance(positions, int):
+            check_max_length(self.data.max_length, positions, "model.config_overrides")
 
     def _validate_peft(self) -> None:
         method = self.peft.method
@@ -466,6 +463,16 @@ class Recipe:
         data = to_mapping(self)
         data.pop("path", None)
         return yaml.safe_dump(data, sort_keys=False)
+
+
+def check_max_length(max_length: int, positions: int | None, where: str) -> None:
+    """The one rule, wherever the model's size is known (its overrides, its config file, the loaded
+    config): a sequence must fit the model's positions."""
+    if positions is not None and max_length > positions:
+        raise ConfigError(
+            f"data.max_length ({max_length}) is larger than the model's max_position_embeddings "
+            f"({positions}, {where}): lower data.max_length"
+        )
 
 
 def expand_path(value: str | Path) -> Path:
@@ -830,11 +837,7 @@ def check_recipe(recipe: Recipe, world_size: int | None = None) -> list[str]:
         except UnicodeDecodeError:
             raise ConfigError(f"tokenizer.chat_template: {template} is not UTF-8 text") from None
     positions, where = _model_positions(recipe)
-    if positions is not None and data.max_length > positions:
-        raise ConfigError(
-            f"data.max_length ({data.max_length}) is larger than the model's max_position_embeddings "
-            f"({positions}, {where}): lower data.max_length"
-        )
+    check_max_length(data.max_length, positions, where)
     if recipe.training.deepspeed:
         check_json_file(recipe.training.deepspeed, "training.deepspeed")
     if recipe.training.resume not in ("auto", "never"):
