@@ -15,9 +15,18 @@ from pathlib import Path
 from typing import Literal
 
 from ctrain.errors import ConfigError
+from ctrain.files import name_problem, shorten
+from ctrain.slurm import time_seconds
 from ctrain.settings import build, read_settings
 
 CONFIG_NAME = "ctrain.yaml"
+
+
+# What slurm.env, slurm.mounts may hold: variable names (none that looks like a secret: the values
+# are written into the job script) and HOST:CONTAINER[:ro|rw] bind mounts.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SECRET = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|CREDENTIAL", re.IGNORECASE)
+_MOUNT = re.compile(r"[^:,]+:/[^:,]*(?::(?:ro|rw))?")
 
 
 @dataclass
@@ -209,9 +218,51 @@ class SlurmConfig:
     env: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
-        from ctrain.submit import check_slurm_config
-
-        check_slurm_config(self)
+        """Relations between settings that are wrong before anything is run."""
+        for name in (
+            "nodes",
+            "gpus_per_node",
+            "ntasks_per_node",
+            "cpus_per_task",
+            "max_requeues",
+            "signal_lead",
+            "hang_timeout",
+        ):
+            value = getattr(self, name)
+            least = 1 if name in ("nodes", "ntasks_per_node", "cpus_per_task") else 0
+            if value is not None and value < least:
+                raise ConfigError(f"slurm.{name} must be at least {least}, got {value}")
+        if self.signal_lead is not None and self.signal_lead > 65535:
+            raise ConfigError(f"slurm.signal_lead is {self.signal_lead}s; Slurm allows at most 65535")
+        if self.time:
+            time_seconds(self.time)
+        if self.gpus_per_node and self.ntasks_per_node:
+            raise ConfigError(
+                "slurm.gpus_per_node and slurm.ntasks_per_node are both set: with GPUs the scripts start one "
+                "process per GPU, so leave ntasks_per_node (processes per node on CPU-only nodes) unset"
+            )
+        for mount in self.mounts:
+            if not _MOUNT.fullmatch(mount):
+                raise ConfigError(f"slurm.mounts entry {mount!r} must look like /host/dir:/container/dir[:ro]")
+        for name in self.env:
+            if not _ENV_NAME.fullmatch(name):
+                raise ConfigError(f"slurm.env: {name!r} is not an environment variable name")
+            if _SECRET.search(name):
+                raise ConfigError(
+                    f"slurm.env: {name} looks like a secret; ctrain writes these values into the job script and its "
+                    "copy in logs/. Export it in your shell instead (sbatch passes your environment to the job), or "
+                    "log in once (`huggingface-cli login` stores the token in the mounted HF cache)"
+                )
+        for arg in self.sbatch_args:
+            if not arg.startswith("-"):
+                raise ConfigError(f"slurm.sbatch_args entry {arg!r} must be an sbatch option like --qos=high")
+        if self.job_name is not None:
+            problem = name_problem(self.job_name)
+            if problem:
+                raise ConfigError(
+                    f"the job name (slurm.job_name, --job-name) {shorten(self.job_name)!r} {problem}: it names the "
+                    "job's log, logs/NAME-JOBID.out"
+                )
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctrain import proc
-from ctrain.errors import CommandError, CtrainError, ParseError
+from ctrain.errors import CommandError, ConfigError, CtrainError, ParseError
 
 # States after which a job does not run again (unless requeued by hand).
 FINAL_STATES = frozenset(
@@ -75,6 +75,27 @@ def sbatch(args: list[str], *, cwd: Path, script: str | None = None) -> str:
 
 
 # --- job records ----------------------------------------------------------------------------------
+
+
+# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; or UNLIMITED/INFINITE.
+_TIME = re.compile(r"(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)")
+
+
+def time_seconds(value: str) -> int | None:
+    """Seconds in a Slurm time limit (None for UNLIMITED/INFINITE); a ConfigError when malformed."""
+    if value.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    match = _TIME.fullmatch(value.strip())
+    if not match:
+        raise ConfigError(
+            f"time {value!r} is not a Slurm time limit: use MINUTES, HH:MM:SS, D-HH or D-HH:MM:SS (e.g. 04:00:00)"
+        )
+    d, dh, dm, ds, m, ms, mss = (int(g) if g else 0 for g in match.groups())
+    if match.group(1) is not None:  # D-H[:M[:S]]
+        return ((d * 24 + dh) * 60 + dm) * 60 + ds
+    if match.group(7) is not None:  # H:M:S
+        return (m * 60 + ms) * 60 + mss
+    return m * 60 + ms  # M or M:S
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ from pathlib import Path
 from ctrain import proc, resources, slurm
 from ctrain.config import ProjectConfig, SlurmConfig
 from ctrain.errors import ConfigError, CtrainError
-from ctrain.files import name_problem, shorten
 from ctrain.image import reference
 
 LIB = Path("sbatch/lib/ctrain.sh")
@@ -52,11 +51,6 @@ _SHORT = {"J": "job-name", "p": "partition", "A": "account", "q": "qos", "t": "t
           "c": "cpus-per-task", "C": "constraint", "o": "output", "e": "error"}  # fmt: skip
 _SBATCH_LINE = re.compile(r"^#SBATCH\s+(-{1,2})([A-Za-z][\w-]*)(?:[=\s]\s*(\S+))?")
 
-# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; or UNLIMITED/INFINITE.
-_TIME = re.compile(r"(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SECRET = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|CREDENTIAL", re.IGNORECASE)
-_MOUNT = re.compile(r"[^:,]+:/[^:,]*(?::(?:ro|rw))?")
 
 # Container image references.
 _URI_SCHEMES = (
@@ -73,71 +67,6 @@ IMAGE_SUFFIXES = (".sif", ".sqsh", ".squashfs")
 
 
 # --- settings checks (also run when ctrain.yaml is loaded) -----------------------------------------
-
-
-def time_seconds(value: str) -> int | None:
-    """Seconds in a Slurm time limit (None for UNLIMITED/INFINITE); a ConfigError when malformed."""
-    if value.upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    match = _TIME.fullmatch(value.strip())
-    if not match:
-        raise ConfigError(
-            f"time {value!r} is not a Slurm time limit: use MINUTES, HH:MM:SS, D-HH or D-HH:MM:SS (e.g. 04:00:00)"
-        )
-    d, dh, dm, ds, m, ms, mss = (int(g) if g else 0 for g in match.groups())
-    if match.group(1) is not None:  # D-H[:M[:S]]
-        return ((d * 24 + dh) * 60 + dm) * 60 + ds
-    if match.group(7) is not None:  # H:M:S
-        return (m * 60 + ms) * 60 + mss
-    return m * 60 + ms  # M or M:S
-
-
-def check_slurm_config(c: SlurmConfig) -> None:
-    """Relations between settings that are wrong before anything is run."""
-    for name in (
-        "nodes",
-        "gpus_per_node",
-        "ntasks_per_node",
-        "cpus_per_task",
-        "max_requeues",
-        "signal_lead",
-        "hang_timeout",
-    ):
-        value = getattr(c, name)
-        least = 1 if name in ("nodes", "ntasks_per_node", "cpus_per_task") else 0
-        if value is not None and value < least:
-            raise ConfigError(f"slurm.{name} must be at least {least}, got {value}")
-    if c.signal_lead is not None and c.signal_lead > 65535:
-        raise ConfigError(f"slurm.signal_lead is {c.signal_lead}s; Slurm allows at most 65535")
-    if c.time:
-        time_seconds(c.time)
-    if c.gpus_per_node and c.ntasks_per_node:
-        raise ConfigError(
-            "slurm.gpus_per_node and slurm.ntasks_per_node are both set: with GPUs the scripts start one "
-            "process per GPU, so leave ntasks_per_node (processes per node on CPU-only nodes) unset"
-        )
-    for mount in c.mounts:
-        if not _MOUNT.fullmatch(mount):
-            raise ConfigError(f"slurm.mounts entry {mount!r} must look like /host/dir:/container/dir[:ro]")
-    for name in c.env:
-        if not _ENV_NAME.fullmatch(name):
-            raise ConfigError(f"slurm.env: {name!r} is not an environment variable name")
-        if _SECRET.search(name):
-            raise ConfigError(
-                f"slurm.env: {name} looks like a secret; ctrain writes these values into the job script and its "
-                "copy in logs/. Export it in your shell instead (sbatch passes your environment to the job), or "
-                "log in once (`huggingface-cli login` stores the token in the mounted HF cache)"
-            )
-    for arg in c.sbatch_args:
-        if not arg.startswith("-"):
-            raise ConfigError(f"slurm.sbatch_args entry {arg!r} must be an sbatch option like --qos=high")
-    if c.job_name is not None:
-        problem = name_problem(c.job_name)
-        if problem:
-            raise ConfigError(
-                f"the job name (slurm.job_name, --job-name) {shorten(c.job_name)!r} {problem}: it names the job's "
-                "log, logs/NAME-JOBID.out"
-            )
 
 
 # --- the job --------------------------------------------------------------------------------------
@@ -415,7 +344,7 @@ def prepare(
 ) -> Job:
     """Render the job for ``config.slurm`` with command-line ``changes`` (nodes=, time=, image=, ...)."""
     c = replace(config.slurm, **{k: v for k, v in changes.items() if v is not None})
-    check_slurm_config(c)
+    c.validate()
     project = config.root
     template = choose_script(c, project, c.nodes)
     lib = template.parent / "lib" / LIB.name
@@ -457,7 +386,7 @@ def check(job: Job) -> list[str]:
 
 def check_signal(options: dict[str, str | None]) -> None:
     """The time-limit warning must come after the job starts, or every run would stop at once."""
-    limit = time_seconds(options["time"]) if options.get("time") else None
+    limit = slurm.time_seconds(options["time"]) if options.get("time") else None
     lead = (options.get("signal") or "").rpartition("@")[2]
     if limit is not None and lead.isdigit() and int(lead) >= limit:
         raise ConfigError(

@@ -101,13 +101,13 @@ def test_status_table_reads() -> None:
     [("30", 1800), ("30:15", 1815), ("04:00:00", 14400), ("2-00:00:00", 172800), ("1-12", 129600), ("1-0:30", 88200)],
 )
 def test_time_limits(value: str, seconds: int) -> None:
-    assert submit.time_seconds(value) == seconds
+    assert slurm.time_seconds(value) == seconds
 
 
 def test_time_limit_errors_say_the_formats() -> None:
     with pytest.raises(ConfigError, match="use MINUTES, HH:MM:SS, D-HH or D-HH:MM:SS"):
-        submit.time_seconds("4h")
-    assert submit.time_seconds("UNLIMITED") is None
+        slurm.time_seconds("4h")
+    assert slurm.time_seconds("UNLIMITED") is None
 
 
 @pytest.mark.parametrize(
@@ -126,7 +126,7 @@ def test_time_limit_errors_say_the_formats() -> None:
 )
 def test_config_relations(settings: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        submit.check_slurm_config(SlurmConfig(**settings))
+        SlurmConfig(**settings).validate()
 
 
 def test_unknown_slurm_key_lists_valid_ones(tmp_path: Path) -> None:
