@@ -173,13 +173,20 @@ def linear_names(model: Any) -> list[str]:
     for name, module in model.named_modules():
         if module is head:
             continue
-        if isinstance(module, torch.nn.Linear) or type(module).__name__ in ("Linear4bit", "Linear8bitLt"):
+        if isinstance(module, torch.nn.Linear):
             names.add(name.rsplit(".", 1)[-1])
     return sorted(names)
 
 
-def check_targets(recipe: Recipe, model: Any) -> None:
-    """The modules ``peft`` names exist in the model (ConfigError listing the ones that do)."""
+def check_adapters(recipe: Recipe, config: Any) -> None:
+    """The modules ``peft`` names exist in the model (ConfigError listing the ones that do), before
+    any data or weights load: the model is built from its config on the meta device, which
+    allocates nothing."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
     settings = recipe.peft
     targets = settings.targets()
     if isinstance(targets, list):
@@ -199,23 +206,12 @@ def check_targets(recipe: Recipe, model: Any) -> None:
         )
 
 
-def check_adapters(recipe: Recipe, config: Any) -> None:
-    """Check ``peft`` against the model's layers before any data or weights load: the model is
-    built from its config on the meta device, which allocates nothing."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
-    check_targets(recipe, skeleton)
-
-
 def add_adapters(recipe: Recipe, model: Any) -> Any:
-    """The model with trainable LoRA adapters (a PeftModel); the base weights stay frozen."""
+    """The model with trainable LoRA adapters (a PeftModel); the base weights stay frozen. The
+    modules named were checked before anything loaded (:func:`check_adapters`)."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     settings = recipe.peft
-    check_targets(recipe, model)
     if settings.method == "qlora":
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=recipe.training.gradient_checkpointing
@@ -246,33 +242,46 @@ def add_adapters(recipe: Recipe, model: Any) -> Any:
     return model
 
 
+def _with_adapter(recipe: Recipe, adapter_dir: Path, **load: Any) -> Any:
+    """The base model (the recipe's ``model.path``, else the one the adapter names), sized to the
+    adapter's tokenizer as training sized it, with the adapter in ``adapter_dir`` on it (a PeftModel)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    reference = recipe.model.path or json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get(
+        "base_model_name_or_path"
+    )
+    if not reference:
+        raise ConfigError(f"{adapter_dir} holds a LoRA adapter and neither it nor the recipe names its base model")
+    local = expand_path(reference)
+    base = AutoModelForCausalLM.from_pretrained(
+        str(local) if local.exists() else reference,
+        revision=recipe.model.revision,
+        trust_remote_code=recipe.model.trust_remote_code,
+        **load,
+    )
+    size = len(AutoTokenizer.from_pretrained(str(adapter_dir)))
+    if size > base.get_input_embeddings().weight.shape[0]:
+        base.resize_token_embeddings(size)
+    with warnings.catch_warnings():  # transformers' deprecation notices, raised from inside PEFT
+        warnings.simplefilter("ignore", FutureWarning)
+        return PeftModel.from_pretrained(base, str(adapter_dir))
+
+
 def merge_adapters(recipe: Recipe, adapter_dir: Path, target: Path) -> None:
     """Fold the adapter in ``adapter_dir`` into a fresh copy of the base model and save it to ``target``.
 
     The base is loaded again at full precision on the CPU: merging into QLoRA's 4-bit weights would
     round the result, and the training model may be wrapped or sharded.
     """
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    model_settings = recipe.model
-    assert model_settings.path is not None
-    local = expand_path(model_settings.path)
     dtype = load_dtype(recipe, "fp32") if recipe.model.dtype != "auto" else "auto"
-    base = AutoModelForCausalLM.from_pretrained(
-        str(local) if local.exists() else model_settings.path,
-        revision=model_settings.revision,
-        dtype=dtype,
-        trust_remote_code=model_settings.trust_remote_code,
-    )
-    tokenizer = AutoTokenizer.from_pretrained(str(adapter_dir))
-    if len(tokenizer) > base.get_input_embeddings().weight.shape[0]:
-        base.resize_token_embeddings(len(tokenizer))
+    adapted = _with_adapter(recipe, adapter_dir, dtype=dtype)
     with warnings.catch_warnings():  # transformers' deprecation notices, raised from inside PEFT
         warnings.simplefilter("ignore", FutureWarning)
-        merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
-        merged.save_pretrained(str(target))
-    tokenizer.save_pretrained(str(target))
+        adapted.merge_and_unload().save_pretrained(str(target))
+    AutoTokenizer.from_pretrained(str(adapter_dir)).save_pretrained(str(target))
 
 
 def load_trained(model_dir: Path, recipe: Recipe) -> Any:
@@ -281,24 +290,7 @@ def load_trained(model_dir: Path, recipe: Recipe) -> Any:
 
     if not (model_dir / ADAPTER_CONFIG).is_file():
         return AutoModelForCausalLM.from_pretrained(str(model_dir))
-    from peft import PeftModel
-
-    base_name = json.loads((model_dir / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-    reference = recipe.model.path or base_name
-    if not reference:
-        raise ConfigError(f"{model_dir} holds a LoRA adapter and neither it nor the recipe names its base model")
-    local = expand_path(reference)
-    base = AutoModelForCausalLM.from_pretrained(
-        str(local) if local.exists() else reference,
-        revision=recipe.model.revision,
-        trust_remote_code=recipe.model.trust_remote_code,
-    )
-    from transformers import AutoTokenizer
-
-    size = len(AutoTokenizer.from_pretrained(str(model_dir)))
-    if size > base.get_input_embeddings().weight.shape[0]:
-        base.resize_token_embeddings(size)
-    return PeftModel.from_pretrained(base, str(model_dir))
+    return _with_adapter(recipe, model_dir)
 
 
 def parameter_count(model: Any) -> int:
