@@ -6,14 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ctrain.train.recipe import COMPLETE_MARKER
-from tests.plugins.train import REPO, TINY_RECIPE, TORCHRUN, start, train_env, wait_for
+from tests.plugins.train import REPO, TINY_RECIPE, TORCHRUN, losses, run_ctrain, start, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -49,23 +47,8 @@ peft:
 """
 
 
-def losses(output_dir: Path) -> dict[str, dict[int, float]]:
-    runs: dict[str, dict[int, float]] = {}
-    for line in (output_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "loss" in record:
-            runs.setdefault(record["run"], {})[record["step"]] = record["loss"]
-    return runs
-
-
 def digest(directory: Path) -> str:
     return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(directory.glob("*.safetensors")))).hexdigest()
-
-
-def run(cwd: Path, *args: str, launcher: tuple[str, ...] = (), timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    command = [*launcher, *(["-m", "ctrain"] if launcher else [sys.executable, "-m", "ctrain"]), *args]
-    return subprocess.run(command, cwd=cwd, env=train_env(cwd), capture_output=True, text=True, timeout=timeout,
-                          check=False)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +56,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A pretrained tiny model: the tiny recipe trained 30 steps from scratch (its final/)."""
     work = tmp_path_factory.mktemp("base")
     (work / "tiny.yaml").write_text(TINY_RECIPE)
-    result = run(work, "train", "tiny.yaml", "training.max_steps=30")
+    result = run_ctrain(work, "train", "tiny.yaml", "training.max_steps=30")
     assert result.returncode == 0, result.stderr[-4000:]
     return work / "outputs/tiny/final"
 
@@ -88,7 +71,7 @@ def test_lora_preempted_and_resumed_matches_an_uninterrupted_run(base: Path, tmp
     lora_recipe(tmp_path, base)
     before = digest(base)
     common = ["train", "lora.yaml", "data.prepared_dir=prepared"]
-    whole = run(tmp_path, *common, "training.output_dir=outputs/whole")
+    whole = run_ctrain(tmp_path, *common, "training.output_dir=outputs/whole")
     assert whole.returncode == 0, whole.stderr[-4000:]
     assert "LoRA r=8 alpha=16 on down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj" in whole.stderr
     (reference,) = losses(tmp_path / "outputs/whole").values()
@@ -106,7 +89,7 @@ def test_lora_preempted_and_resumed_matches_an_uninterrupted_run(base: Path, tmp
     adapter = (saved / "adapter_model.safetensors").stat().st_size
     assert adapter < (base / "model.safetensors").stat().st_size / 2, adapter
 
-    again = run(tmp_path, *common, f"training.output_dir={stopped}", "training.save_steps=5000")
+    again = run_ctrain(tmp_path, *common, f"training.output_dir={stopped}", "training.save_steps=5000")
     assert again.returncode == 0, again.stderr[-4000:]
     assert f"resuming from {saved} " in again.stderr
     runs = losses(stopped)
@@ -127,7 +110,7 @@ def test_lora_preempted_and_resumed_matches_an_uninterrupted_run(base: Path, tmp
 
 def test_lora_on_two_processes_merges_and_evaluates_either_form(base: Path, tmp_path: Path) -> None:
     lora_recipe(tmp_path, base)
-    trained = run(tmp_path, "train", "lora.yaml", "training.max_steps=20", "peft.merge=true", launcher=TORCHRUN)
+    trained = run_ctrain(tmp_path, "train", "lora.yaml", "training.max_steps=20", "peft.merge=true", launcher=TORCHRUN)
     assert trained.returncode == 0, trained.stderr[-4000:]
     assert "[rank 1 host" in trained.stderr and "Traceback" not in trained.stderr
     final = tmp_path / "outputs/lora/final"
@@ -151,7 +134,7 @@ def test_lora_on_two_processes_merges_and_evaluates_either_form(base: Path, tmp_
 
     results = {}
     for model in (None, final / "merged"):
-        evaluated = run(tmp_path, "eval", "lora.yaml", *(["--model", str(model)] if model else []))
+        evaluated = run_ctrain(tmp_path, "eval", "lora.yaml", *(["--model", str(model)] if model else []))
         assert evaluated.returncode == 0, evaluated.stderr[-4000:]
         results[str(model)] = json.loads((tmp_path / "outputs/lora/eval.json").read_text())
     adapter_result, merged_result = results.values()
@@ -162,14 +145,14 @@ def test_lora_on_two_processes_merges_and_evaluates_either_form(base: Path, tmp_
 
 def test_lora_refuses_what_cannot_work_before_any_data(base: Path, tmp_path: Path) -> None:
     lora_recipe(tmp_path, base)
-    result = run(tmp_path, "train", "lora.yaml", "peft.target_modules=[q_proj,wq]")
+    result = run_ctrain(tmp_path, "train", "lora.yaml", "peft.target_modules=[q_proj,wq]")
     assert result.returncode != 0
     assert "peft.target_modules: llama has no linear layer named 'wq'; its linear layers: down_proj" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "outputs/lora/prepared").exists()
-    scratch = run(tmp_path, "train", "lora.yaml", "model.path=null", "model.config=llama")
+    scratch = run_ctrain(tmp_path, "train", "lora.yaml", "model.path=null", "model.config=llama")
     assert scratch.returncode != 0 and "adapts a pretrained model" in scratch.stderr, scratch.stderr
-    qlora = run(tmp_path, "train", "lora.yaml", "peft.method=qlora")
+    qlora = run_ctrain(tmp_path, "train", "lora.yaml", "peft.method=qlora")
     assert qlora.returncode != 0 and "needs a GPU" in qlora.stderr, qlora.stderr[-2000:]
     assert not (tmp_path / "outputs/lora/prepared").exists()
 
@@ -182,12 +165,12 @@ def test_demo_model_learns_subtraction_through_adapters(demo_run: Path, tmp_path
     base = demo_run / "outputs/demo-addition/final"
     before = digest(base)
     recipe = str(REPO / "recipes/demo-lora.yaml")
-    untrained = run(tmp_path, "eval", recipe, "--model", "outputs/demo-addition/final", "--max-examples", "100")
+    untrained = run_ctrain(tmp_path, "eval", recipe, "--model", "outputs/demo-addition/final", "--max-examples", "100")
     assert untrained.returncode == 0, untrained.stderr[-3000:]
     start_accuracy = json.loads((tmp_path / "outputs/demo-lora/eval.json").read_text())["accuracy"]
-    adapted = run(tmp_path, "train", recipe, timeout=1500)
+    adapted = run_ctrain(tmp_path, "train", recipe, timeout=1500)
     assert adapted.returncode == 0, adapted.stderr[-3000:]
-    evaluated = run(tmp_path, "eval", recipe)
+    evaluated = run_ctrain(tmp_path, "eval", recipe)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     result = json.loads((tmp_path / "outputs/demo-lora/eval.json").read_text())
     print(f"\nLoRA demo: subtraction accuracy {start_accuracy:.3f} before, {result['accuracy']:.3f} after")

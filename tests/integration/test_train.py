@@ -20,19 +20,9 @@ import pytest
 
 from ctrain.train import checkpoint
 from ctrain.train.recipe import COMPLETE_MARKER, NONFINITE_EXIT_CODE, PREEMPTED_EXIT_CODE, PREEMPTED_FILE
-from tests.plugins.train import REPO, TINY_RECIPE, TORCHRUN, start, train_env, wait_for
+from tests.plugins.train import REPO, TINY_RECIPE, TORCHRUN, losses, run_ctrain, start, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def losses(output_dir: Path) -> dict[str, dict[int, float]]:
-    """Training loss per step, per run (a resumed run appends to metrics.jsonl under its own run id)."""
-    runs: dict[str, dict[int, float]] = {}
-    for line in (output_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "loss" in record:
-            runs.setdefault(record["run"], {})[record["step"]] = record["loss"]
-    return runs
 
 
 def complete(directory: Path) -> bool:
@@ -291,10 +281,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny run of 20 steps (checkpoints 10 and 20, final model), trained once; tests damage copies of it."""
     work = tmp_path_factory.mktemp("finished")
     (work / "tiny.yaml").write_text(TINY_RECIPE)
-    result = subprocess.run(
-        [sys.executable, "-m", "ctrain", "train", "tiny.yaml", "training.max_steps=20"],
-        cwd=work, env=train_env(work), capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+    result = run_ctrain(work, "train", "tiny.yaml", "training.max_steps=20")
     assert result.returncode == 0, result.stderr
     return work
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -66,10 +67,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo recipe trained once, as the README runs it (``outputs/demo-addition`` in the
     returned directory); the tests that read it must not change it."""
     work = tmp_path_factory.mktemp("demo")
-    result = subprocess.run(
-        [sys.executable, "-m", "ctrain", "train", str(REPO / "recipes/demo-addition.yaml")],
-        cwd=work, env=train_env(work), capture_output=True, text=True, timeout=1500, check=False,
-    )  # fmt: skip
+    result = run_ctrain(work, "train", str(REPO / "recipes/demo-addition.yaml"), timeout=1500)
     assert result.returncode == 0, result.stderr[-3000:]
     return work
 
@@ -81,18 +79,33 @@ def tiny_recipe(tmp_path: Path) -> Path:
     return path
 
 
+def run_ctrain(
+    cwd: Path, *args: str, timeout: float = 600, launcher: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m ctrain ARGS`` (under ``launcher`` if given) in ``cwd``; the finished process, output captured."""
+    command = [*launcher, *(["-m", "ctrain"] if launcher else [sys.executable, "-m", "ctrain"]), *args]
+    return subprocess.run(command, check=False, cwd=cwd, env=train_env(cwd), capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
 @pytest.fixture
 def ctrain(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Run ``python -m ctrain ARGS`` in ``tmp_path`` and return the finished process (output captured)."""
+    """:func:`run_ctrain` in ``tmp_path``."""
 
     def run(*args: str, timeout: float = 600, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-        command = [*launcher, *(["-m", "ctrain"] if launcher else [sys.executable, "-m", "ctrain"]), *args]
-        return subprocess.run(
-            command, check=False, cwd=tmp_path, env=train_env(tmp_path), capture_output=True, text=True,
-            timeout=timeout,
-        )  # fmt: skip
+        return run_ctrain(tmp_path, *args, timeout=timeout, launcher=launcher)
 
     return run
+
+
+def losses(output_dir: Path) -> dict[str, dict[int, float]]:
+    """Training loss per step, per run (a resumed run appends to metrics.jsonl under its own run id)."""
+    runs: dict[str, dict[int, float]] = {}
+    for line in (output_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "loss" in record:
+            runs.setdefault(record["run"], {})[record["step"]] = record["loss"]
+    return runs
 
 
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
