@@ -592,7 +592,7 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
     click.echo(job_id)
     info(f"submitted job {job_id}: log {log} (script: {log.with_suffix('.sbatch')})\n  follow: ctrain logs -f {job_id}")
     if wait_:
-        final = slurm.follow(job_id, emit=click.echo, search=[job.log_dir])
+        final = slurm.Slurm().follow(job_id, emit=click.echo, search=[job.log_dir])
         state = final.state if final else "UNKNOWN"
         info(f"job {job_id}: {state}")
         if state != "COMPLETED":
@@ -608,10 +608,11 @@ def status(job_ids: tuple[str, ...]) -> None:
     rank, a hang) and whether it requeued the job."""
     from ctrain import slurm
 
-    jobs = slurm.status(job_ids)
+    client = slurm.Slurm()
+    jobs = client.status(job_ids)
     click.echo(slurm.status_table(jobs))
     for job in jobs if job_ids else []:  # the jobs asked about by id: what their batch script decided
-        for event in slurm.job_events(job):
+        for event in client.job_events(job):
             click.echo(f"job {job.id}: {event}")
 
 
@@ -623,9 +624,9 @@ def logs(job_id: str, follow: bool) -> None:
     from ctrain import slurm
 
     if follow:
-        slurm.follow(job_id, emit=click.echo)
+        slurm.Slurm().follow(job_id, emit=click.echo)
         return
-    click.echo(slurm.log_path(job_id).read_text(errors="replace"), nl=False)
+    click.echo(slurm.Slurm().read_log(job_id), nl=False)
 
 
 @main.command()
@@ -636,7 +637,7 @@ def cancel(job_id: str, signal_name: str | None) -> None:
     """Cancel a job (scancel), or send its batch script a signal."""
     from ctrain import slurm
 
-    slurm.cancel(job_id, signal=signal_name)
+    slurm.Slurm().cancel(job_id, signal=signal_name)
     click.echo(
         f"job {job_id}: " + (f"sent SIG{signal_name.upper().removeprefix('SIG')}" if signal_name else "cancelled")
     )

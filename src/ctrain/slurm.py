@@ -1,17 +1,21 @@
-"""Slurm from Python: submit a batch script, read job states, follow a job's log, cancel.
+"""Slurm from Python: submit a batch script, read job and node states, follow a job's log, cancel.
 
-Every Slurm command goes through :mod:`ctrain.proc` and is parsed narrowly: ``sbatch --parsable``,
+One client, :class:`Slurm`, runs every Slurm command on a :class:`Runner` (this machine, the
+testbed's job user, later a login node over SSH). Output is parsed narrowly: ``sbatch --parsable``,
 ``squeue``/``sacct`` with fixed format strings, ``scontrol show job -o`` key=value records, ``sinfo``
 GRES strings. Output of any other shape is a :class:`ParseError` carrying the raw text.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from ctrain import proc
 from ctrain.errors import CommandError, ConfigError, CtrainError, ParseError
@@ -63,15 +67,6 @@ def parse_sbatch_parsable(raw: str) -> str:
 def sbatch_command(args: list[str]) -> list[str]:
     """The sbatch command line ctrain runs: the job id alone on stdout."""
     return ["sbatch", "--parsable", *args]
-
-
-def sbatch(args: list[str], *, cwd: Path, script: str | None = None) -> str:
-    """Run ``sbatch --parsable ARGS`` in ``cwd`` (the job's submit directory); return the job id.
-
-    ``script`` is the batch script's text, given on standard input (then ``args`` holds options only).
-    """
-    out = proc.run(sbatch_command(args), cwd=cwd, input=script)
-    return parse_sbatch_parsable(out.stdout)
 
 
 # --- job records ----------------------------------------------------------------------------------
@@ -144,23 +139,6 @@ def parse_squeue(raw: str) -> list[Job]:
     ]
 
 
-def squeue(job_ids: Iterable[str] = (), *, mine: bool = False) -> list[Job]:
-    """Pending and running jobs: the given ids, or (``mine``) the caller's, or everyone's."""
-    args = ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}"]
-    ids = list(job_ids)
-    if ids:
-        args.append("--jobs=" + ",".join(ids))
-    elif mine:
-        args.append("--me")
-    out = proc.run(args, check=False)
-    if out.returncode != 0:
-        # squeue fails for ids it no longer knows (finished and purged); they are simply not queued.
-        if ids and "Invalid job id" in out.stderr:
-            return []
-        raise CommandError(args, out.returncode, out.stderr, out.stdout)
-    return parse_squeue(out.stdout)
-
-
 _SACCT_FIELDS = ("JobID", "State", "Elapsed", "Timelimit", "NNodes", "NodeList", "ExitCode", "Restarts", "JobName")
 SACCT_FORMAT = ",".join(_SACCT_FIELDS)
 
@@ -178,20 +156,6 @@ def parse_sacct(raw: str) -> list[Job]:
     return jobs
 
 
-def sacct(job_ids: Iterable[str]) -> list[Job] | None:
-    """Finished jobs from the accounting database; None where the cluster keeps no accounting."""
-    if not proc.which("sacct"):
-        return None
-    args = ["sacct", "-X", "--noheader", "--parsable2", f"--format={SACCT_FORMAT}", "--jobs=" + ",".join(job_ids)]
-    out = proc.run(args, check=False)
-    text = out.stdout + out.stderr
-    if out.returncode != 0 or "accounting storage is disabled" in text:
-        if "accounting" in text.lower() or "slurmdbd" in text.lower():
-            return None
-        raise CommandError(args, out.returncode, out.stderr, out.stdout)
-    return parse_sacct(out.stdout)
-
-
 _RECORD_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=")
 
 
@@ -206,18 +170,6 @@ def parse_scontrol_record(raw: str) -> dict[str, str]:
         end = following.start() if following else len(line)
         record[this.group(1)] = line[this.end() : end].strip()
     return record
-
-
-def show_job(job_id: str) -> dict[str, str] | None:
-    """``scontrol show job -o ID`` as a record; None once Slurm has forgotten the job."""
-    args = ["scontrol", "show", "job", "--oneliner", check_job_id(job_id)]
-    out = proc.run(args, check=False)
-    if out.returncode != 0 or not out.stdout.strip():
-        if "Invalid job id" in out.stderr + out.stdout:
-            return None
-        raise CommandError(args, out.returncode, out.stderr, out.stdout)
-    first = out.stdout.strip().splitlines()[0]  # array jobs: one line per task; the first is enough
-    return parse_scontrol_record(first)
 
 
 def job_from_record(record: dict[str, str]) -> Job:
@@ -245,28 +197,6 @@ def job_from_record(record: dict[str, str]) -> Job:
     )
 
 
-def job(job_id: str) -> Job | None:
-    """One job from wherever Slurm still knows it: the controller, else accounting."""
-    record = show_job(job_id)
-    if record is not None:
-        return job_from_record(record)
-    found = sacct([job_id]) or []
-    return found[0] if found else None
-
-
-def status(job_ids: Iterable[str] = ()) -> list[Job]:
-    """The given jobs (queued, running or finished), or all of the caller's queued and running jobs."""
-    ids = [check_job_id(i) for i in job_ids]
-    if not ids:
-        return squeue(mine=True)
-    queued = {j.id: j for j in squeue(ids)}
-    jobs = []
-    for job_id in ids:
-        found = queued.get(job_id) or job(job_id)
-        jobs.append(found or Job(job_id, "", "UNKNOWN", where="Slurm no longer knows this job"))
-    return jobs
-
-
 def status_table(jobs: list[Job]) -> str:
     """A readable table of jobs."""
     from ctrain.ui import table
@@ -290,104 +220,6 @@ def events(text: str) -> list[str]:
     return [m.group(1) for m in ([failures[-1]] if failures else []) + ([decisions[-1]] if decisions else [])]
 
 
-def job_events(found: Job, *, search: Iterable[Path] = (Path("logs"),)) -> list[str]:
-    """:func:`events` from the job's log (its end), where the log can be read; else none."""
-    candidates = [Path(found.stdout)] if found.stdout else []
-    for directory in search:
-        candidates += sorted(directory.glob(f"*-{found.id.split('.')[0]}.out"))
-    for path in candidates:
-        try:
-            with path.open("rb") as handle:
-                handle.seek(max(0, path.stat().st_size - _LOG_TAIL))
-                return events(handle.read().decode(errors="replace"))
-        except OSError:
-            continue
-    return []
-
-
-def wait(
-    job_id: str, *, timeout: float | None = None, poll: float = 2.0, on_change: Callable[[Job], None] | None = None
-) -> Job:
-    """Block until the job reaches a final state; return it. Raises on ``timeout`` seconds."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    last = None
-    while True:
-        current = job(job_id)
-        if current is None:
-            raise CtrainError(f"job {job_id}: Slurm does not know it (finished too long ago, or never submitted)")
-        if on_change and current.state != last:
-            on_change(current)
-        last = current.state
-        if current.final:
-            return current
-        if deadline is not None and time.monotonic() > deadline:
-            raise CtrainError(f"job {job_id} is still {current.state} after {timeout:.0f}s")
-        time.sleep(poll)
-
-
-# --- logs -----------------------------------------------------------------------------------------
-
-
-def log_path(job_id: str, *, search: Iterable[Path] = (Path("logs"),)) -> Path:
-    """The job's output file: Slurm's StdOut, else the ``logs/NAME-JOBID.out`` convention."""
-    job_id = check_job_id(job_id)
-    record = show_job(job_id)
-    if record is not None and record.get("StdOut"):
-        return Path(record["StdOut"])
-    for directory in search:
-        found = sorted(directory.glob(f"*-{job_id}.out"))
-        if found:
-            return found[0]
-    where = ", ".join(str(d) for d in search)
-    raise CtrainError(f"no log for job {job_id}: Slurm no longer knows it and there is no *-{job_id}.out in {where}")
-
-
-def follow(
-    job_id: str, *, emit: Callable[[str], None], poll: float = 1.0, search: Iterable[Path] = (Path("logs"),)
-) -> Job | None:
-    """Print the job's log as it grows until the job ends (``tail -f`` that stops); return the final job.
-
-    Waits for the file while the job is pending. A requeued job keeps appending to the same file
-    (the scripts use --open-mode=append), so following continues across requeues.
-    """
-    path = log_path(job_id, search=search)
-    position = 0
-    partial = ""
-    while True:
-        current = job(job_id)
-        if path.exists():
-            with path.open("r", errors="replace") as handle:
-                handle.seek(position)
-                chunk = handle.read()
-                position = handle.tell()
-            if chunk:
-                lines = (partial + chunk).split("\n")
-                partial = lines.pop()
-                for line in lines:
-                    emit(line)
-        if current is None or current.final:
-            if partial:
-                emit(partial)
-            return current
-        time.sleep(poll)
-
-
-# --- cancel ---------------------------------------------------------------------------------------
-
-
-def cancel(job_id: str, *, signal: str | None = None) -> None:
-    """``scancel`` the job, or send ``signal`` to its batch script only (``scancel --batch``).
-
-    The batch script is where Slurm's ``--signal=B:USR1@N`` time-limit warning goes too; ctrain's
-    scripts pass USR1 on to the training processes (and to nothing else) and then requeue.
-    """
-    args = ["scancel", check_job_id(job_id)]
-    if signal:
-        args[1:1] = ["--batch", f"--signal={signal}"]
-    proc.run(args)
-
-
-# --- partitions -----------------------------------------------------------------------------------
 
 _GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
 
@@ -397,17 +229,301 @@ def parse_gres_gpus(gres: str) -> int:
     return sum(int(n) for n in _GRES_GPU.findall(gres.strip()))
 
 
-def partition_gpus(partition: str | None) -> int | None:
-    """The most GPUs any node of ``partition`` (of any partition if None) has; None if sinfo fails."""
-    args = ["sinfo", "--noheader", "--format=%G"]
-    if partition:
-        args.append(f"--partition={partition}")
-    out = proc.run(args, check=False)
-    if out.returncode != 0:
-        return None
-    lines = [line for line in out.stdout.splitlines() if line.strip()]
-    if not lines:
+_SINFO_NODE = re.compile(r"^(\S+)\s+(\S+)$")
+
+
+def parse_node_states(raw: str) -> dict[str, str]:
+    """``sinfo -h -N -o '%N %T'`` as {node: state}; anything else is a ParseError."""
+    states: dict[str, str] = {}
+    for line in raw.splitlines():
+        if not line.strip():
+            continue
+        match = _SINFO_NODE.match(line.strip())
+        if not match:
+            raise ParseError("sinfo node states", raw)
+        states[match.group(1)] = match.group(2)
+    return states
+
+
+# --- where the commands run -----------------------------------------------------------------------
+
+
+class Runner(Protocol):
+    """Where Slurm's commands run and its log files are read: this machine, this machine as another
+    user (the testbed's job user), or a login node reached over SSH."""
+
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        check: bool = True,
+        input: str | None = None,
+        cwd: Path | None = None,
+        timeout: float | None = None,
+    ) -> subprocess.CompletedProcess[str]: ...
+
+    def has(self, tool: str) -> bool: ...
+
+    def read(self, path: Path, offset: int = 0) -> bytes | None:
+        """The file's bytes from ``offset`` on; None when it cannot be read (not there yet)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Local:
+    """Commands on this machine, with ``env`` added to the environment (e.g. SLURM_CONF)."""
+
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        check: bool = True,
+        input: str | None = None,
+        cwd: Path | None = None,
+        timeout: float | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        return proc.run(
+            list(args), check=check, input=input, cwd=cwd, timeout=timeout or self.timeout, env=dict(self.env) or None
+        )
+
+    def has(self, tool: str) -> bool:
+        return proc.which(tool) is not None
+
+    def read(self, path: Path, offset: int = 0) -> bytes | None:
+        try:
+            with Path(path).open("rb") as handle:
+                if offset < 0:
+                    handle.seek(max(0, os.fstat(handle.fileno()).st_size + offset))
+                else:
+                    handle.seek(offset)
+                return handle.read()
+        except OSError:
+            return None
+
+
+# --- the client -----------------------------------------------------------------------------------
+
+
+class Slurm:
+    """The one Slurm client: every Slurm command ctrain runs goes through here, on its ``runner``.
+
+    ``Slurm()`` talks to the cluster of this machine; the testbed gives one that runs as its job user
+    against its own ``SLURM_CONF``.
+    """
+
+    def __init__(self, runner: Runner | None = None) -> None:
+        self.runner: Runner = runner or Local()
+
+    def run(self, args: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """A Slurm command this client has no method for (``scontrol update ...``), on its runner."""
+        return self.runner.run(args, check=check)
+
+    # --- submit and cancel ---
+
+    def sbatch(self, args: Sequence[str], *, cwd: Path, script: str | None = None) -> str:
+        """Run ``sbatch --parsable ARGS`` in ``cwd`` (the job's submit directory); return the job id.
+
+        ``script`` is the batch script's text, given on standard input (then ``args`` holds options only).
+        """
+        out = self.runner.run(sbatch_command(list(args)), cwd=cwd, input=script)
+        return parse_sbatch_parsable(out.stdout)
+
+    def cancel(self, job_id: str, *, signal: str | None = None) -> None:
+        """``scancel`` the job, or send ``signal`` to its batch script only (``scancel --batch``).
+
+        The batch script is where Slurm's ``--signal=B:USR1@N`` time-limit warning goes too; ctrain's
+        scripts pass USR1 on to the training processes (and to nothing else) and then requeue.
+        """
+        args = ["scancel", check_job_id(job_id)]
+        if signal:
+            args[1:1] = ["--batch", f"--signal={signal}"]
+        self.runner.run(args)
+
+    # --- job records ---
+
+    def squeue(self, job_ids: Iterable[str] = (), *, mine: bool = False) -> list[Job]:
+        """Pending and running jobs: the given ids, or (``mine``) the caller's, or everyone's."""
+        args = ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}"]
+        ids = list(job_ids)
+        if ids:
+            args.append("--jobs=" + ",".join(ids))
+        elif mine:
+            args.append("--me")
+        out = self.runner.run(args, check=False)
+        if out.returncode != 0:
+            # squeue fails for ids it no longer knows (finished and purged); they are simply not queued.
+            if ids and "Invalid job id" in out.stderr:
+                return []
+            raise CommandError(args, out.returncode, out.stderr, out.stdout)
+        return parse_squeue(out.stdout)
+
+    def sacct(self, job_ids: Iterable[str]) -> list[Job] | None:
+        """Finished jobs from the accounting database; None where the cluster keeps no accounting."""
+        if not self.runner.has("sacct"):
+            return None
+        args = ["sacct", "-X", "--noheader", "--parsable2", f"--format={SACCT_FORMAT}", "--jobs=" + ",".join(job_ids)]
+        out = self.runner.run(args, check=False)
+        text = out.stdout + out.stderr
+        if out.returncode != 0 or "accounting storage is disabled" in text:
+            if "accounting" in text.lower() or "slurmdbd" in text.lower():
+                return None
+            raise CommandError(args, out.returncode, out.stderr, out.stdout)
+        return parse_sacct(out.stdout)
+
+    def show_job(self, job_id: str) -> dict[str, str] | None:
+        """``scontrol show job -o ID`` as a record; None once Slurm has forgotten the job."""
+        args = ["scontrol", "show", "job", "--oneliner", check_job_id(job_id)]
+        out = self.runner.run(args, check=False)
+        if out.returncode != 0 or not out.stdout.strip():
+            if "Invalid job id" in out.stderr + out.stdout:
+                return None
+            raise CommandError(args, out.returncode, out.stderr, out.stdout)
+        first = out.stdout.strip().splitlines()[0]  # array jobs: one line per task; the first is enough
+        return parse_scontrol_record(first)
+
+    def job(self, job_id: str) -> Job | None:
+        """One job from wherever Slurm still knows it: the controller, else accounting."""
+        record = self.show_job(job_id)
+        if record is not None:
+            return job_from_record(record)
+        found = self.sacct([job_id]) or []
+        return found[0] if found else None
+
+    def status(self, job_ids: Iterable[str] = ()) -> list[Job]:
+        """The given jobs (queued, running or finished), or all of the caller's queued and running jobs."""
+        ids = [check_job_id(i) for i in job_ids]
+        if not ids:
+            return self.squeue(mine=True)
+        queued = {j.id: j for j in self.squeue(ids)}
+        jobs = []
+        for job_id in ids:
+            found = queued.get(job_id) or self.job(job_id)
+            jobs.append(found or Job(job_id, "", "UNKNOWN", where="Slurm no longer knows this job"))
+        return jobs
+
+    def queued_ids(self) -> list[str]:
+        """Every pending or running job's id (an administrator's view: all users)."""
+        return self.runner.run(["squeue", "--noheader", "--format=%A"], check=False).stdout.split()
+
+    def wait(
+        self,
+        job_id: str,
+        *,
+        timeout: float | None = None,
+        poll: float = 2.0,
+        on_change: Callable[[Job], None] | None = None,
+    ) -> Job:
+        """Block until the job reaches a final state; return it. Raises on ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
+        while True:
+            current = self.job(job_id)
+            if current is None:
+                raise CtrainError(f"job {job_id}: Slurm does not know it (finished too long ago, or never submitted)")
+            if on_change and current.state != last:
+                on_change(current)
+            last = current.state
+            if current.final:
+                return current
+            if deadline is not None and time.monotonic() > deadline:
+                raise CtrainError(f"job {job_id} is still {current.state} after {timeout:.0f}s")
+            time.sleep(poll)
+
+    # --- logs ---
+
+    def log_path(self, job_id: str, *, search: Iterable[Path] = (Path("logs"),)) -> Path:
+        """The job's output file: Slurm's StdOut, else the ``logs/NAME-JOBID.out`` convention."""
+        job_id = check_job_id(job_id)
+        record = self.show_job(job_id)
+        if record is not None and record.get("StdOut"):
+            return Path(record["StdOut"])
+        for directory in search:
+            found = sorted(directory.glob(f"*-{job_id}.out"))
+            if found:
+                return found[0]
+        where = ", ".join(str(d) for d in search)
+        raise CtrainError(
+            f"no log for job {job_id}: Slurm no longer knows it and there is no *-{job_id}.out in {where}"
+        )
+
+    def read_log(self, job_id: str, *, search: Iterable[Path] = (Path("logs"),)) -> str:
+        """The job's whole log as it is now."""
+        path = self.log_path(job_id, search=search)
+        data = self.runner.read(path)
+        if data is None:
+            raise CtrainError(f"job {job_id}: its log {path} cannot be read (not written yet, or not visible here)")
+        return data.decode(errors="replace")
+
+    def job_events(self, found: Job, *, search: Iterable[Path] = (Path("logs"),)) -> list[str]:
+        """:func:`events` from the job's log (its end), where the log can be read; else none."""
+        candidates = [Path(found.stdout)] if found.stdout else []
+        for directory in search:
+            candidates += sorted(directory.glob(f"*-{found.id.split('.')[0]}.out"))
+        for path in candidates:
+            data = self.runner.read(path, -_LOG_TAIL)
+            if data is not None:
+                return events(data.decode(errors="replace"))
+        return []
+
+    def follow(
+        self,
+        job_id: str,
+        *,
+        emit: Callable[[str], None],
+        poll: float = 1.0,
+        search: Iterable[Path] = (Path("logs"),),
+    ) -> Job | None:
+        """Print the job's log as it grows until the job ends (``tail -f`` that stops); return the final job.
+
+        Waits for the file while the job is pending. A requeued job keeps appending to the same file
+        (the scripts use --open-mode=append), so following continues across requeues.
+        """
+        path = self.log_path(job_id, search=search)
+        position = 0
+        pending = b""
+        while True:
+            current = self.job(job_id)
+            chunk = self.runner.read(path, position)
+            if chunk:
+                position += len(chunk)
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    emit(line.decode(errors="replace"))
+            if current is None or current.final:
+                if pending:
+                    emit(pending.decode(errors="replace"))
+                return current
+            time.sleep(poll)
+
+    # --- nodes and partitions ---
+
+    def node_states(self, *names: str) -> dict[str, str]:
+        """{node: state} as ``sinfo`` prints it (``idle``, ``allocated``, ``down*``, ...): these nodes, or all."""
+        args = ["sinfo", "--noheader", "--Node", "--format=%N %T"]
+        if names:
+            args.append("--nodes=" + ",".join(names))
+        return parse_node_states(self.runner.run(args).stdout)
+
+    def ping(self) -> tuple[bool, str]:
+        """Whether the controller answers ``scontrol ping``, and what it said."""
+        out = self.runner.run(["scontrol", "ping"], check=False)
+        answer = (out.stdout + out.stderr).strip()
+        return out.returncode == 0 and " is UP" in out.stdout, answer
+
+    def partition_gpus(self, partition: str | None) -> int | None:
+        """The most GPUs any node of ``partition`` (of any partition if None) has; None if sinfo fails."""
+        args = ["sinfo", "--noheader", "--format=%G"]
         if partition:
-            raise CtrainError(f"partition '{partition}' does not exist here (sinfo lists none); see `sinfo -s`")
-        return None
-    return max(parse_gres_gpus(line) for line in lines)
+            args.append(f"--partition={partition}")
+        out = self.runner.run(args, check=False)
+        if out.returncode != 0:
+            return None
+        lines = [line for line in out.stdout.splitlines() if line.strip()]
+        if not lines:
+            if partition:
+                raise CtrainError(f"partition '{partition}' does not exist here (sinfo lists none); see `sinfo -s`")
+            return None
+        return max(parse_gres_gpus(line) for line in lines)

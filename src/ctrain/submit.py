@@ -367,7 +367,7 @@ def prepare(
 # --- checks before queueing -----------------------------------------------------------------------
 
 
-def check(job: Job) -> list[str]:
+def check(job: Job, client: slurm.Slurm | None = None) -> list[str]:
     """Everything that can be known wrong before the job waits in the queue; returns warnings."""
     warnings: list[str] = []
     s = job.settings
@@ -380,7 +380,7 @@ def check(job: Job) -> list[str]:
         _project_file(job, s["CTRAIN_ACCELERATE_CONFIG"], "the accelerate config (CTRAIN_ACCELERATE_CONFIG)")
     if s.get("CTRAIN_DATA") and not Path(s["CTRAIN_DATA"]).is_dir():
         raise ConfigError(f"the data directory {s['CTRAIN_DATA']} (CTRAIN_DATA, slurm.data) does not exist")
-    warnings += check_gpus(job)
+    warnings += check_gpus(job, client or slurm.Slurm())
     return warnings
 
 
@@ -498,13 +498,13 @@ def _project_file(job: Job, name: str, what: str) -> Path:
     return path
 
 
-def check_gpus(job: Job) -> list[str]:
+def check_gpus(job: Job, client: slurm.Slurm) -> list[str]:
     """Requested GPUs per node against what the partition's nodes have (sinfo)."""
     wanted = job.options.get("gpus-per-node")
     partition = job.options.get("partition")
-    if not proc.which("sinfo"):
+    if not client.runner.has("sinfo"):
         return []
-    have = slurm.partition_gpus(partition)
+    have = client.partition_gpus(partition)
     where = f"partition '{partition}'" if partition else "this cluster"
     if wanted is not None:
         count = int(wanted.rsplit(":", 1)[-1])
@@ -548,10 +548,11 @@ def write_script(job: Job, path: Path) -> None:
     atomic_write_text(path, job.text)
 
 
-def submit(job: Job) -> tuple[str, Path]:
+def submit(job: Job, client: slurm.Slurm | None = None) -> tuple[str, Path]:
     """Queue the job; returns its id and its log, beside which a copy of the script is kept (.sbatch)."""
     make_log_dir(job)
-    job_id = slurm.sbatch([], cwd=job.project, script=job.text)
-    log = slurm.log_path(job_id, search=[job.log_dir])
+    client = client or slurm.Slurm()
+    job_id = client.sbatch([], cwd=job.project, script=job.text)
+    log = client.log_path(job_id, search=[job.log_dir])
     log.with_suffix(".sbatch").write_text(job.text)
     return job_id, log

@@ -144,15 +144,15 @@ def test_time_limit_warning_requeues_and_resumes(project: Project, cpu_sif: Path
                             *steps, env={"IMAGE": str(cpu_sif)})  # fmt: skip
     project.wait_for_log(job_id, r"step [1-9]\d+/150, loss", timeout=JOB_TIMEOUT)
     # What `#SBATCH --signal=B:USR1@300` does near the time limit: USR1 to the batch shell only.
-    project.testbed.slurm(["scancel", "--batch", "--signal=USR1", job_id])
+    project.testbed.slurm.run(["scancel", "--batch", "--signal=USR1", job_id])
     project.wait_for_log(job_id, r"^ctrain: requeueing job", timeout=600)
     deadline = time.monotonic() + 120
-    while "Restarts=1" not in (record := project.testbed.slurm(["scontrol", "show", "job", "-o", job_id]).stdout):
+    while "Restarts=1" not in (record := project.testbed.slurm.run(["scontrol", "show", "job", "-o", job_id]).stdout):
         assert time.monotonic() < deadline, record
         time.sleep(1)
     # Slurm holds a requeued job back (about two minutes): let it start once the old job's
     # credential has expired; starting it sooner gets "Job credential revoked" and the job fails.
-    project.testbed.slurm(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"])
+    project.testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"])
     log = finish(project, job_id)
     first, _, second = log.partition("ctrain: requeueing job")
     stopped = int(re.search(r"saving a complete checkpoint at step (\d+)", first).group(1))

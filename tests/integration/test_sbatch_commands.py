@@ -13,13 +13,16 @@ from click.testing import CliRunner
 from ctrain import slurm
 from ctrain.cli import main
 
+# The testbed fixture points SLURM_CONF at the testbed: a plain client is what `ctrain status` uses.
+SLURM = slurm.Slurm()
+
 pytestmark = pytest.mark.integration
 
 
 def _job(testbed, tmp_dir: Path, body: str, name: str) -> str:
     script = tmp_dir / f"{name}.sbatch"
     script.write_text(f"#!/bin/sh\n#SBATCH --job-name={name}\n#SBATCH --output=logs/%x-%j.out\n{body}\n")
-    return testbed.run_as_user(["sbatch", "--parsable", str(script)], cwd=tmp_dir).stdout.strip()
+    return testbed.user_slurm.sbatch([str(script)], cwd=tmp_dir)
 
 
 @pytest.fixture()
@@ -30,7 +33,7 @@ def workdir(sbatch_project) -> Path:
 def _wait_state(job_id: str, states: set[str], timeout: float = 60) -> slurm.Job:
     deadline = time.monotonic() + timeout
     while True:
-        job = slurm.job(job_id)
+        job = SLURM.job(job_id)
         if job and job.state in states:
             return job
         assert time.monotonic() < deadline, job
@@ -46,7 +49,7 @@ def test_status_logs_cancel(testbed, workdir: Path) -> None:
     assert result.exit_code == 0, result.output
     assert re.search(rf"^{job_id}\s+statusprobe\s+RUNNING\s", result.output, re.MULTILINE), result.output
 
-    path = slurm.log_path(job_id)
+    path = SLURM.log_path(job_id)
     assert path == workdir / "logs" / f"statusprobe-{job_id}.out"
     deadline = time.monotonic() + 30
     while "started on" not in (text := CliRunner().invoke(main, ["logs", job_id]).output):
@@ -56,7 +59,7 @@ def test_status_logs_cancel(testbed, workdir: Path) -> None:
 
     followed: list[str] = []
     follower = threading.Thread(
-        target=lambda: followed.append(str(slurm.follow(job_id, emit=followed.append, poll=0.5)))
+        target=lambda: followed.append(str(SLURM.follow(job_id, emit=followed.append, poll=0.5)))
     )
     follower.start()
     result = CliRunner().invoke(main, ["cancel", job_id])
@@ -79,14 +82,14 @@ def test_signal_goes_to_the_batch_script_only(testbed, workdir: Path) -> None:
     time.sleep(3)  # the step has started and set its trap
     result = CliRunner().invoke(main, ["cancel", "--signal", "USR1", job_id])
     assert result.exit_code == 0 and f"job {job_id}: sent SIGUSR1" in result.output
-    final = slurm.wait(job_id, timeout=60)
-    log = slurm.log_path(job_id).read_text()
+    final = SLURM.wait(job_id, timeout=60)
+    log = SLURM.log_path(job_id).read_text()
     assert "batch got USR1" in log and "batch done" in log and "step got USR1" not in log, log
     assert final.state == "COMPLETED"
 
 
 def test_unknown_and_malformed_jobs(testbed) -> None:
-    assert slurm.status(["999999"])[0].state == "UNKNOWN"
+    assert SLURM.status(["999999"])[0].state == "UNKNOWN"
     result = CliRunner().invoke(main, ["logs", "999999"])
     assert result.exit_code == 1 and "no log for job 999999" in result.output
     result = CliRunner().invoke(main, ["cancel", "12;ls"])
@@ -116,5 +119,5 @@ def test_submit_queues_the_text_and_keeps_a_copy_beside_the_log(testbed, tmp_pat
     job_id, log = submit.submit(job)
     assert log == tmp_path / "logs" / f"copyprobe-{job_id}.out"
     assert log.with_suffix(".sbatch").read_text() == text
-    assert slurm.wait(job_id, timeout=60).state == "COMPLETED"
+    assert SLURM.wait(job_id, timeout=60).state == "COMPLETED"
     assert log.read_text().strip() == f"ran in {tmp_path}"

@@ -51,7 +51,7 @@ def wait_until(what: str, condition, timeout: float, every: float = 0.2) -> floa
 
 
 def restarts(project: Project, job_id: str) -> int:
-    record = project.testbed.slurm(["scontrol", "show", "job", "-o", job_id]).stdout
+    record = project.testbed.slurm.run(["scontrol", "show", "job", "-o", job_id]).stdout
     return int(re.search(r"\bRestarts=(\d+)", record).group(1))
 
 
@@ -78,7 +78,7 @@ def test_slurm_term_twice_checkpoints_at_the_signalled_step_and_resumes(sbatch_p
 
         wait_until(f"run {restart} to train", trained, JOB_TIMEOUT, every=0.5)
         sent = time.monotonic()
-        project.testbed.slurm(["scontrol", "requeue", job_id])
+        project.testbed.slurm.run(["scontrol", "requeue", job_id])
         runs = restart + 1  # runs that have started so far; each TERM so far ended one
         saved = wait_until(
             "the checkpoint", lambda runs=runs: len(re.findall(r"checkpoint /outputs/term/checkpoint-\d+ complete",
@@ -88,7 +88,7 @@ def test_slurm_term_twice_checkpoints_at_the_signalled_step_and_resumes(sbatch_p
         )
         wait_until("Slurm's requeue", lambda runs=runs: restarts(project, job_id) == runs, 120, every=1)
         # Slurm holds a requeued job back; it may start once the old job's credential has expired.
-        project.testbed.slurm(
+        project.testbed.slurm.run(
             ["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"], check=False
         )  # it may have started already: the testbed's credentials live 10 s
         resumed = wait_until("the first resumed step", lambda runs=runs: re.search(
@@ -135,7 +135,7 @@ def test_stopped_rank_is_caught_within_the_budget(sbatch_project: Project, cpu_s
     stopped = time.monotonic()
     caught = wait_until("the watchdog", lambda: "ctrain: hang: " in project.log(job_id), 120)
     ended = wait_until("the requeue", lambda: restarts(project, job_id) == 1, 120, every=0.5)
-    project.testbed.slurm(["scancel", job_id], check=False)
+    project.testbed.slurm.run(["scancel", job_id], check=False)
     log = project.log(job_id)
     line = re.search(rf"^ctrain: hang: rank 3 on {host} \(pid {pid}\): last step (\d+), no progress for (\d+)s, "
                      r"process state (\S+)$", log, re.MULTILINE)  # fmt: skip
@@ -184,7 +184,7 @@ def test_killed_rank_on_a_live_node_is_retried_once(sbatch_project: Project, cpu
         if restart:
             requeued = wait_until("the requeue", lambda: restarts(project, job_id) == 1, 120, every=0.5)
             report("SIGKILL of rank 3 (run 1): to the requeue", f"{requeued - killed:.1f} s")
-            project.testbed.slurm(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"],
+            project.testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"],
                                   check=False)  # fmt: skip
             wait_until("the retry to start", lambda: project.log(job_id).count("ctrain: job ") == 2, JOB_TIMEOUT)
         _, node, pid = training(project, job_id)[3]
@@ -267,7 +267,7 @@ echo "run ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME"
 """
     job_id = project.sbatch(script_text=script)
     wait_until("the requeue", lambda: restarts(project, job_id) == 1, 60, every=0.5)
-    project.testbed.slurm(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"], check=False)
+    project.testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"], check=False)
     state = project.testbed.wait(job_id, timeout=120)
     log = project.log(job_id)
     runs = re.findall(r"^run (\d) on (\S+)$", log, re.MULTILINE)
@@ -275,5 +275,5 @@ echo "run ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME"
     (_, first), (_, second) = runs
     assert second != first, log
     assert f"ctrain: requeueing job {job_id} (restart 1) without {first} (ExcNodeList)" in log
-    record = project.testbed.slurm(["scontrol", "show", "job", "-o", job_id]).stdout
+    record = project.testbed.slurm.run(["scontrol", "show", "job", "-o", job_id]).stdout
     assert f"ExcNodeList={first} " in record, record

@@ -54,7 +54,7 @@ def test_wait_times_out_naming_the_state_and_a_cancelled_job_is_final(testbed: T
     job = testbed.submit(job_script(tmp_path, "sleep 60\n"), "--output=api-%j.out")
     with pytest.raises(CtrainError, match=rf"job {job} is still (PENDING|RUNNING) after 1s"):
         testbed.wait(job, timeout=1, poll=0.2)
-    testbed.slurm(["scancel", job])
+    testbed.slurm.run(["scancel", job])
     assert testbed.wait(job, timeout=60) == "CANCELLED"
 
 
@@ -70,7 +70,7 @@ def test_signals_reach_the_batch_script(testbed: Testbed, tmp_path: Path) -> Non
     while "started" not in (output(testbed, job) if (testbed.shared_dir / f"api-{job}.out").exists() else ""):
         assert time.monotonic() < deadline, "job did not start"
         time.sleep(0.2)
-    testbed.slurm(["scancel", "--signal=USR1", "--batch", job])
+    testbed.slurm.run(["scancel", "--signal=USR1", "--batch", job])
     assert testbed.wait(job, timeout=60) == "COMPLETED"
     assert output(testbed, job).splitlines() == ["started", "got USR1"]
 
@@ -82,6 +82,6 @@ def test_requeue_runs_the_job_again(testbed: Testbed, tmp_path: Path) -> None:
     while testbed.job_state(job) != "RUNNING":
         assert time.monotonic() < deadline, "job did not start"
         time.sleep(0.2)
-    testbed.slurm(["scontrol", "requeue", job])
+    testbed.slurm.run(["scontrol", "requeue", job])
     assert testbed.wait(job, timeout=CRED_EXPIRE_S + 60) == "COMPLETED"
     assert re.findall(r"^run \d+$", output(testbed, job), re.MULTILINE) == ["run 0", "run 1"]

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from ctrain.slurm import Slurm
+
 REPO = Path(__file__).resolve().parents[2]
 
 # What enroot's 50-slurm-pytorch.sh would write into the container, with values no run can use.
@@ -67,8 +69,7 @@ class Project:
 
     def sbatch(self, *args: str, env: dict[str, str] | None = None, script_text: str | None = None) -> str:
         """``sbatch --parsable ARGS`` as the job user from the project directory; the job id."""
-        out = self.testbed.run_as_user(["sbatch", "--parsable", *args], env=env, cwd=self.path, input=script_text)
-        return out.stdout.strip().split(";")[0]
+        return Slurm(self.testbed.user_runner(env)).sbatch(args, cwd=self.path, script=script_text)
 
     def log(self, job_id: str) -> str:
         found = list((self.path / "logs").glob(f"*-{job_id}.out"))

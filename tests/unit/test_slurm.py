@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -303,18 +304,36 @@ def test_dry_run_output_is_a_runnable_heredoc(tmp_path: Path) -> None:
     assert (tmp_path / "got").read_text() == job.text
 
 
-def test_gpu_check_against_partition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+class Sinfo(slurm.Local):
+    """A test double of a cluster's ``sinfo --format=%G``: the GRES lines given, for any partition.
+    The real sinfo is run against the testbed (tests/integration/test_sbatch_commands.py)."""
+
+    def __init__(self, gres: str) -> None:
+        super().__init__()
+        object.__setattr__(self, "gres", gres)
+        object.__setattr__(self, "asked", [])
+
+    def has(self, tool: str) -> bool:
+        return True
+
+    def run(self, args, **kwargs):  # type: ignore[no-untyped-def]
+        self.asked.append(list(args))
+        assert args[0] == "sinfo"
+        return subprocess.CompletedProcess(args, 0, self.gres, "")
+
+
+def test_gpu_check_against_partition(tmp_path: Path) -> None:
     config = load_config(project(tmp_path, GPU_CLUSTER) / "ctrain.yaml")
     job = submit.prepare(config, nodes=2)
-    monkeypatch.setattr(submit.proc, "which", lambda tool: "/usr/bin/" + tool)
-    monkeypatch.setattr(slurm, "partition_gpus", lambda partition: 4)
+    four = Sinfo("gpu:4(S:0)\ngpu:2\n")
     with pytest.raises(ConfigError, match="8 GPUs per node requested, but the nodes of partition 'gpu' have at most 4"):
-        submit.check_gpus(job)
-    monkeypatch.setattr(slurm, "partition_gpus", lambda partition: 8)
-    assert submit.check_gpus(job) == []
+        submit.check_gpus(job, slurm.Slurm(four))
+    assert four.asked == [["sinfo", "--noheader", "--format=%G", "--partition=gpu"]]
+    assert submit.check_gpus(job, slurm.Slurm(Sinfo("gpu:h100:8(S:0-1)\n"))) == []
     cpu_job = submit.prepare(config, nodes=2, gpus_per_node=0)
     assert "gpus-per-node" not in cpu_job.options
-    assert "training runs on CPU (set slurm.gpus_per_node" in submit.check_gpus(cpu_job)[0]
+    warning = submit.check_gpus(cpu_job, slurm.Slurm(Sinfo("gpu:8\n")))
+    assert "training runs on CPU (set slurm.gpus_per_node" in warning[0]
 
 
 def test_scripts_dir_found_from_elsewhere(tmp_path: Path) -> None:
@@ -344,18 +363,18 @@ def _demo_project(tmp_path: Path, yaml: str = "") -> Path:
     return project(tmp_path, "slurm:\n  image: c.sif\n" + yaml)
 
 
-def test_recipe_checked_as_the_job_runs_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(submit, "check_gpus", lambda job: [])  # no cluster here
+def test_recipe_checked_as_the_job_runs_it(tmp_path: Path) -> None:
+    cpus = slurm.Slurm(Sinfo("(null)\n"))  # a cluster without GPUs
     config = load_config(_demo_project(tmp_path, "  ntasks_per_node: 2\n") / "ctrain.yaml")
     job = submit.prepare(config, recipe="recipes/demo-addition.yaml", nodes=2)
     assert job.world_size == 4
-    submit.check(job)
+    submit.check(job, cpus)
     with pytest.raises(ConfigError, match="unknown key 'training.max_stepz'.*did you mean 'max_steps'"):
-        submit.check(submit.prepare(config, recipe="recipes/demo-addition.yaml", overrides=("training.max_stepz=5",)))
+        submit.check(submit.prepare(config, recipe="recipes/demo-addition.yaml", overrides=("training.max_stepz=5",)), cpus)
     with pytest.raises(ConfigError, match=r"global_batch_size \(64\) does not divide among 6 processes"):
-        submit.check(submit.prepare(config, recipe="recipes/demo-addition.yaml", nodes=3))
+        submit.check(submit.prepare(config, recipe="recipes/demo-addition.yaml", nodes=3), cpus)
     with pytest.raises(ConfigError, match="the recipe recipes/nope.yaml does not exist"):
-        submit.check(submit.prepare(config, recipe="recipes/nope.yaml"))
+        submit.check(submit.prepare(config, recipe="recipes/nope.yaml"), cpus)
 
 
 def test_signal_must_come_after_the_start(tmp_path: Path) -> None:
@@ -392,5 +411,23 @@ def test_status_events_are_the_last_failure_and_what_was_done_about_it(tmp_path:
     assert slurm.events("0: [rank 0 host node1] training\nctrain: step exited with 0\n") == []
     (tmp_path / "ctrain-7.out").write_text(LOST_NODE_LOG)
     job = slurm.Job("7", "ctrain", "FAILED")
-    assert slurm.job_events(job, search=[tmp_path])[0].startswith("failure: node lost: node2")
-    assert slurm.job_events(slurm.Job("8", "ctrain", "FAILED"), search=[tmp_path]) == []
+    assert slurm.Slurm().job_events(job, search=[tmp_path])[0].startswith("failure: node lost: node2")
+    assert slurm.Slurm().job_events(slurm.Job("8", "ctrain", "FAILED"), search=[tmp_path]) == []
+
+
+def test_parse_node_states() -> None:
+    assert slurm.parse_node_states("node1 idle\nnode2 down*\n\n") == {"node1": "idle", "node2": "down*"}
+    with pytest.raises(ParseError) as err:
+        slurm.parse_node_states("sinfo: error: Unable to contact slurm controller (connect failure)\n")
+    assert "Unable to contact" in str(err.value)
+
+
+def test_local_runner_reads_from_an_offset_or_the_end(tmp_path: Path) -> None:
+    log = tmp_path / "job-5.out"
+    log.write_bytes(b"one\ntwo\nthree\n")
+    local = slurm.Local()
+    assert local.read(log) == b"one\ntwo\nthree\n"
+    assert local.read(log, 4) == b"two\nthree\n"
+    assert local.read(log, -6) == b"three\n"
+    assert local.read(log, -100) == b"one\ntwo\nthree\n"
+    assert local.read(tmp_path / "missing.out") is None

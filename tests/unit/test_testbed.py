@@ -197,22 +197,6 @@ def test_hosts_conflicts_find_foreign_lines_naming_nodes_or_addresses() -> None:
     assert plan.hosts_conflicts(plan.hosts_with_ours(HOSTS, nodes), nodes) == []
 
 
-def test_parse_node_states() -> None:
-    assert plan.parse_node_states("node1 idle\nnode2 down*\n\n") == {"node1": "idle", "node2": "down*"}
-    with pytest.raises(ParseError) as err:
-        plan.parse_node_states("sinfo: error: Unable to contact slurm controller (connect failure)\n")
-    assert "Unable to contact" in str(err.value)
-
-
-def test_parse_job_state() -> None:
-    raw = "JobId=7 JobName=x UserId=ctrain(1001) JobState=COMPLETED Reason=None ExitCode=0:0 Command=/a b/c.sh"
-    assert plan.parse_job_state(raw) == "COMPLETED"
-    with pytest.raises(ParseError):
-        plan.parse_job_state("slurm_load_jobs error: Invalid job id specified")
-    with pytest.raises(ParseError):
-        plan.parse_job_state("JobState=RUNNING\nJobState=PENDING")
-
-
 def test_process_identity_checks_program_start_time_and_marker() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "/marker/"])
     try:

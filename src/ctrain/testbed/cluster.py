@@ -25,12 +25,12 @@ from pathlib import Path
 from ctrain import proc, system, ui
 from ctrain.errors import CtrainError
 from ctrain.files import atomic_write_json
+from ctrain.slurm import Local, Slurm
 from ctrain.testbed import host
 from ctrain.testbed.plan import (
     BRIDGE,
     CONTROLLER_IP,
     DEFAULT_STATE_DIR,
-    FINAL_JOB_STATES,
     JOB_USER,
     PARTITION,
     READY_NODE_STATES,
@@ -46,8 +46,6 @@ from ctrain.testbed.plan import (
     machine_gpus,
     machine_memory_mb,
     node_plan,
-    parse_job_state,
-    parse_node_states,
     render_cgroup_conf,
     render_gres_conf,
     render_slurm_conf,
@@ -56,6 +54,7 @@ from ctrain.testbed.plan import (
 )
 
 SLURM_CONF_LINK = Path("/etc/slurm/slurm.conf")
+SLURM_TIMEOUT = 30.0
 STARTUP_TIMEOUT = 60.0
 JOB_DRAIN_TIMEOUT = 10.0
 Log = Callable[[str], None]
@@ -98,6 +97,32 @@ def _tail(path: Path, lines: int = 15) -> str:
     except FileNotFoundError:
         return f"  ({path} does not exist)"
     return "\n".join("  " + line for line in text)
+
+
+@dataclass(frozen=True)
+class AsUser(Local):
+    """Commands as the testbed's job user, in a login-like environment (``env`` only, nothing of
+    root's), from ``home`` unless told otherwise: a :class:`ctrain.slurm.Runner`."""
+
+    user: str = JOB_USER
+    home: Path = Path("/")
+
+    def argv(self, args: Sequence[str | os.PathLike[str]]) -> list[str]:
+        """``args`` wrapped to run as the user, with ``env`` and nothing else."""
+        user = pwd.getpwnam(self.user)
+        drop = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups", "--reset-env", "--"]
+        return [*drop, "env", *(f"{k}={v}" for k, v in self.env.items()), *map(os.fspath, args)]
+
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        check: bool = True,
+        input: str | None = None,
+        cwd: Path | None = None,
+        timeout: float | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        return proc.run(self.argv(args), check=check, input=input, cwd=cwd or self.home, timeout=timeout or self.timeout)
 
 
 class Testbed:
@@ -158,19 +183,22 @@ class Testbed:
 
     # --- slurm and the job user ---------------------------------------------------------------------
 
-    def slurm(
-        self, args: Sequence[str], *, check: bool = True, timeout: float = 30
-    ) -> subprocess.CompletedProcess[str]:
-        """A Slurm client command as root, against this testbed's config."""
-        return proc.run(list(args), check=check, timeout=timeout, env={"SLURM_CONF": str(self.slurm_conf)})
+    @property
+    def slurm(self) -> Slurm:
+        """The Slurm client as root (an administrator's view: every job, node updates), on this testbed."""
+        return Slurm(Local(env={"SLURM_CONF": str(self.slurm_conf)}, timeout=SLURM_TIMEOUT))
 
-    def _as_user(self, args: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None) -> list[str]:
+    @property
+    def user_slurm(self) -> Slurm:
+        """The Slurm client as the job user, from the shared directory: how a user submits."""
+        return Slurm(self.user_runner())
+
+    def user_runner(self, env: Mapping[str, str] | None = None) -> AsUser:
         if not self.layout.state_file.exists():
             raise CtrainError(f"the testbed in {self.state_dir} is not up: run `ctrain testbed up` first")
-        extra = [f"{k}={v}" for k, v in {"SLURM_CONF": str(self.slurm_conf), **(env or {})}.items()]
-        user = pwd.getpwnam(self.user)
-        drop = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups", "--reset-env", "--"]
-        return [*drop, "env", *extra, *map(os.fspath, args)]
+        return AsUser(
+            env={"SLURM_CONF": str(self.slurm_conf), **(env or {})}, user=self.user, home=self.shared_dir
+        )
 
     def run_as_user(
         self,
@@ -183,13 +211,16 @@ class Testbed:
         input: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run a command as the job user (login-like environment) in the shared directory."""
-        return proc.run(self._as_user(args, env), cwd=cwd or self.shared_dir, check=check, timeout=timeout, input=input)
+        return self.user_runner(env).run(
+            [os.fspath(a) for a in args], cwd=cwd, check=check, timeout=timeout, input=input
+        )
 
     def stream_as_user(
         self, args: Sequence[str], *, env: Mapping[str, str] | None = None, on_line: Log | None = None
     ) -> int:
         """Like :meth:`run_as_user`, passing output lines on as they come; returns the exit code."""
-        return proc.stream(self._as_user(args, env), cwd=self.shared_dir, check=False, on_line=on_line)
+        runner = self.user_runner(env)
+        return proc.stream(runner.argv(args), cwd=runner.home, check=False, on_line=on_line)
 
     def submit(
         self, script: Path | str, *sbatch_args: str, args: Sequence[str] = (), env: Mapping[str, str] | None = None
@@ -210,26 +241,19 @@ class Testbed:
             os.chown(copy.parent, uid, gid)
             os.chown(copy, uid, gid)
             script = copy
-        out = self.run_as_user(["sbatch", "--parsable", *sbatch_args, script, *args], env=env).stdout.strip()
-        job_id = out.split(";")[0]
-        if not job_id.isdigit():
-            raise CtrainError(f"sbatch --parsable printed {out!r}, not a job id")
-        return job_id
+        client = Slurm(self.user_runner(env))
+        return client.sbatch([*sbatch_args, str(script), *args], cwd=self.shared_dir)
 
     def job_state(self, job_id: str) -> str:
         """The job's state from the controller (finished jobs are kept for an hour)."""
-        return parse_job_state(self.slurm(["scontrol", "show", "job", "-o", str(job_id)]).stdout)
+        found = self.slurm.job(job_id)
+        if found is None:
+            raise CtrainError(f"job {job_id}: the testbed's controller does not know it")
+        return found.state
 
     def wait(self, job_id: str, timeout: float = 300, poll: float = 1.0) -> str:
         """Wait until the job reaches a final state (COMPLETED, FAILED, ...) and return it."""
-        deadline = time.monotonic() + timeout
-        while True:
-            state = self.job_state(job_id)
-            if state in FINAL_JOB_STATES:
-                return state
-            if time.monotonic() > deadline:
-                raise CtrainError(f"job {job_id} is still {state} after {timeout:.0f}s")
-            time.sleep(poll)
+        return self.slurm.wait(job_id, timeout=timeout, poll=poll).state
 
     # --- faults ------------------------------------------------------------------------------------------
 
@@ -263,15 +287,14 @@ class Testbed:
         deadline = time.monotonic() + timeout
         while (now := self.node_state(name)) not in READY_NODE_STATES:
             if now.startswith(("down", "drain", "fail")):
-                self.slurm(["scontrol", "update", f"NodeName={name}", "State=RESUME"], check=False)
+                self.slurm.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], check=False)
             if time.monotonic() > deadline:
                 raise CtrainError(f"{name} is {now} {timeout:.0f}s after its slurmd started again")
             time.sleep(0.5)
 
     def node_state(self, name: str) -> str:
         """The node's state as ``sinfo`` prints it (``idle``, ``allocated``, ``down*``, ...)."""
-        states = parse_node_states(self.slurm(["sinfo", "-h", "-N", "-n", name, "-o", "%N %T"]).stdout)
-        return states.get(name, "missing")
+        return self.slurm.node_states(name).get(name, "missing")
 
     # --- status ------------------------------------------------------------------------------------------
 
@@ -318,12 +341,11 @@ class Testbed:
         st.controller_pid, st.controller_running = check("slurmctld")
         states: dict[str, str] = {}
         if st.controller_running:
-            ping = self.slurm(["scontrol", "ping"], check=False)
-            st.controller_answer = (ping.stdout + ping.stderr).strip()
-            if ping.returncode != 0 or " is UP" not in st.controller_answer:
+            answers, st.controller_answer = self.slurm.ping()
+            if not answers:
                 st.problems.append(f"the controller does not answer: {st.controller_answer}")
             else:
-                states = parse_node_states(self.slurm(["sinfo", "-h", "-N", "-o", "%N %T"]).stdout)
+                states = self.slurm.node_states()
         for node in self.nodes:
             pid, running = check(f"slurmd-{node.name}")
             st.nodes.append(NodeStatus(node.name, node.ip, pid, running, states.get(node.name, "unknown")))
@@ -451,9 +473,9 @@ class Testbed:
         start("slurmctld", [proc.require("slurmctld"), "-f", str(self.slurm_conf)])
         self._wait_controller()
         # Jobs saved by a controller that crashed would otherwise run again on the new nodes.
-        stale = self.slurm(["squeue", "-h", "-o", "%A"]).stdout.split()
+        stale = self.slurm.queued_ids()
         if stale:
-            self.slurm(["scancel", *stale])
+            self.slurm.run(["scancel", *stale])
             log(f"cancelled {len(stale)} job(s) left from before the last stop")
         log(f"starting slurmd on {', '.join(n.name for n in plan)}")
         for node in plan:
@@ -524,12 +546,12 @@ class Testbed:
     def _wait_controller(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while True:
-            ping = self.slurm(["scontrol", "ping"], check=False)
-            if ping.returncode == 0 and " is UP" in ping.stdout:
+            answers, answer = self.slurm.ping()
+            if answers:
                 return
             if time.monotonic() > deadline:
                 raise CtrainError(
-                    f"slurmctld does not answer after {STARTUP_TIMEOUT:.0f}s ({(ping.stdout + ping.stderr).strip()}); "
+                    f"slurmctld does not answer after {STARTUP_TIMEOUT:.0f}s ({answer}); "
                     f"end of {self.layout.log_file('slurmctld')}:\n{_tail(self.layout.log_file('slurmctld'))}"
                 )
             time.sleep(0.3)
@@ -539,7 +561,7 @@ class Testbed:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         last = ""
         while True:
-            states = parse_node_states(self.slurm(["sinfo", "-h", "-N", "-o", "%N %T"]).stdout)
+            states = self.slurm.node_states()
             waiting = [n for n in plan if states.get(n.name) not in READY_NODE_STATES]
             line = ", ".join(f"{n.name} {states.get(n.name, 'missing')}" for n in plan)
             if line != last:
@@ -588,13 +610,13 @@ class Testbed:
             t: [n for n in daemons if re.match(r"[a-z]+", n).group() == t] for t in ("munged", "slurmctld", "slurmd")
         }
         if any(host.is_ours(daemons[n], self.marker) for n in by_tool["slurmctld"]):
-            jobs = self.slurm(["squeue", "-h", "-o", "%A"], check=False).stdout.split()
+            jobs = self.slurm.queued_ids()
             if jobs:
-                self.slurm(["scancel", *jobs], check=False)
+                self.slurm.run(["scancel", *jobs], check=False)
                 done.append(f"cancelled {len(jobs)} job(s)")
                 # Let the nodes finish them, so the controller does not save them as still completing.
                 deadline = time.monotonic() + JOB_DRAIN_TIMEOUT
-                while self.slurm(["squeue", "-h", "-o", "%A"], check=False).stdout.split():
+                while self.slurm.queued_ids():
                     if time.monotonic() > deadline:
                         break
                     time.sleep(0.2)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctrain.errors import ConfigError, ParseError
-from ctrain.slurm import FINAL_STATES
 
 DEFAULT_STATE_DIR = Path("/var/lib/ctrain/testbed")
 STATE_DIR_ENV = "CTRAIN_TESTBED_DIR"
@@ -387,33 +386,5 @@ def hosts_conflicts(text: str, nodes: list[Node]) -> list[str]:
     return found
 
 
-_SINFO_LINE = re.compile(r"^(\S+)\s+(\S+)$")
-
-
-def parse_node_states(raw: str) -> dict[str, str]:
-    """``sinfo -h -N -o '%N %T'`` as {node: state}; anything else is a ParseError."""
-    states: dict[str, str] = {}
-    for line in raw.splitlines():
-        if not line.strip():
-            continue
-        match = _SINFO_LINE.match(line.strip())
-        if not match:
-            raise ParseError("sinfo node states", raw)
-        states[match.group(1)] = match.group(2)
-    return states
-
-
 # A node that answers and can take jobs (sinfo marks unresponsive nodes with '*').
 READY_NODE_STATES = {"idle", "mixed", "allocated"}
-
-# Job states after which a job will not run again (without a requeue): the one list in ctrain.slurm.
-FINAL_JOB_STATES = FINAL_STATES
-_JOB_STATE = re.compile(r"(?:^|\s)JobState=([A-Z_]+)(?=\s|$)")
-
-
-def parse_job_state(raw: str) -> str:
-    """The JobState in ``scontrol show job -o ID`` output; anything else is a ParseError."""
-    states = _JOB_STATE.findall(raw)
-    if len(set(states)) != 1:
-        raise ParseError("scontrol show job output (no single JobState=)", raw)
-    return states[0]
