@@ -334,7 +334,13 @@ ctrain_run() {
     mkdir -p "$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS"
     "${CTRAIN_SRUN[@]}" &
     CTRAIN_STEP_PID=$!
-    local watchdog= guard
+    local watchdog= guard alive= sentinel=
+    if ((CTRAIN_NNODES > 1)); then
+        ctrain_alive &
+        alive=$!
+        ctrain_sentinel_step &
+        sentinel=$!
+    fi
     if ((CTRAIN_HANG_TIMEOUT > 0)); then
         ctrain_watchdog &
         watchdog=$!
@@ -355,6 +361,8 @@ ctrain_run() {
     trap - USR1 TERM
     [[ -z $watchdog ]] || kill "$watchdog" 2>/dev/null
     kill "$guard" 2>/dev/null
+    [[ -z $sentinel ]] || ctrain_stop "$sentinel"
+    [[ -z $alive ]] || kill "$alive" 2>/dev/null
     local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS hung= lost= failed
     [[ ! -e $dir/hung ]] || hung=1
     [[ ! -e $dir/lost ]] || lost=$(<"$dir/lost")
@@ -428,6 +436,76 @@ ctrain_guard() {
         "${missing[*]} had not ended${lost[*]:+, and ${lost[*]} does not answer}: ending the step"
     ((${#lost[@]} == 0)) || echo "${lost[*]}" >"$dir/lost"
     ctrain_end_step
+}
+
+# ctrain_alive (in the background, on the batch host): a heartbeat for ctrain_sentinel, a number
+# that changes every 2 s in CTRAIN_PIDS/batch-alive. Its content, not its time stamp, is compared,
+# so a shared file system's attribute cache cannot make a live batch host look dead.
+ctrain_alive() {
+    local beat=0
+    while :; do
+        echo $((beat++)) >"$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/batch-alive"
+        sleep 2
+    done
+}
+
+# ctrain_sentinel_step (in the background, beside the training step): ctrain_sentinel on one other
+# node, on the host (not in the container: it needs Slurm's commands). The batch script decides
+# what happens after a failure, but it runs on the first node, which is also the rendezvous host:
+# when that node dies, the batch script dies with it, and without the sentinel the job would stay
+# RUNNING with no trainer anywhere until Slurm declares the node dead (SlurmdTimeout), then wait,
+# requeued, for that node. The sentinel writes straight to the job's log: srun, which would carry
+# its output, ran on the lost node too.
+ctrain_sentinel_step() {
+    local log
+    log=$(readlink -f /proc/$$/fd/1 2>/dev/null)
+    [[ -f $log ]] || log=
+    local code
+    code="$(declare -p CTRAIN_PROJECT_DIR CTRAIN_PIDS CTRAIN_NNODES CTRAIN_MAX_REQUEUES CTRAIN_STEP_GRACE)
+$(declare -f ctrain_sentinel ctrain_requeue_without)
+ctrain_sentinel \"\$@\""
+    [[ -z $log ]] || exec >/dev/null 2>&1 # srun's own lines (the step's end) would only be noise
+    exec srun --overlap --nodes=1 --ntasks=1 --exclude="$SLURMD_NODENAME" \
+        bash -c "$code" ctrain-sentinel "$SLURMD_NODENAME" "$log"
+}
+
+# ctrain_sentinel BATCH-HOST LOG: watch the batch host's heartbeat from another node. When it has
+# not changed for CTRAIN_STEP_GRACE seconds and the batch host's slurmd does not answer a short
+# step either, the batch host is lost: decide as the batch script would (ctrain_requeue_without),
+# and when the job cannot be requeued without it, end the job (scancel) so that it neither holds
+# the other nodes until Slurm notices nor waits, requeued by Slurm, for the lost node.
+ctrain_sentinel() {
+    local batch=$1 log=$2 file=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/batch-alive beat last= seen=$SECONDS
+    [[ -z $log ]] || exec >>"$log" 2>&1
+    while :; do
+        sleep 1
+        beat=$(cat "$file" 2>/dev/null)
+        if [[ $beat != "$last" ]]; then
+            last=$beat seen=$SECONDS
+            continue
+        fi
+        ((SECONDS - seen >= CTRAIN_STEP_GRACE)) || continue
+        timeout --signal=KILL 10 srun --overlap --nodes=1 --ntasks=1 --nodelist="$batch" true >/dev/null 2>&1 || break
+        seen=$SECONDS # the batch host answers: only its heartbeat was late
+    done
+    echo "ctrain: failure: node lost: $batch, the batch host (no heartbeat for ${CTRAIN_STEP_GRACE}s and its" \
+        "slurmd does not answer; seen from $(uname -n))"
+    CTRAIN_REQUEUED=
+    ctrain_requeue_without "$batch"
+    if [[ -z $CTRAIN_REQUEUED ]]; then
+        echo "ctrain: ending job $SLURM_JOB_ID (scancel): its batch script was lost with $batch"
+        rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_PIDS"
+        scancel "$SLURM_JOB_ID"
+    fi
+}
+
+# ctrain_stop PID: end a background srun (TERM, then KILL after 5 s: with a node gone, srun may wait).
+ctrain_stop() {
+    kill "$1" 2>/dev/null || return 0
+    local waited=0
+    while kill -0 "$1" 2>/dev/null && ((waited++ < 50)); do sleep 0.1; done
+    kill -KILL "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
 }
 
 # End the training step now: SIGKILL to every process of it on the nodes that still answer, then to

@@ -9,6 +9,8 @@
 - A node lost (``Testbed.kill_node``: its slurmd and every process on it SIGKILLed): the batch
   script ends the step within a minute instead of srun waiting for Slurm to declare the node dead,
   and does not requeue the job onto it; a requeue with a node excluded runs on another.
+- The batch host lost (node1, also the rendezvous node): the batch script dies with it; the
+  sentinel on node2 decides in its place, within a minute, and ends the job.
 
 Each test prints ``reliability | ...`` lines with the figures docs/reliability.md records.
 """
@@ -247,6 +249,48 @@ def test_lost_node_ends_the_step_within_a_minute(sbatch_project: Project, cpu_si
             "submit it again once node2 is back") in log  # fmt: skip
     assert state in ("FAILED", "NODE_FAIL"), f"job {job_id} ended {state}:\n{log[-6000:]}"
     assert restarts(project, job_id) == 0
+
+
+def test_lost_batch_host_is_decided_from_another_node(sbatch_project: Project, cpu_sif: Path) -> None:
+    """Kill node1, the batch host and rendezvous node: the batch script dies with it, so the sentinel
+    on node2 sees its heartbeat stop, confirms node1 does not answer, and decides within 60 s what the
+    batch script would have (no other node: not requeued), then ends the job instead of leaving it
+    RUNNING with no trainer until Slurm declares node1 dead, or requeued and waiting for node1."""
+    project = sbatch_project
+    testbed = project.testbed
+    job_id = submit(project, cpu_sif, "batchhost", "training.max_steps=5000", "training.logging_steps=5",
+                    "training.save_steps=100000")  # fmt: skip
+    beats = training(project, job_id)
+    survivors = [pid for _, node, pid in beats.values() if node == "node2"]
+    assert len(survivors) == 2 and testbed.slurm.job(job_id).where == "node[1-2]", beats
+    try:
+        count = testbed.kill_node("node1")
+        killed = time.monotonic()
+        gone = wait_until("node2's ranks to end", lambda: not any(map(alive, survivors)), 60)
+        lost = wait_until("the sentinel", lambda: "node lost: node1, the batch host" in project.log(job_id), 90)
+        decided = wait_until("the decision", lambda: "not requeueing" in project.log(job_id), 30)
+        ended = wait_until("the job's end", lambda: testbed.job_state(job_id) != "RUNNING", 60, every=0.5)
+        report("node1 (batch host) killed: processes killed", str(count))
+        report("node1 (batch host) killed: to node2's ranks gone", f"{gone - killed:.1f} s")
+        report("node1 (batch host) killed: to the sentinel naming it", f"{lost - killed:.1f} s")
+        report("node1 (batch host) killed: to the decision", f"{decided - killed:.1f} s")
+        report("node1 (batch host) killed: to the job leaving RUNNING", f"{ended - killed:.1f} s")
+    finally:
+        testbed.start_node("node1")
+    state = testbed.wait(job_id, timeout=120)
+    log = project.log(job_id)
+    assert decided - killed <= 60, log[-6000:]
+    assert ("ctrain: failure: node lost: node1, the batch host (no heartbeat for 10s and its slurmd does not "
+            "answer; seen from node2)") in log, log[-6000:]  # fmt: skip
+    assert ("not requeueing: partition debug has 1 node(s) in service besides node1, the job needs 2; "
+            "submit it again once node1 is back") in log  # fmt: skip
+    assert f"ctrain: ending job {job_id} (scancel): its batch script was lost with node1" in log
+    assert state == "CANCELLED", f"job {job_id} ended {state}:\n{log[-6000:]}"
+    assert restarts(project, job_id) == 0
+    assert not (project.path / ".ctrain" / job_id).exists()
+    status = CliRunner().invoke(main, ["status", job_id])
+    assert f"job {job_id}: failure: node lost: node1, the batch host" in status.output, status.output
+    assert f"job {job_id}: not requeueing: partition debug has 1 node(s)" in status.output, status.output
 
 
 def test_requeue_without_a_lost_node_runs_on_another(sbatch_project: Project) -> None:
