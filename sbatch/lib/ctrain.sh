@@ -361,8 +361,12 @@ ctrain_run() {
     trap - USR1 TERM
     [[ -z $watchdog ]] || kill "$watchdog" 2>/dev/null
     kill "$guard" 2>/dev/null
-    [[ -z $sentinel ]] || ctrain_stop "$sentinel"
-    [[ -z $alive ]] || kill "$alive" 2>/dev/null
+    if [[ -n $sentinel ]]; then
+        kill "$alive" 2>/dev/null
+        wait "$alive" 2>/dev/null
+        echo stop >"$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/batch-alive"
+        ctrain_stop "$sentinel"
+    fi
     local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS hung= lost= failed
     [[ ! -e $dir/hung ]] || hung=1
     [[ ! -e $dir/lost ]] || lost=$(<"$dir/lost")
@@ -474,18 +478,30 @@ ctrain_sentinel \"\$@\""
 # step either, the batch host is lost: decide as the batch script would (ctrain_requeue_without),
 # and when the job cannot be requeued without it, end the job (scancel) so that it neither holds
 # the other nodes until Slurm notices nor waits, requeued by Slurm, for the lost node.
+# "stop" in the heartbeat file: the batch script is ending the sentinel. Slurm also ends the
+# sentinel's step when the batch host dies (its srun is gone): a TERM while the job is still
+# RUNNING and the heartbeat has not said "stop" is survived, and the watch goes on (Slurm's
+# SIGKILL follows KillWait seconds later, 30 by default: the decision comes before).
 ctrain_sentinel() {
-    local batch=$1 log=$2 file=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/batch-alive beat last= seen=$SECONDS
+    local batch=$1 log=$2 file=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/batch-alive beat last= seen=$SECONDS termed=
     [[ -z $log ]] || exec >>"$log" 2>&1
+    trap 'termed=1' TERM
     while :; do
-        sleep 1
+        sleep 1 &
+        wait $!
         beat=$(cat "$file" 2>/dev/null)
+        [[ $beat != stop ]] || return 0
+        if [[ -n $termed ]]; then
+            termed=
+            scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -q 'JobState=RUNNING ' || return 0
+        fi
         if [[ $beat != "$last" ]]; then
             last=$beat seen=$SECONDS
             continue
         fi
         ((SECONDS - seen >= CTRAIN_STEP_GRACE)) || continue
-        timeout --signal=KILL 10 srun --overlap --nodes=1 --ntasks=1 --nodelist="$batch" true >/dev/null 2>&1 || break
+        { timeout --signal=KILL 10 srun --overlap --nodes=1 --ntasks=1 --nodelist="$batch" true; } >/dev/null 2>&1 ||
+            break
         seen=$SECONDS # the batch host answers: only its heartbeat was late
     done
     echo "ctrain: failure: node lost: $batch, the batch host (no heartbeat for ${CTRAIN_STEP_GRACE}s and its" \
@@ -499,11 +515,11 @@ ctrain_sentinel() {
     fi
 }
 
-# ctrain_stop PID: end a background srun (TERM, then KILL after 5 s: with a node gone, srun may wait).
+# ctrain_stop PID: end a background srun (TERM, then KILL after 2 s: with a node gone, srun may wait).
 ctrain_stop() {
     kill "$1" 2>/dev/null || return 0
     local waited=0
-    while kill -0 "$1" 2>/dev/null && ((waited++ < 50)); do sleep 0.1; done
+    while kill -0 "$1" 2>/dev/null && ((waited++ < 20)); do sleep 0.1; done
     kill -KILL "$1" 2>/dev/null
     wait "$1" 2>/dev/null
 }
