@@ -316,7 +316,7 @@ def build(
     Streams the builder's output with the step and elapsed time on stderr; prints the image
     reference, ID and digest on stdout as `key: value` lines.
     """
-    from ctrain.image.commands import run_build
+    from ctrain.image.service import run_build
 
     image = run_build(
         project(ctx),
@@ -337,7 +337,7 @@ def build(
 def wheelhouse_cmd(ctx: click.Context, directory: Path) -> None:
     """Download every wheel the image installs into DIRECTORY (on a machine with network), for
     `ctrain build --wheelhouse DIRECTORY` on one without."""
-    from ctrain.image.commands import run_wheelhouse
+    from ctrain.image.service import run_wheelhouse
 
     wheels = run_wheelhouse(project(ctx), directory)
     click.echo(f"wheelhouse: {directory} ({len(wheels)} wheels)")
@@ -367,7 +367,7 @@ def convert(
     Does nothing when the output was made from the same image ID with the same settings; writes
     atomically (an interrupted conversion leaves no file behind). Prints `path: FILE`.
     """
-    from ctrain.image.commands import run_convert
+    from ctrain.image.service import run_convert
 
     result = run_convert(project(ctx), to=to, compression=compression, output=output, ref=ref, force=force)
     click.echo(f"path: {result.path}\nid: {result.image_id}\ncached: {str(result.cached).lower()}")
@@ -410,7 +410,7 @@ def push(
     by sha256 on both sides and renamed into place. Credentials come from the standard stores
     (docker/podman login, apptainer registry login, ssh keys), never from ctrain.
     """
-    from ctrain.image.commands import run_push
+    from ctrain.image.service import run_push
 
     for pushed in run_push(
         project(ctx), registry=registry, oras=oras, remote=remote, formats=formats, ref=ref, files=files
@@ -571,7 +571,7 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
       ctrain submit --dry-run --nodes 16 --gpus-per-node 8 RECIPE     show exactly what would run
     """
     from ctrain import slurm
-    from ctrain import submit as jobs
+    from ctrain.jobs import submit as jobs
     from ctrain.ui import info
 
     job = jobs.prepare(project(ctx), recipe=recipe, overrides=overrides, script=script, runtime=runtime, nodes=nodes,
@@ -738,7 +738,8 @@ def cluster_init(
 
     Values come from the `cluster:` section of ctrain.yaml; flags and --set override them.
     """
-    from ctrain.cluster import base, template
+    from ctrain.cluster import setup as cluster_setup
+    from ctrain.cluster import template
     from ctrain.settings import apply_overrides
     from ctrain.ui import info
 
@@ -746,7 +747,7 @@ def cluster_init(
     overrides.update({key: value for key, value in flags.items() if value is not None})
     if cpu_only:
         overrides["gpu_queue"] = False
-    setup = base.load(project(ctx), overrides)
+    setup = cluster_setup.load(project(ctx), overrides)
     path = template.write(setup, output.resolve() if output else None, force=force)
     click.echo(path)
     info(f"next: ctrain cluster validate {path}, then ctrain cluster up (which starts the billing)")
@@ -779,9 +780,10 @@ def cluster_validate(
     ctrain's rules (instance types that exist, EFA instance types, placement group vs capacity
     reservation, node scripts present). Exits 2 and lists every problem when there are errors.
     """
-    from ctrain.cluster import base, checks, pcluster
+    from ctrain.cluster import checks, pcluster
+    from ctrain.cluster import setup as cluster_setup
 
-    setup = base.load(project(ctx), {"name": name, "region": region})
+    setup = cluster_setup.load(project(ctx), {"name": name, "region": region})
     path = file.resolve() if file else setup.config_file
     problems = checks.validate(setup, path, suppress)
     if against_aws:
@@ -814,10 +816,11 @@ def cluster_up(
     Validates the config, uploads the node scripts to cluster.scripts_s3_uri, runs pcluster
     create-cluster and follows its progress. On failure it prints the failed CloudFormation events.
     """
-    from ctrain.cluster import base, pcluster
+    from ctrain.cluster import pcluster
+    from ctrain.cluster import setup as cluster_setup
     from ctrain.ui import info
 
-    setup = base.load(project(ctx), {"name": name, "region": region})
+    setup = cluster_setup.load(project(ctx), {"name": name, "region": region})
     state = pcluster.up(
         setup, file.resolve() if file else setup.config_file, suppress=suppress, poll=poll, timeout=timeout * 60
     )
@@ -830,9 +833,10 @@ def cluster_up(
 @click.pass_context
 def cluster_status(ctx: click.Context, name: str | None, region: str | None) -> None:
     """State, head node address, compute fleet and compute nodes."""
-    from ctrain.cluster import base, pcluster
+    from ctrain.cluster import pcluster
+    from ctrain.cluster import setup as cluster_setup
 
-    click.echo(pcluster.status(base.load(project(ctx), {"name": name, "region": region})))
+    click.echo(pcluster.status(cluster_setup.load(project(ctx), {"name": name, "region": region})))
 
 
 @cluster.command("ssh", context_settings={"ignore_unknown_options": True})
@@ -844,9 +848,10 @@ def cluster_ssh(ctx: click.Context, name: str | None, region: str | None, ssh_ar
 
     The key is cluster.ssh_key, else ~/.ssh/KEY_PAIR.pem when it exists.
     """
-    from ctrain.cluster import base, pcluster
+    from ctrain.cluster import pcluster
+    from ctrain.cluster import setup as cluster_setup
 
-    pcluster.ssh(base.load(project(ctx), {"name": name, "region": region}), ssh_args)
+    pcluster.ssh(cluster_setup.load(project(ctx), {"name": name, "region": region}), ssh_args)
 
 
 @cluster.command("down")
@@ -863,12 +868,13 @@ def cluster_down(
     Deletes the head node, the compute nodes and storage created with DeletionPolicy Delete,
     including the FSx file system and its data.
     """
-    from ctrain.cluster import base, pcluster
+    from ctrain.cluster import pcluster
+    from ctrain.cluster import setup as cluster_setup
 
     def confirm(question: str) -> bool:
         return yes or click.confirm(question, default=False, err=True)
 
-    setup = base.load(project(ctx), {"name": name, "region": region})
+    setup = cluster_setup.load(project(ctx), {"name": name, "region": region})
     pcluster.down(setup, confirm=confirm, poll=poll, timeout=timeout * 60)
     click.echo(f"cluster '{setup.settings.name}' deleted")
 

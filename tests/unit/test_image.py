@@ -12,7 +12,7 @@ import pytest
 
 from ctrain.config import ProjectConfig, load_config
 from ctrain.errors import ConfigError, CtrainError
-from ctrain.image import build, commands, convert, push, secrets, store
+from ctrain.image import build, convert, push, secrets, service, store
 from ctrain.image.build import BuildRequest, Progress
 from tests.plugins.image import render_definition
 
@@ -97,9 +97,9 @@ def test_sif_path_and_default_outputs(tmp_path: Path) -> None:
 
 def test_image_ref_from_config_and_tag_option() -> None:
     config = ProjectConfig()
-    assert commands.image_ref(config) == "ctrain:latest"
-    assert commands.image_ref(config, "v2") == "ctrain:v2"
-    assert commands.image_ref(config, "other:v3") == "other:v3"
+    assert service.image_ref(config) == "ctrain:latest"
+    assert service.image_ref(config, "v2") == "ctrain:v2"
+    assert service.image_ref(config, "other:v3") == "other:v3"
 
 
 def test_image_source_is_pinned_by_id() -> None:
@@ -114,9 +114,9 @@ def test_image_source_is_pinned_by_id() -> None:
 def test_local_base_rejects_conflicting_options(tmp_path: Path) -> None:
     config = ProjectConfig()
     with pytest.raises(ConfigError, match="drop --base"):
-        commands.run_build(config, builder="buildah", local_base=True, base="x")
+        service.run_build(config, builder="buildah", local_base=True, base="x")
     with pytest.raises(ConfigError, match="cpu flavour only"):
-        commands.run_build(config, builder="buildah", local_base=True, flavour="gpu")
+        service.run_build(config, builder="buildah", local_base=True, flavour="gpu")
 
 
 # --- convert: cache and atomicity -----------------------------------------------------------------
@@ -242,7 +242,7 @@ def test_push_errors_are_redacted() -> None:
 
 def test_push_needs_a_destination() -> None:
     with pytest.raises(ConfigError, match="nowhere to push: set push.registry"):
-        commands.run_push(ProjectConfig())
+        service.run_push(ProjectConfig())
 
 
 # --- project config --------------------------------------------------------------------------------

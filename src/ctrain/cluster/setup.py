@@ -1,5 +1,5 @@
-"""What every ``ctrain cluster`` command shares: settings with overrides, shipped files, the region,
-and where the ``pcluster`` CLI and its Python live."""
+"""What every ``ctrain cluster`` command shares: the ``Setup`` (``cluster:`` settings with flags applied),
+shipped files, the region, and where the ``pcluster`` CLI and its Python live."""
 
 from __future__ import annotations
 

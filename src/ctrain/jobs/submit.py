@@ -375,7 +375,7 @@ def check(job: Job) -> list[str]:
     check_image(s["CTRAIN_IMAGE"], job.runtime, job.project)
     if s["CTRAIN_LAUNCHER"] == "deepspeed":
         _project_file(job, s["CTRAIN_DEEPSPEED_CONFIG"], "the DeepSpeed config (CTRAIN_DEEPSPEED_CONFIG)")
-    warnings += check_recipe(job)
+    warnings += check_job_recipe(job)
     if s.get("CTRAIN_ACCELERATE_CONFIG"):
         _project_file(job, s["CTRAIN_ACCELERATE_CONFIG"], "the accelerate config (CTRAIN_ACCELERATE_CONFIG)")
     if s.get("CTRAIN_DATA") and not Path(s["CTRAIN_DATA"]).is_dir():
@@ -460,7 +460,7 @@ def _image_kind(path: Path, runtime: str) -> str:
 _CONTAINER_TARGETS = ("/workspace", "/data", "/hf_home", "/outputs")
 
 
-def check_recipe(job: Job) -> list[str]:
+def check_job_recipe(job: Job) -> list[str]:
     """The recipe exists inside the project and validates with the overrides, as the job will run it
     (from the project directory, on nodes x processes per node), without torch; returns notes."""
     from ctrain.train.recipe import check_recipe as check_paths

@@ -1,5 +1,5 @@
 """What ``ctrain build / wheelhouse / convert / push`` do, from the project config plus flags; the
-click commands in cli.py only parse options and print what these return."""
+click commands in image/cli.py only parse options and print what these return."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from ctrain import ui
 from ctrain.config import ProjectConfig
 from ctrain.errors import ConfigError, CtrainError
-from ctrain.image import base as base_image
+from ctrain.image import localbase
 from ctrain.image import build as builder_mod
 from ctrain.image import convert as convert_mod
 from ctrain.image import push as push_mod
@@ -80,7 +80,7 @@ def run_build(
     if local_base:
         if builder == "apptainer":
             raise ConfigError("--local-base needs docker, podman or buildah (Apptainer cannot read their image store)")
-        base = base_image.debootstrap_base(builder=builder).ref
+        base = localbase.debootstrap_base(builder=builder).ref
     if flavour == "cpu" and not base:
         base = CPU_BASE
     wheels = wheelhouse_dir or (config.resolve(cfg.wheelhouse) if cfg.wheelhouse else None)
