@@ -18,13 +18,14 @@ import os
 import re
 import shlex
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ctrain import proc, resources, slurm
 from ctrain.config import ProjectConfig, SlurmConfig
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.image import reference
+from ctrain.settings import override
 
 LIB = Path("sbatch/lib/ctrain.sh")
 # How every script in sbatch/ loads the library (the line `ctrain submit` replaces by the library).
@@ -342,9 +343,9 @@ def render(template: Path, lib_text: str, header_pairs: list[tuple[str, str | No
 def prepare(
     config: ProjectConfig, *, recipe: str | None = None, overrides: tuple[str, ...] = (), **changes: object
 ) -> Job:
-    """Render the job for ``config.slurm`` with command-line ``changes`` (nodes=, time=, image=, ...)."""
-    c = replace(config.slurm, **{k: v for k, v in changes.items() if v is not None})
-    c.validate()
+    """Render the job for ``config.slurm`` with command-line ``changes`` on top: ``slurm:`` keys (nodes=,
+    time=, image=, ...), checked as in ctrain.yaml; None leaves a setting as configured."""
+    c = override(config.slurm, changes, where="slurm")
     project = config.root
     template = choose_script(c, project, c.nodes)
     lib = template.parent / "lib" / LIB.name
