@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ctrain.config import ProjectConfig, load_config
+from ctrain.config import ProjectConfig, PushConfig, load_config
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.image import build, convert, push, secrets, service, store
 from ctrain.image.build import BuildRequest, Progress
@@ -243,6 +243,28 @@ def test_push_errors_are_redacted() -> None:
 def test_push_needs_a_destination() -> None:
     with pytest.raises(ConfigError, match="nowhere to push: set push.registry"):
         service.run_push(ProjectConfig())
+
+
+
+def test_push_flags_replace_the_configured_destinations(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A destination on the command line replaces push: in ctrain.yaml (the ssh options stay)."""
+    config = ProjectConfig(push=PushConfig(registry="ghcr.io/team", oras="oras://h/x:1", ssh_options=["-p2222"]))
+    sif = tmp_path / "a.sif"
+    sent: list[tuple[list[Path], str, list[str]]] = []
+    monkeypatch.setattr(service.convert_mod, "file_format", lambda f: "sif")
+    monkeypatch.setattr(service.push_mod, "check_destination", lambda *a, **k: None)
+    monkeypatch.setattr(service.push_mod, "push_files", lambda files, remote, ssh_options: sent.append(
+        (files, remote, ssh_options)) or [f"{remote}{files[0].name}"])  # fmt: skip
+    pushed = service.run_push(config, remote="host:/images/", files=(sif,))
+    assert pushed == [service.Pushed("remote", "host:/images/a.sif")]
+    assert sent == [([sif], "host:/images/", ["-p2222"])]
+
+
+def test_build_and_convert_flags_are_checked_as_settings() -> None:
+    with pytest.raises(ConfigError, match="'image.flavour' is 'tpu'; valid values: gpu, cpu"):
+        service.run_build(ProjectConfig(), flavour="tpu")
+    with pytest.raises(ConfigError, match="'convert.to' is 'tar'; valid values: sif, sqsh"):
+        service.run_convert(ProjectConfig(), to="tar")
 
 
 # --- project config --------------------------------------------------------------------------------
