@@ -15,7 +15,7 @@ images=${CTRAIN_TEST_IMAGES:-/var/tmp/ctrain-test}
 rm -rf -- "$images"
 if command -v buildah >/dev/null; then
     buildah rm --all >/dev/null
-    # The test images and the debootstrap base (ctrain.image.base.DEFAULT_REF's name).
+    # The test images and the debootstrap base (ctrain.image.localbase.DEFAULT_REF's name).
     mapfile -t refs < <(buildah images --format '{{.Name}}:{{.Tag}}' |
         grep -E '^localhost/(ctrain-test|ctrain-base|ctrain-private-index):' || true)
     [ "${#refs[@]}" -eq 0 ] || buildah rmi --force "${refs[@]}" >/dev/null

@@ -714,7 +714,7 @@ ctrain_abspath() {
 
 # Whether an image setting names a file (else a registry reference): a path (/, ./, ../, ~/), a
 # name ending .sif, .sqsh or .squashfs, or something that exists in the project directory; never
-# a URI (docker://...). The same rule in Python is ctrain.submit.image_is_file; a test keeps the
+# a URI (docker://...). The same rule in Python is ctrain.jobs.submit.image_is_file; a test keeps the
 # two in agreement.
 ctrain_image_is_file() {
     case $1 in

@@ -1,7 +1,8 @@
 """Typed settings: plain dataclasses filled from YAML mappings with strict validation.
 
 Unknown keys name the bad key, list the valid ones and suggest the closest; wrong types and
-values outside a ``Literal`` name the dotted path. Used by the project config and by recipes.
+values outside a ``Literal`` name the dotted path. Used by the project config and by recipes;
+:func:`override` applies command-line flags to a section with the same checks.
 """
 
 from __future__ import annotations
@@ -148,6 +149,33 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | None, *, where: str = "
     if callable(validate):
         validate()
     return obj
+
+
+def override(obj: T, changes: Mapping[str, Any], *, where: str = "") -> T:
+    """A new settings dataclass like ``obj`` with ``changes`` on top: how command-line flags override
+    a section of ctrain.yaml (``where`` names it in errors, e.g. ``"slurm"``).
+
+    A ``None`` value (a flag not given) changes nothing. An unknown key is a :class:`ConfigError` that
+    lists the valid ones; each value is converted and checked as :func:`from_mapping` does the YAML
+    key, so a flag gets the same validation as the setting. The result is built through the class
+    (``__post_init__`` runs again), then its ``validate()``, where it has one.
+    """
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        raise TypeError(f"override() takes a settings dataclass instance, got {obj!r}")
+    cls = type(obj)
+    hints = get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(obj) if f.init}
+    kwargs = {}
+    for key, value in changes.items():
+        if key not in fields:
+            raise _unknown_key(str(key), fields, where)
+        if value is not None:
+            kwargs[key] = _convert(value, hints[key], f"{where}.{key}" if where else key)
+    new = dataclasses.replace(obj, **kwargs)  # type: ignore[type-var]
+    validate = getattr(new, "validate", None)
+    if callable(validate):
+        validate()
+    return new
 
 
 def to_mapping(obj: Any) -> Any:
@@ -339,6 +367,7 @@ __all__ = [
     "field_names",
     "from_mapping",
     "load_yaml",
+    "override",
     "read_settings",
     "to_mapping",
 ]

@@ -19,7 +19,8 @@ from click.testing import CliRunner, Result
 
 from ctrain import resources
 from ctrain.cli import main
-from ctrain.cluster import base, checks
+from ctrain.cluster import checks
+from ctrain.cluster import setup as cluster_setup
 from ctrain.config import ProjectConfig
 from ctrain.errors import CtrainError
 from tests.badinput import Case, run_case
@@ -58,7 +59,7 @@ EMULATOR_LIMITS = {
 @pytest.fixture(autouse=True)
 def _pcluster_installed() -> None:
     try:
-        base.pcluster_bin(), base.pcluster_python()
+        cluster_setup.pcluster_bin(), cluster_setup.pcluster_python()
     except CtrainError:
         need(False, "the pcluster CLI and library (pip install 'ctrain[aws]')")
 
@@ -162,7 +163,7 @@ def test_ctrain_rules_and_schema_report_together(tmp_path: Path) -> None:
 def test_offline_check_keeps_its_dummy_credentials_to_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     isolate_aws(monkeypatch, tmp_path)
     config, written = init(tmp_path)
-    setup = base.load(ProjectConfig(path=config), {})
+    setup = cluster_setup.load(ProjectConfig(path=config), {})
     (found,) = checks.offline([written], "ctrain", REGION)
     assert checks.errors(found.problems) == []
     assert "AWS_ACCESS_KEY_ID" not in os.environ and "AWS_ENDPOINT_URL" not in os.environ
@@ -350,11 +351,11 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> Verdicts:
     """Every golden and hostile config through ParallelCluster's offline check (one process for all,
     as loading ParallelCluster takes most of the time) and ctrain's rules, as `validate` does."""
     try:
-        base.pcluster_python()
+        cluster_setup.pcluster_python()
     except CtrainError:
         need(False, "the pcluster CLI and library (pip install 'ctrain[aws]')")
     root = tmp_path_factory.mktemp("hostile")
-    setup = base.load(ProjectConfig(path=root / "ctrain.yaml"), EXAMPLE)
+    setup = cluster_setup.load(ProjectConfig(path=root / "ctrain.yaml"), EXAMPLE)
     configs = {name: yaml.safe_load((GOLDEN / f"{name}.yaml").read_text()) for name in GOLDENS}
     for case in HOSTILE:
         configs[case.id] = data = yaml.safe_load((GOLDEN / f"{case.golden}.yaml").read_text())

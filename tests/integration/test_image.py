@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ctrain.image import base as base_mod
+from ctrain.image import localbase as base_mod
 from ctrain.image import build as build_mod
 from ctrain.image import convert as convert_mod
 from ctrain.image import sqsh, store

@@ -111,7 +111,7 @@ def test_scripts_pass_sbatch_test_only(testbed, sbatch_project, script: str) -> 
 
 def test_submit_queues_the_text_and_keeps_a_copy_beside_the_log(testbed, tmp_path: Path) -> None:
     """submit(): the script text on sbatch's stdin, the submit directory as given, logs/ made first."""
-    from ctrain import submit
+    from ctrain.jobs import submit
 
     text = "#!/bin/sh\n#SBATCH --job-name=copyprobe\n#SBATCH --output=logs/%x-%j.out\necho ran in $(pwd)\n"
     job = submit.Job(template=tmp_path / "x.sbatch", runtime="apptainer", text=text, project=tmp_path,

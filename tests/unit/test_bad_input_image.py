@@ -4,7 +4,7 @@
 that need buildah, skopeo or a full disk with a real image are in tests/integration.
 
 Also here: the rule that tells an image file from a registry reference, stated in Python
-(ctrain.submit.image_is_file, ctrain.image.reference.enroot) and in bash (ctrain_image_is_file,
+(ctrain.jobs.submit.image_is_file, ctrain.image.reference.enroot) and in bash (ctrain_image_is_file,
 ctrain_enroot_image in sbatch/lib/ctrain.sh), checked to agree on one table.
 """
 
@@ -22,8 +22,8 @@ import pytest
 from ctrain.config import load_config
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.image import convert, reference, store
-from ctrain import submit as submit_mod
-from ctrain.submit import image_is_file, prepare
+from ctrain.jobs import submit as submit_mod
+from ctrain.jobs.submit import image_is_file, prepare
 from tests.badinput import Case, run_case
 from tests.conftest import need
 

@@ -13,7 +13,8 @@ import yaml
 from click.testing import CliRunner
 
 from ctrain.cli import main
-from ctrain.cluster import base, checks, template
+from ctrain.cluster import checks, template
+from ctrain.cluster import setup as cluster_setup
 from ctrain.cluster.efa import EFA_INSTANCE_TYPES
 from ctrain.config import CLUSTER_NAME_MAX, ClusterConfig, ProjectConfig
 from ctrain.errors import ConfigError, ToolNotFound
@@ -30,8 +31,8 @@ EXAMPLE = {
 }
 
 
-def setup_for(tmp_path: Path, **settings: Any) -> base.Setup:
-    return base.load(ProjectConfig(path=tmp_path / "ctrain.yaml"), {**EXAMPLE, **settings})
+def setup_for(tmp_path: Path, **settings: Any) -> cluster_setup.Setup:
+    return cluster_setup.load(ProjectConfig(path=tmp_path / "ctrain.yaml"), {**EXAMPLE, **settings})
 
 
 def queues(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -95,7 +96,7 @@ def test_existing_fsx_replaces_the_settings_that_create_one(tmp_path: Path) -> N
 
 
 def test_init_names_every_missing_setting(tmp_path: Path) -> None:
-    setup = base.load(ProjectConfig(path=tmp_path / "ctrain.yaml"), {})
+    setup = cluster_setup.load(ProjectConfig(path=tmp_path / "ctrain.yaml"), {})
     with pytest.raises(ConfigError) as err:
         template.render(setup)
     for key, flag in template.REQUIRED.items():
@@ -249,9 +250,9 @@ def test_schema_messages_flatten_to_paths() -> None:
 
 def test_missing_pcluster_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(base.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setattr(cluster_setup.sys, "executable", str(tmp_path / "python"))
     with pytest.raises(ToolNotFound, match=r"pip install 'ctrain\[aws\]'"):
-        base.pcluster_bin()
+        cluster_setup.pcluster_bin()
 
 
 def test_init_writes_and_keeps_a_changed_file(tmp_path: Path) -> None:
@@ -287,14 +288,14 @@ def test_helpers_run_on_the_python_of_a_separate_pcluster_install(
     cli.write_text(f"#!{python}\nimport sys\n")
     cli.chmod(0o755)
     monkeypatch.setenv("PATH", str(cli.parent))
-    real_find_spec = base.importlib.util.find_spec
+    real_find_spec = cluster_setup.importlib.util.find_spec
     monkeypatch.setattr(
-        base.importlib.util, "find_spec", lambda name: None if name == "pcluster" else real_find_spec(name)
+        cluster_setup.importlib.util, "find_spec", lambda name: None if name == "pcluster" else real_find_spec(name)
     )
-    assert base.pcluster_bin() == str(cli)
-    assert base.helper(checks.OFFLINE_CHECK, "x.yaml")[:3] == [str(python), "-I", str(checks.OFFLINE_CHECK)]
+    assert cluster_setup.pcluster_bin() == str(cli)
+    assert cluster_setup.helper(checks.OFFLINE_CHECK, "x.yaml")[:3] == [str(python), "-I", str(checks.OFFLINE_CHECK)]
     cli.write_text("#!/usr/bin/env python3\n")  # found on PATH, as the kernel would
-    assert base.pcluster_python() == str(python)
+    assert cluster_setup.pcluster_python() == str(python)
 
 
 # --- files that are no ParallelCluster config: one error each, before ParallelCluster is loaded ----

@@ -10,7 +10,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from ctrain import submit
+from ctrain.jobs import submit
 from ctrain.train.recipe import PREEMPTED_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[2]

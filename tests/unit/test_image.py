@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ctrain.config import ProjectConfig, load_config
+from ctrain.config import ProjectConfig, PushConfig, load_config
 from ctrain.errors import ConfigError, CtrainError
-from ctrain.image import build, commands, convert, push, secrets, store
+from ctrain.image import build, convert, push, secrets, service, store
 from ctrain.image.build import BuildRequest, Progress
 from tests.plugins.image import render_definition
 
@@ -97,9 +97,9 @@ def test_sif_path_and_default_outputs(tmp_path: Path) -> None:
 
 def test_image_ref_from_config_and_tag_option() -> None:
     config = ProjectConfig()
-    assert commands.image_ref(config) == "ctrain:latest"
-    assert commands.image_ref(config, "v2") == "ctrain:v2"
-    assert commands.image_ref(config, "other:v3") == "other:v3"
+    assert service.image_ref(config) == "ctrain:latest"
+    assert service.image_ref(config, "v2") == "ctrain:v2"
+    assert service.image_ref(config, "other:v3") == "other:v3"
 
 
 def test_image_source_is_pinned_by_id() -> None:
@@ -114,9 +114,9 @@ def test_image_source_is_pinned_by_id() -> None:
 def test_local_base_rejects_conflicting_options(tmp_path: Path) -> None:
     config = ProjectConfig()
     with pytest.raises(ConfigError, match="drop --base"):
-        commands.run_build(config, builder="buildah", local_base=True, base="x")
+        service.run_build(config, builder="buildah", local_base=True, base="x")
     with pytest.raises(ConfigError, match="cpu flavour only"):
-        commands.run_build(config, builder="buildah", local_base=True, flavour="gpu")
+        service.run_build(config, builder="buildah", local_base=True, flavour="gpu")
 
 
 # --- convert: cache and atomicity -----------------------------------------------------------------
@@ -242,7 +242,29 @@ def test_push_errors_are_redacted() -> None:
 
 def test_push_needs_a_destination() -> None:
     with pytest.raises(ConfigError, match="nowhere to push: set push.registry"):
-        commands.run_push(ProjectConfig())
+        service.run_push(ProjectConfig())
+
+
+
+def test_push_flags_replace_the_configured_destinations(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A destination on the command line replaces push: in ctrain.yaml (the ssh options stay)."""
+    config = ProjectConfig(push=PushConfig(registry="ghcr.io/team", oras="oras://h/x:1", ssh_options=["-p2222"]))
+    sif = tmp_path / "a.sif"
+    sent: list[tuple[list[Path], str, list[str]]] = []
+    monkeypatch.setattr(service.convert_mod, "file_format", lambda f: "sif")
+    monkeypatch.setattr(service.push_mod, "check_destination", lambda *a, **k: None)
+    monkeypatch.setattr(service.push_mod, "push_files", lambda files, remote, ssh_options: sent.append(
+        (files, remote, ssh_options)) or [f"{remote}{files[0].name}"])  # fmt: skip
+    pushed = service.run_push(config, remote="host:/images/", files=(sif,))
+    assert pushed == [service.Pushed("remote", "host:/images/a.sif")]
+    assert sent == [([sif], "host:/images/", ["-p2222"])]
+
+
+def test_build_and_convert_flags_are_checked_as_settings() -> None:
+    with pytest.raises(ConfigError, match="'image.flavour' is 'tpu'; valid values: gpu, cpu"):
+        service.run_build(ProjectConfig(), flavour="tpu")
+    with pytest.raises(ConfigError, match="'convert.to' is 'tar'; valid values: sif, sqsh"):
+        service.run_convert(ProjectConfig(), to="tar")
 
 
 # --- project config --------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ctrain import files, project, resources, submit
+from ctrain import files, project, resources
+from ctrain.jobs import submit
 from ctrain.cli import main
 from ctrain.config import load_config
 

@@ -295,7 +295,7 @@ def test_pyxis_option_list_cites_its_source() -> None:
 def test_scripts_parse_and_share_the_library(script: str) -> None:
     text = (SBATCH / f"{script}.sbatch").read_text()
     subprocess.run(["bash", "-n", str(SBATCH / f"{script}.sbatch")], check=True)
-    from ctrain.submit import SOURCE_LINE
+    from ctrain.jobs.submit import SOURCE_LINE
 
     assert SOURCE_LINE in text.splitlines()
     assert "#SBATCH --output=logs/%x-%j.out" in text

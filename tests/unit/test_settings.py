@@ -10,7 +10,7 @@ import pytest
 
 from ctrain.config import ProjectConfig, find_config, load_config
 from ctrain.errors import ConfigError
-from ctrain.settings import apply_overrides, from_mapping, load_yaml, to_mapping
+from ctrain.settings import apply_overrides, from_mapping, load_yaml, override, to_mapping
 
 
 @dataclass
@@ -131,3 +131,80 @@ def test_env_config_must_exist(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("CTRAIN_CONFIG", str(tmp_path / "nope.yaml"))
     with pytest.raises(ConfigError, match="CTRAIN_CONFIG points at"):
         find_config()
+
+
+# --- override: command-line flags on top of a section -----------------------------------------------
+
+
+@dataclass
+class Checked:
+    """A section whose construction and validate() both check."""
+
+    low: int = 0
+    high: int = 10
+    mode: Literal["fast", "safe"] = "safe"
+    where: Path | None = None
+    built: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.low < 0:
+            raise ConfigError("low must not be negative")
+        self.built += 1
+
+    def validate(self) -> None:
+        if self.low > self.high:
+            raise ConfigError(f"need low <= high, got {self.low} > {self.high}")
+
+
+def test_override_applies_converts_and_leaves_the_original() -> None:
+    original = Checked()
+    changed = override(original, {"high": 20, "mode": "fast", "where": "~/d"}, where="sec")
+    assert (changed.high, changed.mode, changed.where) == (20, "fast", Path("~/d").expanduser())
+    assert original == Checked() and changed is not original
+
+
+def test_override_ignores_none() -> None:
+    original = Checked(low=2, high=5)
+    changed = override(original, {"low": None, "high": None, "mode": None})
+    assert changed == original
+
+
+def test_override_rejects_unknown_key_listing_valid_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key 'sec.hihg' \(did you mean 'high'\?\); valid keys under sec: "
+                       "high, low, mode, where") as info:  # fmt: skip
+        override(Checked(), {"hihg": 3}, where="sec")
+    assert info.value.key == "sec.hihg"
+    with pytest.raises(ConfigError, match="unknown key 'nope'"):  # even when the flag was not given
+        override(Checked(), {"nope": None})
+
+
+def test_override_type_checks_as_from_mapping_does() -> None:
+    with pytest.raises(ConfigError, match="'sec.high' must be an integer, got 'many'"):
+        override(Checked(), {"high": "many"}, where="sec")
+    with pytest.raises(ConfigError, match="'sec.mode' is 'quick'; valid values: fast, safe"):
+        override(Checked(), {"mode": "quick"}, where="sec")
+    with pytest.raises(ConfigError, match="'flag' must be true or false"):
+        override(Outer(), {"flag": "yes"})
+
+
+def test_override_reruns_post_init_and_validate() -> None:
+    original = Checked()
+    original.built = 5
+    assert override(original, {"low": 1}).built == 1  # constructed again, not copied
+    with pytest.raises(ConfigError, match="low must not be negative"):
+        override(Checked(), {"low": -1})
+    with pytest.raises(ConfigError, match="need low <= high, got 11 > 10"):
+        override(Checked(), {"low": 11})
+    with pytest.raises(ConfigError, match="inner.size must be at most 100"):
+        override(Outer(), {"inner": {"size": 101}})
+
+
+def test_override_on_project_sections() -> None:
+    config = ProjectConfig()
+    assert override(config.slurm, {"nodes": 2, "time": "01:00:00"}, where="slurm").nodes == 2
+    with pytest.raises(ConfigError, match="'slurm.launcher' is 'mpirun'"):
+        override(config.slurm, {"launcher": "mpirun"}, where="slurm")
+    with pytest.raises(ConfigError, match="image.tag"):
+        override(config.image, {"tag": "a b"}, where="image")
+    with pytest.raises(TypeError):
+        override(Checked, {"low": 1})

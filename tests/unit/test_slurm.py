@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ctrain import slurm, submit
+from ctrain import slurm
+from ctrain.jobs import submit
 from ctrain.cli import main
 from ctrain.config import SlurmConfig, load_config
 from ctrain.errors import ConfigError, CtrainError, ParseError

@@ -1,6 +1,6 @@
 """``ctrain cluster``: an AWS ParallelCluster for training, from template to teardown.
 
-- :mod:`ctrain.cluster.base`: the ``cluster:`` settings with overrides, shipped files, region.
+- :mod:`ctrain.cluster.setup`: the ``cluster:`` settings with overrides, shipped files, region.
 - :mod:`ctrain.cluster.template`: fills ``cluster/pcluster.yaml`` into a ready config (``init``).
 - :mod:`ctrain.cluster.checks`: offline validation with ParallelCluster's own schema and validators,
   plus ctrain's rules.

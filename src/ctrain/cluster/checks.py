@@ -22,7 +22,7 @@ from typing import Any, Literal
 import yaml
 
 from ctrain import proc
-from ctrain.cluster import base
+from ctrain.cluster import setup as cluster_setup
 from ctrain.cluster.efa import EFA_INSTANCE_TYPES
 from ctrain.errors import ConfigError, CtrainError, ParseError
 
@@ -105,7 +105,7 @@ def _offline(reply: dict[str, Any], result: dict[str, Any]) -> Offline:
 def offline(paths: Sequence[Path], name: str, region: str) -> list[Offline]:
     """Run ParallelCluster's schema and offline validators on each of ``paths`` in the Python that
     has them (one process for all: loading ParallelCluster takes most of the time)."""
-    out = proc.run(base.helper(OFFLINE_CHECK, name, region, *paths), timeout=300)
+    out = proc.run(cluster_setup.helper(OFFLINE_CHECK, name, region, *paths), timeout=300)
     try:
         reply = json.loads(out.stdout)
         results = [_offline(reply, result) for result in reply["configs"]]
@@ -219,18 +219,18 @@ def custom_actions(config: dict[str, Any]) -> Iterator[tuple[str, str]]:
                     yield f"{where}.CustomActions.{event}{seq}.Script", str(script)
 
 
-def _local(setup: base.Setup, uri: str) -> Path | None:
+def _local(setup: cluster_setup.Setup, uri: str) -> Path | None:
     """The local file behind a script URI under ``cluster.scripts_s3_uri``, else None."""
     prefix = setup.scripts_uri
     return setup.scripts_dir / uri[len(prefix) + 1 :] if prefix and uri.startswith(prefix + "/") else None
 
 
-def local_scripts(setup: base.Setup, config: dict[str, Any]) -> dict[str, Path]:
+def local_scripts(setup: cluster_setup.Setup, config: dict[str, Any]) -> dict[str, Path]:
     """The scripts the config takes from ``cluster.scripts_s3_uri``: S3 URI -> local file."""
     return {uri: local for _, uri in custom_actions(config) if (local := _local(setup, uri))}
 
 
-def script_problems(setup: base.Setup, config: dict[str, Any]) -> list[Problem]:
+def script_problems(setup: cluster_setup.Setup, config: dict[str, Any]) -> list[Problem]:
     """Scripts under ``cluster.scripts_s3_uri`` must exist locally: ``up`` uploads them from there."""
     found = []
     for where, uri in custom_actions(config):
@@ -244,7 +244,7 @@ def script_problems(setup: base.Setup, config: dict[str, Any]) -> list[Problem]:
     return found
 
 
-def ctrain_problems(setup: base.Setup, config: dict[str, Any], offline: Offline | None = None) -> list[Problem]:
+def ctrain_problems(setup: cluster_setup.Setup, config: dict[str, Any], offline: Offline | None = None) -> list[Problem]:
     """ctrain's rules; instance types are checked against the list ``offline`` brings from botocore."""
     known = offline.instance_types if offline else frozenset()
     types = instance_type_problems(config, known, offline.botocore) if offline else []
@@ -296,11 +296,11 @@ def read(path: Path) -> dict[str, Any]:
     return config
 
 
-def check(setup: base.Setup, path: Path) -> list[Problem]:
+def check(setup: cluster_setup.Setup, path: Path) -> list[Problem]:
     """Every problem with ``path``, ctrain's rules first; raises nothing for an invalid config."""
     config = read(path)
     try:
-        region = base.region(setup, config)
+        region = cluster_setup.region(setup, config)
     except CtrainError:
         region = "us-east-1"  # the schema needs some region; which one does not change its verdict
     (found,) = offline([path], setup.settings.name, region)
@@ -324,7 +324,7 @@ def merge(offline: list[Problem], aws: list[Problem]) -> list[Problem]:
     return [p for p in offline if (p.source, p.message) not in seen] + aws
 
 
-def validate(setup: base.Setup, path: Path, suppress: Sequence[str] = ()) -> list[Problem]:
+def validate(setup: cluster_setup.Setup, path: Path, suppress: Sequence[str] = ()) -> list[Problem]:
     """:func:`check`, raising :class:`InvalidConfig` when there is an error; returns warnings."""
     problems = suppressed(check(setup, path), suppress)
     if errors(problems):

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ctrain import proc, ui
-from ctrain.cluster import base, checks
+from ctrain.cluster import checks
+from ctrain.cluster import setup as cluster_setup
 from ctrain.cluster.checks import InvalidConfig, Problem
 from ctrain.errors import CommandError, ConfigError, CtrainError, ParseError
 
@@ -71,7 +72,7 @@ class Reply:
 
 def call(command: str, *args: str, region: str) -> Reply:
     """Run ``pcluster COMMAND ARGS --region REGION`` and parse its JSON reply."""
-    argv = [base.pcluster_bin(), command, *args, "--region", region]
+    argv = [cluster_setup.pcluster_bin(), command, *args, "--region", region]
     out = proc.run(argv, check=False, timeout=CALL_TIMEOUT)
     text = out.stdout.strip()
     if not text and out.returncode != 0:
@@ -86,7 +87,7 @@ def call(command: str, *args: str, region: str) -> Reply:
 
 
 def _helper(*args: str) -> dict[str, Any]:
-    out = proc.run(base.helper(AWS_HELPER, *args), check=False, timeout=CALL_TIMEOUT)
+    out = proc.run(cluster_setup.helper(AWS_HELPER, *args), check=False, timeout=CALL_TIMEOUT)
     try:
         reply = json.loads(out.stdout)
     except json.JSONDecodeError:
@@ -98,7 +99,7 @@ def _helper(*args: str) -> dict[str, Any]:
 
 def require_aws() -> None:
     """pcluster installed and AWS credentials findable, checked locally before any AWS call."""
-    base.pcluster_bin()
+    cluster_setup.pcluster_bin()
     reply = _helper("credentials")
     if not reply.get("found"):
         reason = f" ({reply['error']})" if reply.get("error") else ""
@@ -249,7 +250,7 @@ def _minutes(seconds: float) -> str:
 # --- steps --------------------------------------------------------------------------------------
 
 
-def upload_scripts(setup: base.Setup, config: dict[str, Any], say: Say = ui.info) -> list[str]:
+def upload_scripts(setup: cluster_setup.Setup, config: dict[str, Any], say: Say = ui.info) -> list[str]:
     """Upload the custom-action scripts the config takes from ``cluster.scripts_s3_uri``."""
     scripts = checks.local_scripts(setup, config)
     if not scripts or not setup.scripts_uri:
@@ -288,18 +289,18 @@ def _messages(reply: Reply) -> list[Problem]:
     ]
 
 
-def _create_args(setup: base.Setup, path: Path, suppress: Sequence[str]) -> list[str]:
+def _create_args(setup: cluster_setup.Setup, path: Path, suppress: Sequence[str]) -> list[str]:
     return ["--cluster-name", setup.settings.name, "--cluster-configuration", str(path), *_suppress(suppress)]
 
 
-def dry_run(setup: base.Setup, path: Path, suppress: Sequence[str] = (), say: Say = ui.info) -> list[Problem]:
+def dry_run(setup: cluster_setup.Setup, path: Path, suppress: Sequence[str] = (), say: Say = ui.info) -> list[Problem]:
     """``pcluster create-cluster --dryrun true``: ParallelCluster's validators against the real account.
 
     Uploads the custom-action scripts first (pcluster checks that they exist). Returns the
     validators' warnings; raises :class:`InvalidConfig` with their errors.
     """
     config = checks.read(path)
-    region = base.region(setup, config)
+    region = cluster_setup.region(setup, config)
     require_aws()
     upload_scripts(setup, config, say)
     reply = call("create-cluster", *_create_args(setup, path, suppress), "--dryrun", "true", region=region)
@@ -313,7 +314,7 @@ def dry_run(setup: base.Setup, path: Path, suppress: Sequence[str] = (), say: Sa
 
 
 def up(
-    setup: base.Setup,
+    setup: cluster_setup.Setup,
     path: Path,
     *,
     suppress: Sequence[str] = (),
@@ -326,7 +327,7 @@ def up(
     for problem in offline:
         say(str(problem))
     config = checks.read(path)
-    region = base.region(setup, config)
+    region = cluster_setup.region(setup, config)
     name = setup.settings.name
     require_aws()
     state = describe(name, region)
@@ -358,7 +359,7 @@ def up(
     return state
 
 
-def _local_config(setup: base.Setup) -> dict[str, Any]:
+def _local_config(setup: cluster_setup.Setup) -> dict[str, Any]:
     """The config file's settings where it is a good one, else none: ``status``, ``ssh`` and ``down``
     only take the region and storage notes from it, and must work whatever became of the file."""
     try:
@@ -367,7 +368,7 @@ def _local_config(setup: base.Setup) -> dict[str, Any]:
         return {}
 
 
-def _storage_note(setup: base.Setup) -> str:
+def _storage_note(setup: cluster_setup.Setup) -> str:
     """What deleting the cluster does to its shared storage, read from the config file if there is one."""
     config = _local_config(setup)
     notes = []
@@ -379,7 +380,7 @@ def _storage_note(setup: base.Setup) -> str:
 
 
 def down(
-    setup: base.Setup,
+    setup: cluster_setup.Setup,
     *,
     confirm: Callable[[str], bool],
     poll: float = 30.0,
@@ -388,7 +389,7 @@ def down(
 ) -> None:
     """Ask, delete the cluster, and wait until it is gone."""
     name = setup.settings.name
-    region = base.region(setup, _local_config(setup))
+    region = cluster_setup.region(setup, _local_config(setup))
     require_aws()
     state = describe(name, region)
     if state is None:
@@ -431,9 +432,9 @@ def compute_instances(name: str, region: str) -> list[Instance]:
     return found
 
 
-def status(setup: base.Setup) -> str:
+def status(setup: cluster_setup.Setup) -> str:
     """State, head node address, compute fleet and compute nodes, as aligned lines."""
-    region = base.region(setup, _local_config(setup))
+    region = cluster_setup.region(setup, _local_config(setup))
     require_aws()
     state = _require(setup.settings.name, region)
     nodes: dict[tuple[str, str, str], int] = {}
@@ -456,19 +457,19 @@ def status(setup: base.Setup) -> str:
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
-def ssh_command(setup: base.Setup, extra: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
+def ssh_command(setup: cluster_setup.Setup, extra: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
     """``pcluster ssh`` argv and the environment it needs (it takes the region from the environment)."""
-    region = base.region(setup, _local_config(setup))
+    region = cluster_setup.region(setup, _local_config(setup))
     key = setup.settings.ssh_key
     if key is None and setup.settings.key_pair:
         default = Path(f"~/.ssh/{setup.settings.key_pair}.pem").expanduser()
         key = default if default.is_file() else None
     identity = ["-i", str(setup.path(key))] if key else []
-    argv = [base.pcluster_bin(), "ssh", "--cluster-name", setup.settings.name, *identity, *extra]
+    argv = [cluster_setup.pcluster_bin(), "ssh", "--cluster-name", setup.settings.name, *identity, *extra]
     return argv, {"AWS_DEFAULT_REGION": region}
 
 
-def ssh(setup: base.Setup, extra: Sequence[str] = ()) -> NoReturn:
+def ssh(setup: cluster_setup.Setup, extra: Sequence[str] = ()) -> NoReturn:
     """Replace this process with ``pcluster ssh`` (an interactive session keeps the terminal)."""
     proc.require("ssh")
     require_aws()

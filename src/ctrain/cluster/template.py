@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from ctrain.cluster.base import Setup
+from ctrain.cluster.setup import Setup
 from ctrain.errors import ConfigError
 from ctrain.files import atomic_write_text
 from ctrain.settings import load_yaml

@@ -18,13 +18,14 @@ import os
 import re
 import shlex
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ctrain import proc, resources, slurm
 from ctrain.config import ProjectConfig, SlurmConfig
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.image import reference
+from ctrain.settings import override
 
 LIB = Path("sbatch/lib/ctrain.sh")
 # How every script in sbatch/ loads the library (the line `ctrain submit` replaces by the library).
@@ -342,9 +343,9 @@ def render(template: Path, lib_text: str, header_pairs: list[tuple[str, str | No
 def prepare(
     config: ProjectConfig, *, recipe: str | None = None, overrides: tuple[str, ...] = (), **changes: object
 ) -> Job:
-    """Render the job for ``config.slurm`` with command-line ``changes`` (nodes=, time=, image=, ...)."""
-    c = replace(config.slurm, **{k: v for k, v in changes.items() if v is not None})
-    c.validate()
+    """Render the job for ``config.slurm`` with command-line ``changes`` on top: ``slurm:`` keys (nodes=,
+    time=, image=, ...), checked as in ctrain.yaml; None leaves a setting as configured."""
+    c = override(config.slurm, changes, where="slurm")
     project = config.root
     template = choose_script(c, project, c.nodes)
     lib = template.parent / "lib" / LIB.name
@@ -375,7 +376,7 @@ def check(job: Job, client: slurm.Slurm | None = None) -> list[str]:
     check_image(s["CTRAIN_IMAGE"], job.runtime, job.project)
     if s["CTRAIN_LAUNCHER"] == "deepspeed":
         _project_file(job, s["CTRAIN_DEEPSPEED_CONFIG"], "the DeepSpeed config (CTRAIN_DEEPSPEED_CONFIG)")
-    warnings += check_recipe(job)
+    warnings += check_job_recipe(job)
     if s.get("CTRAIN_ACCELERATE_CONFIG"):
         _project_file(job, s["CTRAIN_ACCELERATE_CONFIG"], "the accelerate config (CTRAIN_ACCELERATE_CONFIG)")
     if s.get("CTRAIN_DATA") and not Path(s["CTRAIN_DATA"]).is_dir():
@@ -460,7 +461,7 @@ def _image_kind(path: Path, runtime: str) -> str:
 _CONTAINER_TARGETS = ("/workspace", "/data", "/hf_home", "/outputs")
 
 
-def check_recipe(job: Job) -> list[str]:
+def check_job_recipe(job: Job) -> list[str]:
     """The recipe exists inside the project and validates with the overrides, as the job will run it
     (from the project directory, on nodes x processes per node), without torch; returns notes."""
     from ctrain.train.recipe import check_recipe as check_paths

@@ -1,5 +1,5 @@
-"""What every ``ctrain cluster`` command shares: settings with overrides, shipped files, the region,
-and where the ``pcluster`` CLI and its Python live."""
+"""What every ``ctrain cluster`` command shares: the ``Setup`` (``cluster:`` settings with flags applied),
+shipped files, the region, and where the ``pcluster`` CLI and its Python live."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 from ctrain import proc, resources
 from ctrain.config import ClusterConfig, ProjectConfig
 from ctrain.errors import ConfigError, ToolNotFound
-from ctrain.settings import from_mapping, to_mapping
+from ctrain.settings import override
 
 TEMPLATE_NAME = "pcluster.yaml"
 SCRIPTS_NAME = "scripts"
@@ -65,10 +65,8 @@ def _shipped(name: str) -> Path:
 
 
 def load(project: ProjectConfig, overrides: Mapping[str, Any] | None = None) -> Setup:
-    """The project's ``cluster:`` section with ``overrides`` (flags) applied and validated again."""
-    data = to_mapping(project.cluster)
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return Setup(from_mapping(ClusterConfig, data, where="cluster"), project.root)
+    """The project's ``cluster:`` section with ``overrides`` (flags, ``--set``) applied and validated again."""
+    return Setup(override(project.cluster, overrides or {}, where="cluster"), project.root)
 
 
 def region(setup: Setup, config: Mapping[str, Any] | None = None) -> str:

@@ -1,5 +1,5 @@
 """What ``ctrain build / wheelhouse / convert / push`` do, from the project config plus flags; the
-click commands in cli.py only parse options and print what these return."""
+click commands in image/cli.py only parse options and print what these return."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctrain import ui
-from ctrain.config import ProjectConfig
+from ctrain.config import ProjectConfig, PushConfig
 from ctrain.errors import ConfigError, CtrainError
-from ctrain.image import base as base_image
+from ctrain.image import localbase
 from ctrain.image import build as builder_mod
 from ctrain.image import convert as convert_mod
 from ctrain.image import push as push_mod
 from ctrain.image import reference, store, wheelhouse
+from ctrain.settings import override
 
 # The cpu flavour's base when none is given: Python 3.11 (the pinned CPU torch wheel's) with venv.
 CPU_BASE = "docker.io/library/python:3.11-slim-bookworm"
@@ -66,24 +67,35 @@ def run_build(
     tag: str | None = None,
     no_cache: bool = False,
 ) -> store.Image:
-    cfg = config.image
+    """Build the image of ``config.image`` with the flags on top (``tag``, ``local_base``, ``no_cache``
+    are not settings); a flag's value is checked as the setting in ctrain.yaml is."""
     ref = image_ref(config, tag)
-    flavour = flavour or ("cpu" if local_base else cfg.flavour)
-    base = base or cfg.base
+    cfg = override(
+        config.image,
+        {
+            "builder": builder,
+            "flavour": flavour or ("cpu" if local_base else None),
+            "base": base or None,
+            # the flag is relative to the working directory, image.wheelhouse to ctrain.yaml
+            "wheelhouse": wheelhouse_dir.absolute() if wheelhouse_dir else None,
+        },
+        where="image",
+    )
+    flavour, base = cfg.flavour, cfg.base
     if local_base and base:
         raise ConfigError("--local-base makes the base image itself; drop --base (or image.base in ctrain.yaml)")
     if local_base and flavour != "cpu":
         raise ConfigError("--local-base is a plain Debian: it serves the cpu flavour only (--flavour cpu)")
     if base:
-        check_base(base, builder or cfg.builder)
-    builder = builder_mod.choose(builder or cfg.builder)
+        check_base(base, cfg.builder)
+    builder = builder_mod.choose(cfg.builder)
     if local_base:
         if builder == "apptainer":
             raise ConfigError("--local-base needs docker, podman or buildah (Apptainer cannot read their image store)")
-        base = base_image.debootstrap_base(builder=builder).ref
+        base = localbase.debootstrap_base(builder=builder).ref
     if flavour == "cpu" and not base:
         base = CPU_BASE
-    wheels = wheelhouse_dir or (config.resolve(cfg.wheelhouse) if cfg.wheelhouse else None)
+    wheels = config.resolve(cfg.wheelhouse) if cfg.wheelhouse else None
     request = builder_mod.BuildRequest(
         context=_context(config),
         ref=ref,
@@ -123,7 +135,10 @@ def run_convert(
     ref: str | None = None,
     force: bool = False,
 ) -> convert_mod.Converted:
-    to = to or config.convert.to
+    """Convert the built image as ``config.convert`` says, with the flags on top (``output``, ``ref``,
+    ``force`` are not settings)."""
+    cfg = override(config.convert, {"to": to, "compression": compression}, where="convert")
+    to = cfg.to
     if output is not None:
         convert_mod.check_target(output.absolute(), to)
     image = find_image(config, ref)
@@ -132,7 +147,7 @@ def run_convert(
         ui.info(f"convert: {target} is the image itself (built by Apptainer): nothing to do")
         return convert_mod.Converted(target, image.id, to, "auto", True, 0.0)
     return convert_mod.convert(
-        image, to, target, compression=compression or config.convert.compression, context=_context(config), force=force
+        image, to, target, compression=cfg.compression, context=_context(config), force=force
     )
 
 
@@ -154,10 +169,10 @@ def run_push(
 ) -> list[Pushed]:
     """Push to every destination given (flags), else every one configured in ``push:``."""
     cfg = config.push
-    flags = any((registry, oras, remote))
-    registry = registry if flags else cfg.registry
-    oras = oras if flags else cfg.oras
-    remote = remote if flags else cfg.remote
+    destinations = {"registry": registry, "oras": oras, "remote": remote}
+    if any(destinations.values()):  # the destinations on the command line replace the configured ones
+        cfg = override(PushConfig(ssh_options=cfg.ssh_options, tls_verify=cfg.tls_verify), destinations, where="push")
+    registry, oras, remote = cfg.registry, cfg.oras, cfg.remote
     if not any((registry, oras, remote)):
         raise ConfigError(
             "nowhere to push: set push.registry, push.oras or push.remote in ctrain.yaml, or pass "

@@ -1,0 +1,144 @@
+"""``ctrain build``, ``wheelhouse``, ``convert`` and ``push``: parse the flags, call
+:mod:`ctrain.image.service`, print what it returns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ctrain.clicore import project
+
+
+@click.command()
+@click.option(
+    "--builder",
+    type=click.Choice(["auto", "docker", "podman", "buildah", "apptainer"]),
+    help="Default: image.builder, else auto (docker if its daemon answers, podman, buildah, apptainer).",
+)
+@click.option("--flavour", type=click.Choice(["gpu", "cpu"]), help="Default: image.flavour (gpu).")
+@click.option("--base", metavar="REF", help="Base image (gpu: NGC PyTorch by default; cpu: python:3.11-slim-bookworm).")
+@click.option("--local-base", is_flag=True, help="Make a Debian base with debootstrap (cpu, no registry needed; root).")
+@click.option(
+    "--wheelhouse",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Install Python packages only from this directory: no network (see ctrain wheelhouse).",
+)
+@click.option("--tag", "-t", metavar="TAG|NAME:TAG", help="Default: image.name:image.tag (ctrain:latest).")
+@click.option("--no-cache", is_flag=True, help="Rebuild every layer.")
+@click.pass_context
+def build(
+    ctx: click.Context,
+    builder: str | None,
+    flavour: str | None,
+    base: str | None,
+    local_base: bool,
+    wheelhouse: Path | None,
+    tag: str | None,
+    no_cache: bool,
+) -> None:
+    """Build the training image (containers/Dockerfile, or the standalone Apptainer definition).
+
+    Streams the builder's output with the step and elapsed time on stderr; prints the image
+    reference, ID and digest on stdout as `key: value` lines.
+    """
+    from ctrain.image.service import run_build
+
+    image = run_build(
+        project(ctx),
+        builder=builder,
+        flavour=flavour,
+        base=base,
+        local_base=local_base,
+        wheelhouse_dir=wheelhouse,
+        tag=tag,
+        no_cache=no_cache,
+    )
+    click.echo(f"image: {image.ref}\nid: {image.id}\ndigest: {image.digest or '-'}")
+
+
+@click.command("wheelhouse")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.pass_context
+def wheelhouse_cmd(ctx: click.Context, directory: Path) -> None:
+    """Download every wheel the image installs into DIRECTORY (on a machine with network), for
+    `ctrain build --wheelhouse DIRECTORY` on one without."""
+    from ctrain.image.service import run_wheelhouse
+
+    wheels = run_wheelhouse(project(ctx), directory)
+    click.echo(f"wheelhouse: {directory} ({len(wheels)} wheels)")
+
+
+@click.command()
+@click.option("--to", "to", type=click.Choice(["sif", "sqsh"]), help="Default: convert.to (sif).")
+@click.option(
+    "--compression",
+    type=click.Choice(["auto", "none", "lzo", "gzip", "zstd", "xz", "lz4"]),
+    help="Default: convert.compression (auto: gzip for SIF, zstd for sqsh; none starts fastest).",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Default: convert.output_dir/NAME-TAG.sif|sqsh (images/ctrain-latest.sif).",
+)
+@click.option("--image", "ref", metavar="REF", help="Image to convert (default: image.name:image.tag).")
+@click.option("--force", is_flag=True, help="Convert even if the output is up to date.")
+@click.pass_context
+def convert(
+    ctx: click.Context, to: str | None, compression: str | None, output: Path | None, ref: str | None, force: bool
+) -> None:
+    """Convert the built image to an Apptainer SIF or an enroot squashfs (for pyxis).
+
+    Does nothing when the output was made from the same image ID with the same settings; writes
+    atomically (an interrupted conversion leaves no file behind). Prints `path: FILE`.
+    """
+    from ctrain.image.service import run_convert
+
+    result = run_convert(project(ctx), to=to, compression=compression, output=output, ref=ref, force=force)
+    click.echo(f"path: {result.path}\nid: {result.image_id}\ncached: {str(result.cached).lower()}")
+
+
+@click.command()
+@click.option("--registry", metavar="HOST/NAMESPACE", help="Push the image to this OCI registry.")
+@click.option("--oras", metavar="oras://HOST/NAME:TAG", help="Push the SIF to this ORAS registry.")
+@click.option(
+    "--remote", metavar="[USER@]HOST:/PATH/", help="Copy SIF/sqsh files here (rsync over ssh, or a local path)."
+)
+@click.option(
+    "--to",
+    "formats",
+    multiple=True,
+    type=click.Choice(["sif", "sqsh"]),
+    help="Which conversions go to --remote (repeatable; default: convert.to); made if missing.",
+)
+@click.option(
+    "--file",
+    "files",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Send this .sif/.sqsh instead (repeatable).",
+)
+@click.option("--image", "ref", metavar="REF", help="Image to push (default: image.name:image.tag).")
+@click.pass_context
+def push(
+    ctx: click.Context,
+    registry: str | None,
+    oras: str | None,
+    remote: str | None,
+    formats: tuple[str, ...],
+    files: tuple[Path, ...],
+    ref: str | None,
+) -> None:
+    """Push the image to a registry, the SIF to ORAS, and/or files to a cluster's filesystem.
+
+    Without flags, pushes to every destination set under `push:` in ctrain.yaml. Files are checked
+    by sha256 on both sides and renamed into place. Credentials come from the standard stores
+    (docker/podman login, apptainer registry login, ssh keys), never from ctrain.
+    """
+    from ctrain.image.service import run_push
+
+    for pushed in run_push(
+        project(ctx), registry=registry, oras=oras, remote=remote, formats=formats, ref=ref, files=files
+    ):
+        click.echo(f"pushed: {pushed.what} {pushed.where}")

@@ -1,0 +1,122 @@
+"""``ctrain submit``, ``status``, ``logs`` and ``cancel``: Slurm jobs, over :mod:`ctrain.jobs.submit`
+and :mod:`ctrain.slurm`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ctrain.clicore import project
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@click.argument("recipe", required=False)
+@click.argument("overrides", nargs=-1)
+@click.option("--script", "-s", help="Script in sbatch/ (apptainer, apptainer_multinode, pyxis, pyxis_multinode) "
+              "or a path (default: slurm.script, else RUNTIME for 1 node, RUNTIME_multinode for more).")  # fmt: skip
+@click.option(
+    "--runtime", type=click.Choice(["apptainer", "pyxis"]), help="Container runtime (default: slurm.runtime)."
+)
+@click.option("--nodes", "-N", type=int, help="Number of nodes.")
+@click.option("--time", "-t", "time_limit", help="Time limit, e.g. 04:00:00 or 2-00:00:00.")
+@click.option("--partition", "-p", help="Partition (queue).")
+@click.option("--account", "-A", help="Account to charge.")
+@click.option("--gpus-per-node", type=int, help="GPUs per node; one training process each.")
+@click.option("--ntasks-per-node", type=int, help="Processes per node on nodes without GPUs.")
+@click.option("--image", help="Image: a .sif/.sqsh path, or a registry reference (pyxis).")
+@click.option(
+    "--launcher", type=click.Choice(["torchrun", "accelerate", "deepspeed"]), help="Launcher (default: torchrun)."
+)
+@click.option("--job-name", "-J", help="Job name (names the log: logs/NAME-JOBID.out).")
+@click.option("--dry-run", is_flag=True, help="Print the sbatch command and the exact script; queue nothing.")
+@click.option("--write-script", type=click.Path(dir_okay=False, path_type=Path),
+              help="Check, then write the script to this file instead of queueing it (run `sbatch FILE` "
+              "from the project directory, e.g. as another user).")  # fmt: skip
+@click.option("--wait", "wait_", is_flag=True, help="Follow the job's log until it ends; exit 1 unless it completed.")
+@click.pass_context
+def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], script: str | None, runtime: str | None,
+           nodes: int | None, time_limit: str | None, partition: str | None, account: str | None,
+           gpus_per_node: int | None, ntasks_per_node: int | None, image: str | None, launcher: str | None,
+           job_name: str | None, dry_run: bool, write_script: Path | None, wait_: bool) -> None:  # fmt: skip
+    """Train RECIPE on the cluster: render an sbatch/ script with ctrain.yaml's `slurm:` settings,
+    check it, and queue it.
+
+    \b
+    Checked before anything is queued: the image exists and suits the runtime, the recipe (with
+    KEY=VALUE OVERRIDES) validates, the partition has the GPUs asked for.
+      ctrain submit --nodes 2 recipes/demo-addition.yaml training.max_steps=200
+      ctrain submit --dry-run --nodes 16 --gpus-per-node 8 RECIPE     show exactly what would run
+    """
+    from ctrain import slurm
+    from ctrain.jobs import submit as jobs
+    from ctrain.ui import info
+
+    job = jobs.prepare(project(ctx), recipe=recipe, overrides=overrides, script=script, runtime=runtime, nodes=nodes,
+                       time=time_limit, partition=partition, account=account, gpus_per_node=gpus_per_node,
+                       ntasks_per_node=ntasks_per_node, image=image, launcher=launcher, job_name=job_name)  # fmt: skip
+    warnings = jobs.check(job)
+    if dry_run:
+        click.echo(job.describe(), nl=False)
+    for warning in warnings:
+        info(f"warning: {warning}")
+    if dry_run:
+        return
+    if write_script:
+        jobs.write_script(job, write_script)
+        info(f"wrote {write_script}; queue it from {job.project} with: sbatch {write_script}")
+        return
+    job_id, log = jobs.submit(job)
+    click.echo(job_id)
+    info(f"submitted job {job_id}: log {log} (script: {log.with_suffix('.sbatch')})\n  follow: ctrain logs -f {job_id}")
+    if wait_:
+        final = slurm.Slurm().follow(job_id, emit=click.echo, search=[job.log_dir])
+        state = final.state if final else "UNKNOWN"
+        info(f"job {job_id}: {state}")
+        if state != "COMPLETED":
+            sys.exit(1)
+
+
+@click.command()
+@click.argument("job_ids", nargs=-1)
+def status(job_ids: tuple[str, ...]) -> None:
+    """Show jobs: the given JOB_IDS (queued, running or finished), else your queued and running jobs.
+
+    For each JOB_ID, also what its batch script last logged about a failure (a lost node, a failed
+    rank, a hang) and whether it requeued the job."""
+    from ctrain import slurm
+
+    client = slurm.Slurm()
+    jobs = client.status(job_ids)
+    click.echo(slurm.status_table(jobs))
+    for job in jobs if job_ids else []:  # the jobs asked about by id: what their batch script decided
+        for event in client.job_events(job):
+            click.echo(f"job {job.id}: {event}")
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing as the log grows, until the job ends.")
+def logs(job_id: str, follow: bool) -> None:
+    """Print a job's log (Slurm's StdOut, else logs/*-JOB_ID.out)."""
+    from ctrain import slurm
+
+    if follow:
+        slurm.Slurm().follow(job_id, emit=click.echo)
+        return
+    click.echo(slurm.Slurm().read_log(job_id), nl=False)
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--signal", "-s", "signal_name", help="Send this signal to the job's batch script instead, as the "
+              "time-limit warning does (USR1: checkpoint and requeue).")  # fmt: skip
+def cancel(job_id: str, signal_name: str | None) -> None:
+    """Cancel a job (scancel), or send its batch script a signal."""
+    from ctrain import slurm
+
+    slurm.Slurm().cancel(job_id, signal=signal_name)
+    click.echo(
+        f"job {job_id}: " + (f"sent SIG{signal_name.upper().removeprefix('SIG')}" if signal_name else "cancelled")
+    )
