@@ -446,11 +446,11 @@ def train(recipe: Path, overrides: tuple[str, ...], check: bool, world_size: int
     (requeue to resume). Exit 65: stopped at a NaN or infinite loss before saving it (do not
     requeue). See docs/training.md.
     """
-    from ctrain.train.recipe import check_recipe
+    from ctrain.train.preflight import preflight
 
     loaded = _recipe(recipe, overrides)
     if check:
-        for note in check_recipe(loaded, world_size=world_size):  # type: ignore[arg-type]
+        for note in preflight(loaded, world_size=world_size):  # type: ignore[arg-type]
             click.echo(f"note: {note}")
         click.echo(f"recipe {recipe} is valid")
         return
@@ -473,10 +473,10 @@ def prepare(recipe: Path, overrides: tuple[str, ...], output: Path | None, force
     nodes share: training then never tokenizes. `ctrain train` refuses prepared data that no
     longer matches the recipe (tokenizer, max_length, packing, source files).
     """
-    from ctrain.train.recipe import check_recipe
+    from ctrain.train.preflight import preflight
 
     loaded = _recipe(recipe, overrides)
-    notes = check_recipe(loaded)  # type: ignore[arg-type]
+    notes = preflight(loaded)  # type: ignore[arg-type]
     from ctrain.train import logs
     from ctrain.train.data import check_cache, check_target
     from ctrain.train.data import prepare as run_prepare
