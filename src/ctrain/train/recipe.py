@@ -43,14 +43,21 @@ MINIMAL_RECIPE = (
 class ModelSettings:
     """Which model to train: a pretrained one (``path``) or a new one from a config (``config``)."""
 
+    #: A pretrained model: a local directory (save_pretrained's) or a hub name.
     path: str | None = None
+    #: A new model with random weights: a model type (llama, gpt2, qwen2 ...), or a config file, directory or hub name.
     config: str | None = None
+    #: Fields set on the model config (run_clm's --config_overrides); unknown fields are errors.
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    #: Hub revision (branch, tag or commit) of the model and its tokenizer.
     revision: str | None = None
+    #: Weights dtype at load; ``auto``: float32 master weights with autocast (bf16/fp16 under DeepSpeed).
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    #: ``auto``: FlashAttention 2 on CUDA in bf16/fp16 when installed, else SDPA; or one by name.
     attn_implementation: Literal[
         "auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"
     ] = "auto"
+    #: Allow model code from the hub.
     trust_remote_code: bool = False
 
     def validate(self) -> None:
@@ -65,8 +72,11 @@ class ModelSettings:
 class TokenizerTraining:
     """A byte-level BPE tokenizer trained on the training data (for models trained from scratch)."""
 
+    #: Vocabulary size: at least 300 (256 byte symbols plus the special tokens).
     vocab_size: int = 512
+    #: A merge must occur at least this often.
     min_frequency: int = 2
+    #: Train on the first N training examples only; None: all of them.
     max_examples: int | None = None
 
     def validate(self) -> None:
@@ -83,8 +93,11 @@ class TokenizerTraining:
 class TokenizerSettings:
     """The tokenizer: from a path or hub name (default: the model's), or trained on the data."""
 
+    #: A tokenizer directory or hub name; None: the model's (``model.path``).
     path: str | None = None
+    #: Train a byte-level BPE tokenizer on the training data instead (models trained from scratch).
     train: TokenizerTraining | None = None
+    #: A Jinja chat template file used instead of the tokenizer's own.
     chat_template: str | None = None
 
     def validate(self) -> None:
@@ -96,24 +109,43 @@ class TokenizerSettings:
 class DataSettings:
     """Where the training examples come from and how they become token sequences."""
 
+    #: A file, glob or directory of data files, a save_to_disk folder, a hub data set, or ``builtin:NAME``.
     source: str = ""
+    #: ``auto``: from the file extensions (save_to_disk folders are recognised); else the loader by name.
     format: Literal["auto", "json", "csv", "parquet", "arrow", "disk", "hub"] = "auto"
+    #: Hub data set configuration (e.g. ``wikitext-2-raw-v1``).
     config_name: str | None = None
+    #: Split to train on (hub data sets and save_to_disk DatasetDicts).
     split: str = "train"
+    #: Hub data set revision.
     revision: str | None = None
+    #: Split to evaluate on; at most one of this and ``eval_size``.
     eval_split: str | None = None
+    #: Hold out this many training examples (>= 1) or this fraction (< 1) for evaluation, by the seed.
     eval_size: float | None = None
+    #: Train on the first N examples only (after the hold-out): for trial runs.
     max_examples: int | None = None
+    #: Text column (clm; sft on plain text).
     text_column: str = "text"
+    #: Chat column: lists of ``{role, content}`` messages (sft).
     messages_column: str = "messages"
+    #: Prompt column of prompt/completion data (sft).
     prompt_column: str = "prompt"
+    #: Completion column of prompt/completion data; the loss is on the completion only.
     completion_column: str = "completion"
+    #: Chats: the loss is on what the assistant says (and its end-of-turn token) only.
     assistant_only_loss: bool = True
+    #: Tokens per sequence: longer sft examples are cut; the packing row length; the clm block size.
     max_length: int = 1024
+    #: sft: pack examples into rows of ``max_length`` tokens and train padding-free; False: one example a row.
     packing: bool = True
+    #: ``bfd`` (cuts overflow), ``bfd_split`` (moves overflow to another row), ``wrapped`` (cuts anywhere).
     packing_strategy: Literal["bfd", "bfd_split", "wrapped"] = "bfd"
+    #: clm only: read and tokenize the corpus while training instead of preparing it (needs max_steps).
     streaming: bool = False
+    #: Where ``ctrain prepare`` writes and ``ctrain train`` looks for prepared data; None: OUTPUT_DIR/prepared.
     prepared_dir: str | None = None
+    #: Tokenization processes; None: the CPUs this process may use, at most one per 5000 examples.
     num_proc: int | None = None
 
     def validate(self) -> None:
@@ -147,35 +179,63 @@ class DataSettings:
 class TrainingSettings:
     """How to train: batch, schedule, precision, checkpoints, distribution."""
 
+    #: Checkpoints, final model and logs; None: ``$CTRAIN_OUTPUT_DIR/NAME``, else ``outputs/NAME``.
     output_dir: str | None = None
+    #: ``hf`` (TRL/transformers), ``fast`` (the SFT fast path, GPU), ``auto`` (fast where it fits, else hf).
     engine: Literal["auto", "hf", "fast"] = "auto"
+    #: Rows per optimizer step over all processes; must divide among them.
     global_batch_size: int = 64
+    #: Largest micro-batch per process (accumulation makes up the rest); None: no limit.
     max_per_device_batch_size: int | None = None
+    #: Optimizer steps; overrides ``epochs``.
     max_steps: int | None = None
+    #: Passes over the data (without ``max_steps``).
     epochs: float = 1.0
+    #: Peak learning rate.
     learning_rate: float = 2e-5
+    #: Learning rate schedule after warm-up (transformers' scheduler names).
     lr_scheduler: Literal[
         "linear", "cosine", "cosine_with_min_lr", "constant", "constant_with_warmup", "inverse_sqrt", "polynomial"
     ] = "cosine"
+    #: Linear warm-up: a fraction of the steps (< 1) or a number of steps.
     warmup: float = 0.0
+    #: AdamW weight decay.
     weight_decay: float = 0.0
+    #: Gradient clipping norm (0: none).
     max_grad_norm: float = 1.0
+    #: A transformers optimizer name; ``auto``: adamw_torch_fused on CUDA, adamw_torch on CPU.
     optim: str = "auto"
+    #: ``auto``: bf16 on GPUs that have it, else fp16; fp32 on CPU.
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    #: Recompute activations in the backward pass: less memory, slower.
     gradient_checkpointing: bool = False
+    #: ``torch.compile`` the whole model (hf engine only).
     torch_compile: bool = False
+    #: Liger's fused kernels (hf engine only; needs the liger-kernel package).
     liger_kernel: bool = False
+    #: Log a line, metrics and memory every N steps (and at step 1).
     logging_steps: int = 10
+    #: Checkpoint every N steps.
     save_steps: int = 500
+    #: Complete checkpoints kept (older ones deleted once a newer one is whole); None: all.
     save_total_limit: int | None = 2
+    #: Evaluate every N steps (needs ``data.eval_split`` or ``data.eval_size``); None: not while training.
     eval_steps: int | None = None
+    #: ``auto``: from the newest complete checkpoint in the output directory; ``never``; or a checkpoint directory.
     resume: str = "auto"
+    #: Signals that make the run checkpoint and exit with PREEMPTED_EXIT_CODE (75).
     preemption_signals: list[str] = field(default_factory=lambda: ["SIGUSR1", "SIGTERM"])
+    #: A DeepSpeed config file (ZeRO through the Trainer); at most one of this and ``fsdp``.
     deepspeed: str | None = None
+    #: Shard the model with PyTorch FSDP (GPUs only).
     fsdp: bool = False
+    #: transformers' ``fsdp_config``.
     fsdp_config: dict[str, Any] = field(default_factory=dict)
+    #: Data loader worker processes; None: 2 on GPUs, 0 on CPU.
     dataloader_workers: int | None = None
+    #: Timeout of a collective (NCCL/gloo) before the job fails.
     ddp_timeout_minutes: int = 30
+    #: Peak dense TFLOP/s of one device, for the MFU estimate; None: from the GPU's name.
     peak_tflops: float | None = None
 
     def hf_speedups(self) -> list[str]:
@@ -234,12 +294,19 @@ class PeftSettings:
     the adapter folded in, loadable without PEFT.
     """
 
+    #: ``none``: train every weight; ``lora``: adapters on a frozen base; ``qlora``: the same, base in 4 bits.
     method: Literal["none", "lora", "qlora"] = "none"
+    #: Adapter rank.
     r: int = 16
+    #: LoRA alpha: the adapter's output is scaled by ``alpha / r``.
     alpha: float = 32.0
+    #: Dropout on the adapter's input.
     dropout: float = 0.05
+    #: Layers that get adapters: ``all-linear`` (every linear layer but the output head) or names.
     target_modules: str | list[str] = "all-linear"
+    #: Modules trained in full and saved with the adapter (e.g. ``[lm_head]`` after adding tokens).
     modules_to_save: list[str] = field(default_factory=list)
+    #: Also write ``final/merged``: the base model with the adapter folded in.
     merge: bool = False
 
     @property
@@ -274,10 +341,15 @@ class PeftSettings:
 class LoggingSettings:
     """Where metrics go, and what each rank prints."""
 
+    #: Metric sinks: ``tensorboard`` (in OUTPUT_DIR/runs), ``wandb``; empty: none.
     report_to: list[Literal["tensorboard", "wandb"]] = field(default_factory=lambda: ["tensorboard"])
+    #: Also report to Weights & Biases, in this project.
     wandb_project: str | None = None
+    #: Run name in TensorBoard/W&B; None: the recipe's name.
     run_name: str | None = None
+    #: Each rank logs its memory at every logging step.
     memory: bool = True
+    #: Put ``[rank R host H]`` before every output line.
     rank_prefix: bool = True
 
 
@@ -285,7 +357,9 @@ class LoggingSettings:
 class HubSettings:
     """Push the final model to the Hugging Face Hub (token from HF_TOKEN or `hf auth login`)."""
 
+    #: Push the final model and tokenizer to this Hub repository when training ends; None: no push.
     repo_id: str | None = None
+    #: Create the repository private.
     private: bool = True
 
     def validate(self) -> None:
@@ -303,8 +377,11 @@ _REPO_ID = re.compile(r"(?=.{1,96}$)([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
 class EvalSettings:
     """``ctrain eval``: exact-match accuracy of generated answers on the held-out examples."""
 
+    #: Ask at most N held-out examples; None: all of them.
     max_examples: int | None = None
+    #: Longest answer generated.
     max_new_tokens: int = 32
+    #: Prompts generated at once.
     batch_size: int = 64
 
     def validate(self) -> None:
@@ -318,18 +395,31 @@ class EvalSettings:
 class Recipe:
     """A whole recipe file."""
 
+    #: The run's name, which names its output directory; None: the recipe's file name without extension.
     name: str | None = None
+    #: ``sft``: supervised fine-tuning (TRL's SFTTrainer); ``clm``: causal-LM pretraining on one text column.
     task: Literal["sft", "clm"] = "sft"
+    #: Seeds model init, data order, the eval hold-out and builtin data.
     seed: int = 42
+    #: The model to train.
     model: ModelSettings = field(default_factory=ModelSettings)
+    #: Its tokenizer.
     tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
+    #: The training examples.
     data: DataSettings = field(default_factory=DataSettings)
+    #: How to train.
     training: TrainingSettings = field(default_factory=TrainingSettings)
+    #: Metric sinks and output lines.
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    #: Pushing the final model to the Hub.
     hub: HubSettings = field(default_factory=HubSettings)
+    #: ``ctrain eval``.
     eval: EvalSettings = field(default_factory=EvalSettings)
+    #: Switches of the fast engine (``training.engine: fast``).
     fast: FastSettings = field(default_factory=FastSettings)
+    #: LoRA/QLoRA adapters instead of full training.
     peft: PeftSettings = field(default_factory=PeftSettings)
+    #: The file the recipe was read from (set by :func:`load_recipe`, not a key).
     path: Path | None = field(default=None, init=False, compare=False)
 
     def validate(self) -> None:
