@@ -31,7 +31,6 @@ def _settings_file(value: str, what: str) -> Path:
     return path
 
 
-
 def _model_positions(recipe: Recipe) -> tuple[int | None, str]:
     """The model's max_position_embeddings where it can be read without transformers, and from where."""
     positions = recipe.model.config_overrides.get("max_position_embeddings")
@@ -135,4 +134,3 @@ def preflight(recipe: Recipe, world_size: int | None = None) -> list[str]:
                 "loads"
             )
     return notes
-

@@ -530,8 +530,6 @@ class Recipe:
         return yaml.safe_dump(data, sort_keys=False)
 
 
-
-
 def check_max_length(max_length: int, positions: int | None, where: str) -> None:
     """The one rule, wherever the model's size is known (its overrides, its config file, the loaded
     config): a sequence must fit the model's positions."""
@@ -580,7 +578,6 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     return recipe
 
 
-
 def recipe_keys(cls: type = Recipe, prefix: str = "") -> list[str]:
     """Every settable key of a recipe, dotted (for docs and help)."""
     keys = []
@@ -597,7 +594,6 @@ def recipe_keys(cls: type = Recipe, prefix: str = "") -> list[str]:
         else:
             keys.append(name)
     return keys
-
 
 
 __all__ = ["Recipe", "load_recipe", "recipe_keys"]

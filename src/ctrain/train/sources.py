@@ -135,7 +135,6 @@ def model_kind(value: str, what: str = "") -> Literal["local", "hub"]:
     return "hub"
 
 
-
 def source_columns(source: Source, data: DataSettings) -> list[str] | None:
     """Column names of a local source read from its first record or metadata, without datasets; None if unknown."""
     if source.kind == "builtin":
