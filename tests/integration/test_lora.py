@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ctrain.train.recipe import COMPLETE_MARKER
+from ctrain.train.artifacts import COMPLETE_MARKER
 from tests.plugins.train import REPO, TINY_RECIPE, TORCHRUN, losses, run_ctrain, start, wait_for
 
 pytestmark = pytest.mark.integration

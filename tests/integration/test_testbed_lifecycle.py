@@ -21,7 +21,7 @@ import pytest
 
 from ctrain import proc
 from ctrain.testbed import Testbed, build_demo_image, host
-from ctrain.testbed.cluster import SLURM_CONF_LINK
+from ctrain.testbed.control import SLURM_CONF_LINK
 from ctrain.testbed.plan import HOSTS_MARK, NETNS_PREFIX
 from tests.conftest import need, need_root
 

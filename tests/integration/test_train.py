@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ctrain.train import checkpoint
-from ctrain.train.recipe import COMPLETE_MARKER, NONFINITE_EXIT_CODE, PREEMPTED_EXIT_CODE, PREEMPTED_FILE
+from ctrain.train.artifacts import COMPLETE_MARKER, NONFINITE_EXIT_CODE, PREEMPTED_EXIT_CODE, PREEMPTED_FILE
 from tests.plugins.train import REPO, TINY_RECIPE, TORCHRUN, losses, run_ctrain, start, wait_for
 
 pytestmark = pytest.mark.integration

@@ -383,16 +383,17 @@ def test_the_error_line_starts_the_line_under_the_rank_prefix() -> None:
 def test_a_data_directory_too_large_to_search_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """data.source: ~ or / would be searched for minutes; past a bound it is a mistake, said at once."""
     from ctrain.errors import ConfigError
-    from ctrain.train import recipe
+    from ctrain.train import sources
+    from ctrain.train.recipe import DataSettings
 
     for number in range(12):
         (tmp_path / f"notes-{number}.txt").write_text("x")
     (tmp_path / "train.jsonl").write_text(lines(GOOD))
-    monkeypatch.setattr(recipe, "MAX_SOURCE_ENTRIES", 10)
+    monkeypatch.setattr(sources, "MAX_SOURCE_ENTRIES", 10)
     with pytest.raises(ConfigError, match="holds more than 10 files and directories: point it at the data"):
-        recipe.resolve_source(recipe.DataSettings(source=str(tmp_path)))
-    monkeypatch.setattr(recipe, "MAX_SOURCE_ENTRIES", 100)
-    assert recipe.resolve_source(recipe.DataSettings(source=str(tmp_path))).files == (tmp_path / "train.jsonl",)
+        sources.resolve_source(DataSettings(source=str(tmp_path)))
+    monkeypatch.setattr(sources, "MAX_SOURCE_ENTRIES", 100)
+    assert sources.resolve_source(DataSettings(source=str(tmp_path))).files == (tmp_path / "train.jsonl",)
 
 
 def test_config_overrides_that_make_no_valid_config(tmp_path: Path) -> None:

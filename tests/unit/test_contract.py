@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from ctrain.jobs import submit
-from ctrain.train.recipe import PREEMPTED_EXIT_CODE
+from ctrain.train.artifacts import PREEMPTED_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[2]
 LIB = REPO / "sbatch" / "lib" / "ctrain.sh"

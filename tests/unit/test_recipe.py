@@ -10,16 +10,11 @@ from pathlib import Path
 import pytest
 
 from ctrain.errors import ConfigError
-from ctrain.train.recipe import (
-    Recipe,
-    batch_layout,
-    check_recipe,
-    load_recipe,
-    prepared_settings,
-    recipe_keys,
-    resolve_source,
-    settings_differences,
-)
+from ctrain.train.fingerprint import prepared_settings, settings_differences
+from ctrain.train.layout import batch_layout
+from ctrain.train.preflight import preflight
+from ctrain.train.recipe import Recipe, load_recipe, recipe_keys
+from ctrain.train.sources import resolve_source
 from tests.plugins.train import REPO, TINY_RECIPE
 
 
@@ -118,8 +113,8 @@ def test_batch_layout_keeps_the_global_batch(world: int, cap: int | None, expect
 def test_batch_that_does_not_divide_among_processes(tmp_path: Path) -> None:
     recipe = load_recipe(write(tmp_path, TINY_RECIPE))
     with pytest.raises(ConfigError, match=r"global_batch_size \(16\) does not divide among 3 processes"):
-        check_recipe(recipe, world_size=3)
-    assert check_recipe(recipe, world_size=4) == []
+        preflight(recipe, world_size=3)
+    assert preflight(recipe, world_size=4) == []
 
 
 def test_shipped_recipes_validate_offline() -> None:
@@ -129,10 +124,10 @@ def test_shipped_recipes_validate_offline() -> None:
         recipe = load_recipe(path)
         if path.name == "demo-lora.yaml":  # adapts the demo's model, which `ctrain train` makes first
             with pytest.raises(ConfigError, match="outputs/demo-addition/final does not exist"):
-                check_recipe(recipe)
+                preflight(recipe)
             continue
         for world in (1, 2, 4, 16):
-            notes = check_recipe(recipe, world_size=world)
+            notes = preflight(recipe, world_size=world)
         if recipe.training.deepspeed:
             assert (REPO / recipe.training.deepspeed).is_file()
         if recipe.model.path:
@@ -161,8 +156,9 @@ def test_shipped_configs_parse() -> None:
 
 def test_recipe_module_needs_no_torch() -> None:
     code = (
-        "import sys; from ctrain.train.recipe import load_recipe, check_recipe; "
-        f"r = load_recipe({str(REPO / 'recipes/demo-addition.yaml')!r}); check_recipe(r, world_size=4); "
+        "import sys; from ctrain.train import artifacts, fingerprint, layout, sources; "
+        "from ctrain.train.recipe import load_recipe; from ctrain.train.preflight import preflight; "
+        f"r = load_recipe({str(REPO / 'recipes/demo-addition.yaml')!r}); preflight(r, world_size=4); "
         "heavy = [m for m in ('torch', 'transformers', 'datasets', 'trl') if m in sys.modules]; "
         "assert not heavy, heavy"
     )
@@ -175,14 +171,14 @@ def test_recipe_module_needs_no_torch() -> None:
 def test_missing_paths(tmp_path: Path) -> None:
     recipe = load_recipe(write(tmp_path, MINIMAL.format(model="./no-model", source="data/train.jsonl")))
     with pytest.raises(ConfigError, match="model.path: ./no-model does not exist"):
-        check_recipe(recipe)
+        preflight(recipe)
     (tmp_path / "m").mkdir()
     recipe = load_recipe(write(tmp_path, MINIMAL.format(model=tmp_path / "m", source=tmp_path / "train.jsonl")))
     with pytest.raises(ConfigError, match="data.source: .*train.jsonl does not exist"):
-        check_recipe(recipe)
+        preflight(recipe)
     recipe = load_recipe(write(tmp_path, MINIMAL.format(model=tmp_path / "m", source=tmp_path / "*.parquet")))
     with pytest.raises(ConfigError, match=r"no files match .*\*.parquet"):
-        check_recipe(recipe)
+        preflight(recipe)
 
 
 def test_missing_columns_name_what_is_there(tmp_path: Path) -> None:
@@ -190,18 +186,18 @@ def test_missing_columns_name_what_is_there(tmp_path: Path) -> None:
     data = jsonl(tmp_path / "d.jsonl", [{"question": "hi", "answer": "ho"}])
     recipe = load_recipe(write(tmp_path, MINIMAL.format(model=tmp_path / "m", source=data)))
     with pytest.raises(ConfigError) as err:
-        check_recipe(recipe)
+        preflight(recipe)
     assert "has columns question, answer" in str(err.value) and "'messages'" in str(err.value)
     recipe = load_recipe(
         write(tmp_path, MINIMAL.format(model=tmp_path / "m", source=data)),
         ["data.prompt_column=question", "data.completion_column=answer"],
     )
-    assert check_recipe(recipe) == []
+    assert preflight(recipe) == []
     csv_file = tmp_path / "d.csv"
     csv_file.write_text("title,body\na,b\n")
     recipe = load_recipe(write(tmp_path, "task: clm\n" + MINIMAL.format(model=tmp_path / "m", source=csv_file)))
     with pytest.raises(ConfigError, match="no column 'text' .*columns: title, body"):
-        check_recipe(recipe)
+        preflight(recipe)
 
 
 def test_bad_json_lines_are_reported_with_the_line(tmp_path: Path) -> None:
@@ -210,7 +206,7 @@ def test_bad_json_lines_are_reported_with_the_line(tmp_path: Path) -> None:
     data.write_text("\n{not json}\n")
     recipe = load_recipe(write(tmp_path, MINIMAL.format(model=tmp_path / "m", source=data)))
     with pytest.raises(ConfigError, match=r"d.jsonl line 2 \(row 1\) is not valid JSON"):
-        check_recipe(recipe)
+        preflight(recipe)
 
 
 def test_sequence_longer_than_the_model(tmp_path: Path) -> None:
@@ -220,17 +216,17 @@ def test_sequence_longer_than_the_model(tmp_path: Path) -> None:
     data = jsonl(tmp_path / "d.jsonl", [{"text": "a"}])
     recipe = load_recipe(write(tmp_path, MINIMAL.format(model=model, source=data)), ["data.max_length=2048"])
     with pytest.raises(ConfigError, match=r"data.max_length \(2048\) is larger .* \(1024, .*config.json\)"):
-        check_recipe(recipe)
+        preflight(recipe)
 
 
 def test_deepspeed_config_must_exist_and_parse(tmp_path: Path) -> None:
     path = write(tmp_path, TINY_RECIPE)
     with pytest.raises(ConfigError, match="training.deepspeed: zero9.json does not exist"):
-        check_recipe(load_recipe(path, ["training.deepspeed=zero9.json"]))
+        preflight(load_recipe(path, ["training.deepspeed=zero9.json"]))
     broken = tmp_path / "ds.json"
     broken.write_text("{stage: 3")
     with pytest.raises(ConfigError, match="is not valid JSON"):
-        check_recipe(load_recipe(path, [f"training.deepspeed={broken}"]))
+        preflight(load_recipe(path, [f"training.deepspeed={broken}"]))
 
 
 def test_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -336,7 +336,7 @@ def test_docs_list_every_setting_with_its_default() -> None:
 
 
 def test_requeue_code_is_the_trainers() -> None:
-    from ctrain.train.recipe import PREEMPTED_EXIT_CODE
+    from ctrain.train.artifacts import PREEMPTED_EXIT_CODE
 
     assert lib_defaults()["CTRAIN_REQUEUE_EXIT"] == [str(PREEMPTED_EXIT_CODE)]
 

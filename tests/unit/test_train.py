@@ -15,7 +15,7 @@ from ctrain.errors import ConfigError
 from ctrain.train import checkpoint
 from ctrain.train.demo import addition_chat, builtin_rows
 from ctrain.train.logs import PrefixedWriter
-from ctrain.train.recipe import COMPLETE_MARKER
+from ctrain.train.artifacts import COMPLETE_MARKER
 
 
 def test_every_line_gets_the_rank_prefix() -> None:
@@ -247,7 +247,7 @@ def test_a_nan_loss_or_gradient_norm_stops_the_run_naming_the_step() -> None:
     pytest.importorskip("transformers")
     from ctrain.errors import NonFiniteTraining
     from ctrain.train.callbacks import FiniteGuard
-    from ctrain.train.recipe import NONFINITE_EXIT_CODE, PREEMPTED_EXIT_CODE
+    from ctrain.train.artifacts import NONFINITE_EXIT_CODE, PREEMPTED_EXIT_CODE
 
     assert NONFINITE_EXIT_CODE == NonFiniteTraining.exit_code == 65 != PREEMPTED_EXIT_CODE
     guard = FiniteGuard(check_grad_norm=True)

@@ -464,7 +464,7 @@ _CONTAINER_TARGETS = ("/workspace", "/data", "/hf_home", "/outputs")
 def check_job_recipe(job: Job) -> list[str]:
     """The recipe exists inside the project and validates with the overrides, as the job will run it
     (from the project directory, on nodes x processes per node), without torch; returns notes."""
-    from ctrain.train.recipe import check_recipe as check_paths
+    from ctrain.train.preflight import preflight as check_paths
     from ctrain.train.recipe import load_recipe
 
     path = _project_file(job, job.settings["CTRAIN_RECIPE"], "the recipe")

@@ -5,7 +5,7 @@ slurmctld and one slurmd per node run as real daemons; jobs run as an unprivileg
 share the host's filesystem. See docs/testbed.md.
 """
 
-from ctrain.testbed.cluster import NodeStatus, Status, Testbed, usage
+from ctrain.testbed.control import NodeStatus, Status, Testbed, usage
 from ctrain.testbed.demo import build_demo_image
 from ctrain.testbed.plan import DEFAULT_STATE_DIR, JOB_USER, STATE_DIR_ENV, Node
 

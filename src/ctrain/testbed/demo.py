@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ctrain import ui
 from ctrain.errors import CtrainError
-from ctrain.testbed.cluster import Log, Testbed
+from ctrain.testbed.control import Log, Testbed
 
 BUSYBOX_PACKAGE = "busybox-static"
 

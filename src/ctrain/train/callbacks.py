@@ -22,7 +22,7 @@ from transformers import TrainerCallback
 
 from ctrain.errors import NonFiniteTraining
 from ctrain.train import checkpoint
-from ctrain.train.recipe import METRICS_FILE, PREEMPTED_EXIT_CODE
+from ctrain.train.artifacts import METRICS_FILE, PREEMPTED_EXIT_CODE
 
 log = logging.getLogger("ctrain.train")
 

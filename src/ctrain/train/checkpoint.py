@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.files import atomic_write_json
-from ctrain.train.recipe import COMPLETE_MARKER
+from ctrain.train.artifacts import COMPLETE_MARKER
 
 log = logging.getLogger("ctrain.train")
 

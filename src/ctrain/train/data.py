@@ -2,7 +2,7 @@
 
 One pipeline serves ``ctrain prepare`` and ``ctrain train``: :func:`prepare` writes the tokenized
 data set, the tokenizer that made it and a marker listing what it was made from
-(:func:`ctrain.train.recipe.prepared_settings`); :func:`load_prepared` refuses a data set whose
+(:func:`ctrain.train.fingerprint.prepared_settings`); :func:`load_prepared` refuses a data set whose
 marker does not match the recipe. ``ctrain train`` without a prepared data set runs the same
 :func:`prepare` on the main process while the others wait, so training never tokenizes per rank.
 
@@ -25,16 +25,10 @@ from typing import Any
 from ctrain.errors import ConfigError
 from ctrain.files import check_directory
 from ctrain.train import demo
-from ctrain.train.recipe import (
-    PREPARED_MARKER,
-    Recipe,
-    Source,
-    example_kind,
-    prepared_settings,
-    resolve_source,
-    settings_differences,
-    source_columns,
-)
+from ctrain.train.artifacts import PREPARED_MARKER
+from ctrain.train.fingerprint import prepared_settings, settings_differences
+from ctrain.train.recipe import Recipe
+from ctrain.train.sources import Source, example_kind, resolve_source, source_columns
 from ctrain.train.rows import check_loaded, scan_files
 from ctrain.train.tokenizer import load_tokenizer, texts_for_training, train_tokenizer
 

@@ -16,7 +16,10 @@ from typing import Any
 from ctrain.errors import ConfigError
 from ctrain.files import check_directory, check_file
 from ctrain.train import checkpoint
-from ctrain.train.recipe import COMPLETE_MARKER, FINAL_DIR, RECIPE_COPY, Recipe, check_recipe, example_kind
+from ctrain.train.artifacts import COMPLETE_MARKER, FINAL_DIR, RECIPE_COPY
+from ctrain.train.preflight import preflight
+from ctrain.train.recipe import Recipe
+from ctrain.train.sources import example_kind
 
 log = logging.getLogger("ctrain.train")
 
@@ -83,7 +86,7 @@ def check_model_dir(model_dir: Path) -> None:
 def check(recipe: Recipe, model_dir: Path | None = None) -> None:
     """What can fail before the model loads, without torch: the recipe and its data, the model's
     directory, held-out examples to ask, and a place for eval.json."""
-    check_recipe(recipe)
+    preflight(recipe)
     model_dir = model_dir or recipe.output_dir / FINAL_DIR
     if model_dir.exists() and not model_dir.is_dir():
         raise ConfigError(f"--model {model_dir} is a file; name the directory of a trained model")

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError
-from ctrain.train.recipe import BUILTIN_MODEL_TYPE, Recipe, check_max_length, expand_path
+from ctrain.train.recipe import Recipe, check_max_length, expand_path
+from ctrain.train.sources import BUILTIN_MODEL_TYPE
 
 ADAPTER_CONFIG = "adapter_config.json"  # what PEFT writes beside an adapter's weights
 

@@ -1,9 +1,8 @@
-"""Training recipes: YAML files mapped to typed settings, checked without torch.
+"""Training recipes: the schema of a recipe file, mapped to typed settings and validated without torch.
 
-A login node (``ctrain submit``, ``ctrain train --check``) imports only this module: no torch,
-transformers or datasets. :func:`load_recipe` checks the schema (unknown keys list the valid ones);
-:func:`check_recipe` checks what a recipe points at (paths, data columns, sizes, world size) as far
-as this machine can without downloads, and returns notes about what it could not check.
+A login node (``ctrain submit``, ``ctrain train --check``) imports this module: no torch,
+transformers or datasets. :func:`load_recipe` reads a recipe and checks it against the schema
+(unknown keys list the valid ones); what a recipe points at is checked by :mod:`ctrain.train.preflight`.
 
 Relative paths in a recipe are relative to the working directory (where ``ctrain train`` runs;
 ``/workspace`` in the training image); ``$VAR`` and ``${VAR}`` are expanded in every path.
@@ -12,9 +11,6 @@ Relative paths in a recipe are relative to the working directory (where ``ctrain
 from __future__ import annotations
 
 import dataclasses
-import glob
-import hashlib
-import json
 import os
 import re
 import signal
@@ -22,35 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ctrain.errors import ConfigError, NonFiniteTraining
+from ctrain.errors import ConfigError
 from ctrain.fast import FastSettings
 from ctrain.files import name_problem, shorten
 from ctrain.settings import build, read_settings, to_mapping
+from ctrain.train.artifacts import PREPARED_DIR
 
-# Exit code of a run that stopped on a preemption signal after saving a complete checkpoint:
-# "checkpointed, requeue me" (EX_TEMPFAIL from sysexits.h). The sbatch scripts requeue on it.
-PREEMPTED_EXIT_CODE = 75
-# Exit code of a run stopped because its loss or gradient norm was NaN or infinite, before that
-# state was saved: do not requeue (it would diverge again); lower the learning rate or fix the data.
-NONFINITE_EXIT_CODE = NonFiniteTraining.exit_code  # 65, EX_DATAERR
-
-# Files ctrain writes into the output directory (documented in docs/training.md).
-COMPLETE_MARKER = "ctrain-complete.json"  # last file of a checkpoint or final model: it is whole
-PREPARED_MARKER = "ctrain-prepared.json"  # last file of a prepared data set, with what it was made from
-PREEMPTED_FILE = "ctrain-preempted.json"  # written when a run stops on a preemption signal
-FINAL_DIR = "final"  # the trained model and tokenizer, Hugging Face format
-MERGED_DIR = "merged"  # in FINAL_DIR with peft.merge: the base model with the adapter folded in
-PREPARED_DIR = "prepared"  # default place of `ctrain prepare`'s output
-METRICS_FILE = "metrics.jsonl"  # every logged step, one JSON object a line
-RECIPE_COPY = "recipe.yaml"  # the recipe as run, overrides applied
-
-# Bumped whenever tokenisation or packing changes what a prepared data set holds.
-PREPARE_VERSION = 1
-
+# The generators `data.source: builtin:NAME` may name (ctrain.train.demo makes their rows).
 BUILTIN_SOURCES = ("addition", "subtraction")
-FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
-_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-_GLOB = re.compile(r"[*?\[]")
 
 # Rows per optimizer step and tokens per row beyond any real run: larger values are typing mistakes
 # (and would make the batch layout search take forever).
@@ -68,14 +43,21 @@ MINIMAL_RECIPE = (
 class ModelSettings:
     """Which model to train: a pretrained one (``path``) or a new one from a config (``config``)."""
 
+    #: A pretrained model: a local directory (save_pretrained's) or a hub name.
     path: str | None = None
+    #: A new model with random weights: a model type (llama, gpt2, qwen2 ...), or a config file, directory or hub name.
     config: str | None = None
+    #: Fields set on the model config (run_clm's --config_overrides); unknown fields are errors.
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    #: Hub revision (branch, tag or commit) of the model and its tokenizer.
     revision: str | None = None
+    #: Weights dtype at load; ``auto``: float32 master weights with autocast (bf16/fp16 under DeepSpeed).
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    #: ``auto``: FlashAttention 2 on CUDA in bf16/fp16 when installed, else SDPA; or one by name.
     attn_implementation: Literal[
         "auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"
     ] = "auto"
+    #: Allow model code from the hub.
     trust_remote_code: bool = False
 
     def validate(self) -> None:
@@ -90,8 +72,11 @@ class ModelSettings:
 class TokenizerTraining:
     """A byte-level BPE tokenizer trained on the training data (for models trained from scratch)."""
 
+    #: Vocabulary size: at least 300 (256 byte symbols plus the special tokens).
     vocab_size: int = 512
+    #: A merge must occur at least this often.
     min_frequency: int = 2
+    #: Train on the first N training examples only; None: all of them.
     max_examples: int | None = None
 
     def validate(self) -> None:
@@ -108,8 +93,11 @@ class TokenizerTraining:
 class TokenizerSettings:
     """The tokenizer: from a path or hub name (default: the model's), or trained on the data."""
 
+    #: A tokenizer directory or hub name; None: the model's (``model.path``).
     path: str | None = None
+    #: Train a byte-level BPE tokenizer on the training data instead (models trained from scratch).
     train: TokenizerTraining | None = None
+    #: A Jinja chat template file used instead of the tokenizer's own.
     chat_template: str | None = None
 
     def validate(self) -> None:
@@ -121,24 +109,43 @@ class TokenizerSettings:
 class DataSettings:
     """Where the training examples come from and how they become token sequences."""
 
+    #: A file, glob or directory of data files, a save_to_disk folder, a hub data set, or ``builtin:NAME``.
     source: str = ""
+    #: ``auto``: from the file extensions (save_to_disk folders are recognised); else the loader by name.
     format: Literal["auto", "json", "csv", "parquet", "arrow", "disk", "hub"] = "auto"
+    #: Hub data set configuration (e.g. ``wikitext-2-raw-v1``).
     config_name: str | None = None
+    #: Split to train on (hub data sets and save_to_disk DatasetDicts).
     split: str = "train"
+    #: Hub data set revision.
     revision: str | None = None
+    #: Split to evaluate on; at most one of this and ``eval_size``.
     eval_split: str | None = None
+    #: Hold out this many training examples (>= 1) or this fraction (< 1) for evaluation, by the seed.
     eval_size: float | None = None
+    #: Train on the first N examples only (after the hold-out): for trial runs.
     max_examples: int | None = None
+    #: Text column (clm; sft on plain text).
     text_column: str = "text"
+    #: Chat column: lists of ``{role, content}`` messages (sft).
     messages_column: str = "messages"
+    #: Prompt column of prompt/completion data (sft).
     prompt_column: str = "prompt"
+    #: Completion column of prompt/completion data; the loss is on the completion only.
     completion_column: str = "completion"
+    #: Chats: the loss is on what the assistant says (and its end-of-turn token) only.
     assistant_only_loss: bool = True
+    #: Tokens per sequence: longer sft examples are cut; the packing row length; the clm block size.
     max_length: int = 1024
+    #: sft: pack examples into rows of ``max_length`` tokens and train padding-free; False: one example a row.
     packing: bool = True
+    #: ``bfd`` (cuts overflow), ``bfd_split`` (moves overflow to another row), ``wrapped`` (cuts anywhere).
     packing_strategy: Literal["bfd", "bfd_split", "wrapped"] = "bfd"
+    #: clm only: read and tokenize the corpus while training instead of preparing it (needs max_steps).
     streaming: bool = False
+    #: Where ``ctrain prepare`` writes and ``ctrain train`` looks for prepared data; None: OUTPUT_DIR/prepared.
     prepared_dir: str | None = None
+    #: Tokenization processes; None: the CPUs this process may use, at most one per 5000 examples.
     num_proc: int | None = None
 
     def validate(self) -> None:
@@ -172,35 +179,63 @@ class DataSettings:
 class TrainingSettings:
     """How to train: batch, schedule, precision, checkpoints, distribution."""
 
+    #: Checkpoints, final model and logs; None: ``$CTRAIN_OUTPUT_DIR/NAME``, else ``outputs/NAME``.
     output_dir: str | None = None
+    #: ``hf`` (TRL/transformers), ``fast`` (the SFT fast path, GPU), ``auto`` (fast where it fits, else hf).
     engine: Literal["auto", "hf", "fast"] = "auto"
+    #: Rows per optimizer step over all processes; must divide among them.
     global_batch_size: int = 64
+    #: Largest micro-batch per process (accumulation makes up the rest); None: no limit.
     max_per_device_batch_size: int | None = None
+    #: Optimizer steps; overrides ``epochs``.
     max_steps: int | None = None
+    #: Passes over the data (without ``max_steps``).
     epochs: float = 1.0
+    #: Peak learning rate.
     learning_rate: float = 2e-5
+    #: Learning rate schedule after warm-up (transformers' scheduler names).
     lr_scheduler: Literal[
         "linear", "cosine", "cosine_with_min_lr", "constant", "constant_with_warmup", "inverse_sqrt", "polynomial"
     ] = "cosine"
+    #: Linear warm-up: a fraction of the steps (< 1) or a number of steps.
     warmup: float = 0.0
+    #: AdamW weight decay.
     weight_decay: float = 0.0
+    #: Gradient clipping norm (0: none).
     max_grad_norm: float = 1.0
+    #: A transformers optimizer name; ``auto``: adamw_torch_fused on CUDA, adamw_torch on CPU.
     optim: str = "auto"
+    #: ``auto``: bf16 on GPUs that have it, else fp16; fp32 on CPU.
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    #: Recompute activations in the backward pass: less memory, slower.
     gradient_checkpointing: bool = False
+    #: ``torch.compile`` the whole model (hf engine only).
     torch_compile: bool = False
+    #: Liger's fused kernels (hf engine only; needs the liger-kernel package).
     liger_kernel: bool = False
+    #: Log a line, metrics and memory every N steps (and at step 1).
     logging_steps: int = 10
+    #: Checkpoint every N steps.
     save_steps: int = 500
+    #: Complete checkpoints kept (older ones deleted once a newer one is whole); None: all.
     save_total_limit: int | None = 2
+    #: Evaluate every N steps (needs ``data.eval_split`` or ``data.eval_size``); None: not while training.
     eval_steps: int | None = None
+    #: ``auto``: from the newest complete checkpoint in the output directory; ``never``; or a checkpoint directory.
     resume: str = "auto"
+    #: Signals that make the run checkpoint and exit with PREEMPTED_EXIT_CODE (75).
     preemption_signals: list[str] = field(default_factory=lambda: ["SIGUSR1", "SIGTERM"])
+    #: A DeepSpeed config file (ZeRO through the Trainer); at most one of this and ``fsdp``.
     deepspeed: str | None = None
+    #: Shard the model with PyTorch FSDP (GPUs only).
     fsdp: bool = False
+    #: transformers' ``fsdp_config``.
     fsdp_config: dict[str, Any] = field(default_factory=dict)
+    #: Data loader worker processes; None: 2 on GPUs, 0 on CPU.
     dataloader_workers: int | None = None
+    #: Timeout of a collective (NCCL/gloo) before the job fails.
     ddp_timeout_minutes: int = 30
+    #: Peak dense TFLOP/s of one device, for the MFU estimate; None: from the GPU's name.
     peak_tflops: float | None = None
 
     def hf_speedups(self) -> list[str]:
@@ -259,12 +294,19 @@ class PeftSettings:
     the adapter folded in, loadable without PEFT.
     """
 
+    #: ``none``: train every weight; ``lora``: adapters on a frozen base; ``qlora``: the same, base in 4 bits.
     method: Literal["none", "lora", "qlora"] = "none"
+    #: Adapter rank.
     r: int = 16
+    #: LoRA alpha: the adapter's output is scaled by ``alpha / r``.
     alpha: float = 32.0
+    #: Dropout on the adapter's input.
     dropout: float = 0.05
+    #: Layers that get adapters: ``all-linear`` (every linear layer but the output head) or names.
     target_modules: str | list[str] = "all-linear"
+    #: Modules trained in full and saved with the adapter (e.g. ``[lm_head]`` after adding tokens).
     modules_to_save: list[str] = field(default_factory=list)
+    #: Also write ``final/merged``: the base model with the adapter folded in.
     merge: bool = False
 
     @property
@@ -299,10 +341,15 @@ class PeftSettings:
 class LoggingSettings:
     """Where metrics go, and what each rank prints."""
 
+    #: Metric sinks: ``tensorboard`` (in OUTPUT_DIR/runs), ``wandb``; empty: none.
     report_to: list[Literal["tensorboard", "wandb"]] = field(default_factory=lambda: ["tensorboard"])
+    #: Also report to Weights & Biases, in this project.
     wandb_project: str | None = None
+    #: Run name in TensorBoard/W&B; None: the recipe's name.
     run_name: str | None = None
+    #: Each rank logs its memory at every logging step.
     memory: bool = True
+    #: Put ``[rank R host H]`` before every output line.
     rank_prefix: bool = True
 
 
@@ -310,7 +357,9 @@ class LoggingSettings:
 class HubSettings:
     """Push the final model to the Hugging Face Hub (token from HF_TOKEN or `hf auth login`)."""
 
+    #: Push the final model and tokenizer to this Hub repository when training ends; None: no push.
     repo_id: str | None = None
+    #: Create the repository private.
     private: bool = True
 
     def validate(self) -> None:
@@ -328,8 +377,11 @@ _REPO_ID = re.compile(r"(?=.{1,96}$)([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")
 class EvalSettings:
     """``ctrain eval``: exact-match accuracy of generated answers on the held-out examples."""
 
+    #: Ask at most N held-out examples; None: all of them.
     max_examples: int | None = None
+    #: Longest answer generated.
     max_new_tokens: int = 32
+    #: Prompts generated at once.
     batch_size: int = 64
 
     def validate(self) -> None:
@@ -343,18 +395,31 @@ class EvalSettings:
 class Recipe:
     """A whole recipe file."""
 
+    #: The run's name, which names its output directory; None: the recipe's file name without extension.
     name: str | None = None
+    #: ``sft``: supervised fine-tuning (TRL's SFTTrainer); ``clm``: causal-LM pretraining on one text column.
     task: Literal["sft", "clm"] = "sft"
+    #: Seeds model init, data order, the eval hold-out and builtin data.
     seed: int = 42
+    #: The model to train.
     model: ModelSettings = field(default_factory=ModelSettings)
+    #: Its tokenizer.
     tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
+    #: The training examples.
     data: DataSettings = field(default_factory=DataSettings)
+    #: How to train.
     training: TrainingSettings = field(default_factory=TrainingSettings)
+    #: Metric sinks and output lines.
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    #: Pushing the final model to the Hub.
     hub: HubSettings = field(default_factory=HubSettings)
+    #: ``ctrain eval``.
     eval: EvalSettings = field(default_factory=EvalSettings)
+    #: Switches of the fast engine (``training.engine: fast``).
     fast: FastSettings = field(default_factory=FastSettings)
+    #: LoRA/QLoRA adapters instead of full training.
     peft: PeftSettings = field(default_factory=PeftSettings)
+    #: The file the recipe was read from (set by :func:`load_recipe`, not a key).
     path: Path | None = field(default=None, init=False, compare=False)
 
     def validate(self) -> None:
@@ -513,446 +578,6 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     return recipe
 
 
-# --- batch layout ---------------------------------------------------------------------------------
-
-
-def batch_layout(training: TrainingSettings, world_size: int, cap: int | None = None) -> tuple[int, int]:
-    """(per-device batch, gradient accumulation steps) giving ``global_batch_size`` on ``world_size`` processes.
-
-    Each process takes an equal share of the global batch, in micro-batches of at most
-    ``max_per_device_batch_size`` (and ``cap``) rows; accumulation makes up the rest. The global
-    batch, hence the schedule and the result, stays the same from one process to 16 nodes.
-    """
-    total = training.global_batch_size
-    if world_size < 1:
-        raise ConfigError(f"world size {world_size} is not a number of processes")
-    if total % world_size:
-        raise ConfigError(
-            f"training.global_batch_size ({total}) does not divide among {world_size} processes: "
-            f"make it a multiple of {world_size}"
-        )
-    share = total // world_size
-    limit = min(x for x in (share, training.max_per_device_batch_size, cap) if x is not None)
-    per_device = max(d for d in _divisors(share) if d <= limit)
-    return per_device, share // per_device
-
-
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return small + [n // d for d in small]
-
-
-# --- sources --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Source:
-    """What ``data.source`` names: a builtin generator, local files, a save_to_disk folder, or a hub data set."""
-
-    kind: Literal["builtin", "files", "disk", "hub"]
-    name: str  # builtin name, hub name, or the path as given
-    format: str | None = None  # loader for files: json, csv, parquet, arrow
-    files: tuple[Path, ...] = ()
-    directory: Path | None = None  # save_to_disk folder
-
-
-def _looks_like_path(text: str) -> bool:
-    return text.startswith(("/", "./", "../", "~", "$")) or Path(text).suffix.lower() in FILE_FORMATS
-
-
-def resolve_source(data: DataSettings) -> Source:
-    """Classify ``data.source`` and find its files; a ConfigError for paths that are missing or unreadable."""
-    raw = data.source
-    if raw.startswith("builtin:"):
-        name = raw.split(":", 1)[1]
-        if name not in BUILTIN_SOURCES:
-            raise ConfigError(f"data.source: unknown builtin '{name}'; builtins: {', '.join(BUILTIN_SOURCES)}")
-        return Source("builtin", name)
-    if data.format == "hub":
-        return Source("hub", raw)
-    path = expand_path(raw)
-    if _GLOB.search(str(path)):
-        files = tuple(sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file()))
-        if not files:
-            raise ConfigError(f"data.source: no files match {raw} (relative paths are relative to {Path.cwd()})")
-        return Source("files", raw, _file_format(files, data), files)
-    if path.exists():
-        _readable(path, "data.source")
-        if path.is_dir():
-            if (
-                (path / "dataset_info.json").is_file()
-                or (path / "dataset_dict.json").is_file()
-                or (path / "state.json").is_file()
-            ):
-                return Source("disk", raw, directory=path)
-            files = _data_files(path, raw)
-            if not files:
-                raise ConfigError(
-                    f"data.source: {raw} is a directory with no data files ({', '.join(FILE_FORMATS)}) and is not a "
-                    "save_to_disk folder"
-                )
-            return Source("files", raw, _file_format(files, data), files)
-        return Source("files", raw, _file_format((path,), data), (path,))
-    if data.format in ("json", "csv", "parquet", "arrow", "disk") or _looks_like_path(raw):
-        raise ConfigError(f"data.source: {raw} does not exist (relative paths are relative to {Path.cwd()})")
-    if _HUB_NAME.match(raw):
-        return Source("hub", raw)
-    raise ConfigError(f"data.source: {raw} is neither an existing path nor a hub data set name")
-
-
-# Entries a data.source directory is searched through at most: more is a directory named by
-# mistake (a home directory, /), whose search would take minutes.
-MAX_SOURCE_ENTRIES = 100_000
-
-
-def _data_files(directory: Path, raw: str) -> tuple[Path, ...]:
-    """The data files anywhere under ``directory``, sorted; a ConfigError when it is far too large to search."""
-    found = []
-    seen = 0
-    for root, dirs, names in os.walk(directory):
-        dirs.sort()
-        seen += len(dirs) + len(names)
-        if seen > MAX_SOURCE_ENTRIES:
-            raise ConfigError(
-                f"data.source: {raw} holds more than {MAX_SOURCE_ENTRIES} files and directories: point it at the "
-                f"data (a file, a glob such as {raw.rstrip('/')}/*.jsonl, or a directory of data files)"
-            )
-        found += [Path(root, n) for n in names if Path(n).suffix.lower() in FILE_FORMATS]
-    return tuple(sorted(p for p in found if p.is_file()))
-
-
-def _file_format(files: tuple[Path, ...], data: DataSettings) -> str:
-    if data.format not in ("auto", "hub", "disk"):
-        return data.format
-    formats = {FILE_FORMATS.get(p.suffix.lower()) for p in files}
-    if None in formats:
-        odd = next(p for p in files if p.suffix.lower() not in FILE_FORMATS)
-        raise ConfigError(
-            f"data.source: cannot tell the format of {odd}; set data.format ({', '.join(sorted(set(FILE_FORMATS.values())))})"
-        )
-    if len(formats) > 1:
-        raise ConfigError(f"data.source mixes formats ({', '.join(sorted(formats))}); point it at one kind of file")
-    return formats.pop()
-
-
-def _readable(path: Path, what: str) -> None:
-    if not os.access(path, os.R_OK) or (path.is_dir() and not os.access(path, os.X_OK)):
-        raise ConfigError(f"{what}: {path} cannot be read (permission denied)")
-
-
-def model_kind(value: str, what: str = "") -> Literal["local", "hub"]:
-    """Whether a model/tokenizer reference is a local path (which must exist) or a hub name.
-
-    A local model or tokenizer is a directory (``save_pretrained``'s); ``what`` names the setting
-    for which that is required, empty where a single file will do (``model.config``).
-    """
-    path = expand_path(value)
-    if path.exists():
-        _readable(path, value)
-        if what and not path.is_dir():
-            raise ConfigError(
-                f"{value} is a file; {what} is a directory holding a saved model (config.json, weights, tokenizer "
-                "files) or a hub name"
-            )
-        return "local"
-    if _looks_like_path(value) or not _HUB_NAME.match(value):
-        raise ConfigError(f"{value} does not exist (relative paths are relative to {Path.cwd()})")
-    return "hub"
-
-
-def _settings_file(value: str, what: str) -> Path:
-    """A file a setting names: it exists, is a file and can be read."""
-    path = expand_path(value)
-    if path.is_dir():
-        raise ConfigError(f"{what}: {value} is a directory; name a file")
-    if not path.is_file():
-        raise ConfigError(f"{what}: {value} does not exist (relative paths are relative to {Path.cwd()})")
-    _readable(path, what)
-    return path
-
-
-# --- checks without torch -------------------------------------------------------------------------
-
-
-def source_columns(source: Source, data: DataSettings) -> list[str] | None:
-    """Column names of a local source read from its first record or metadata, without datasets; None if unknown."""
-    if source.kind == "builtin":
-        from ctrain.train.demo import BUILTIN_COLUMNS
-
-        return list(BUILTIN_COLUMNS[source.name])
-    if source.kind == "disk":
-        return _disk_columns(source.directory, data.split)  # type: ignore[arg-type]
-    if source.kind != "files":
-        return None
-    first = source.files[0]
-    try:
-        if source.format in ("json", "csv"):
-            from ctrain.train.rows import header_columns
-
-            return header_columns(first, source.format)
-        if source.format in ("parquet", "arrow"):
-            try:
-                import pyarrow.parquet as pq  # noqa: F401
-            except ImportError:
-                return None
-            # Every file's footer (cheap): a broken one among many is named here, not by the loader.
-            columns = [_arrow_columns(path, source.format) for path in source.files]
-            return columns[0]
-    except OSError as exc:
-        raise ConfigError(f"data.source: cannot read {first}: {exc.strerror or exc}") from exc
-    return None
-
-
-def _arrow_columns(path: Path, fmt: str) -> list[str]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        if fmt == "parquet":
-            return list(pq.read_schema(path).names)
-        with pa.memory_map(str(path)) as source:
-            try:
-                return list(pa.ipc.open_stream(source).schema.names)
-            except pa.ArrowInvalid:
-                return list(pa.ipc.open_file(source).schema.names)
-    except (pa.ArrowException, ValueError) as exc:
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"data.source: {path} is not a readable {fmt} file ({detail})") from None
-
-
-def _json_object(path: Path) -> dict[str, Any]:
-    """A JSON object from a file datasets wrote; a ConfigError naming the file when it is damaged."""
-    try:
-        data = json.loads(path.read_bytes())
-    except OSError as exc:
-        raise ConfigError(f"data.source: cannot read {path}: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise ConfigError(f"data.source: {path} is not valid JSON ({exc}): save the data set again") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"data.source: {path} is not a JSON object: save the data set again")
-    return data
-
-
-def _disk_columns(directory: Path, split: str) -> list[str] | None:
-    if (directory / "dataset_dict.json").is_file():
-        splits = _json_object(directory / "dataset_dict.json").get("splits") or []
-        if split not in splits:
-            raise ConfigError(f"data.split: {directory} has no split '{split}'; splits: {', '.join(map(str, splits))}")
-        directory = directory / split
-    info = directory / "dataset_info.json"
-    if not info.is_file():
-        return None
-    features = _json_object(info).get("features") or {}
-    return list(features) if isinstance(features, dict) and features else None
-
-
-def example_kind(columns: list[str], recipe: Recipe) -> Literal["messages", "prompt_completion", "text"]:
-    """Which shape of example the columns hold, as the task needs; a ConfigError naming the columns otherwise."""
-    data = recipe.data
-    if recipe.task == "sft":
-        if data.messages_column in columns:
-            return "messages"
-        if data.prompt_column in columns and data.completion_column in columns:
-            return "prompt_completion"
-        if data.text_column in columns:
-            return "text"
-        raise ConfigError(
-            f"data.source {data.source} has columns {', '.join(columns) or '(none)'}; an sft recipe needs "
-            f"'{data.messages_column}' (chats), '{data.prompt_column}' + '{data.completion_column}', or "
-            f"'{data.text_column}' (set data.messages_column / prompt_column / completion_column / text_column)"
-        )
-    if data.text_column in columns:
-        return "text"
-    raise ConfigError(
-        f"data.source {data.source} has no column '{data.text_column}' (columns: {', '.join(columns) or '(none)'}); "
-        "a clm recipe trains on one text column: set data.text_column"
-    )
-
-
-def _model_positions(recipe: Recipe) -> tuple[int | None, str]:
-    """The model's max_position_embeddings where it can be read without transformers, and from where."""
-    positions = recipe.model.config_overrides.get("max_position_embeddings")
-    if isinstance(positions, int):
-        return positions, "model.config_overrides"
-    reference = recipe.model.path or recipe.model.config
-    assert reference is not None
-    path = expand_path(reference)
-    config = path / "config.json" if path.is_dir() else path
-    if config.is_file() and config.suffix == ".json":
-        try:
-            data = json.loads(config.read_bytes())
-        except OSError as exc:
-            raise ConfigError(f"model: cannot read {config}: {exc.strerror or exc}") from exc
-        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-            raise ConfigError(f"model: {config} is not valid JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"model: {config} is not a model config (a JSON object)")
-        text = data.get("text_config")
-        data = text if isinstance(text, dict) else data
-        for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-            if isinstance(data.get(key), int):
-                return data[key], str(config)
-    return None, reference
-
-
-def check_json_file(value: str, what: str) -> Path:
-    """A JSON settings file (DeepSpeed config) that exists and parses."""
-    path = _settings_file(value, what)
-    try:
-        data = json.loads(path.read_bytes())
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise ConfigError(f"{what}: {path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{what}: {path} holds {type(data).__name__}, not a JSON object of settings")
-    return path
-
-
-def check_recipe(recipe: Recipe, world_size: int | None = None) -> list[str]:
-    """Check what the recipe points at, without torch and without downloads.
-
-    Raises :class:`ConfigError` for missing or unreadable paths, data without the columns the task
-    needs, a sequence length the model cannot hold, a global batch that does not divide among
-    ``world_size`` processes, and broken DeepSpeed configs. Returns notes on what could not be
-    checked here (hub names, formats that need pyarrow).
-    """
-    notes: list[str] = []
-    data = recipe.data
-    for reference, what in ((recipe.model.path, "model.path"), (recipe.tokenizer.path, "tokenizer.path")):
-        if reference:
-            try:
-                kind = model_kind(reference, what)
-            except ConfigError as exc:
-                raise ConfigError(f"{what}: {exc}") from exc
-            if kind == "hub":
-                notes.append(f"{what} {reference} is a hub name: not checked here (needs the hub or the HF cache)")
-    if recipe.model.config and not BUILTIN_MODEL_TYPE.match(recipe.model.config):
-        try:
-            model_kind(recipe.model.config)
-        except ConfigError as exc:
-            raise ConfigError(f"model.config: {exc}") from exc
-    if recipe.tokenizer.chat_template:
-        template = _settings_file(recipe.tokenizer.chat_template, "tokenizer.chat_template")
-        try:
-            template.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ConfigError(f"tokenizer.chat_template: {template} is not UTF-8 text") from None
-    positions, where = _model_positions(recipe)
-    check_max_length(data.max_length, positions, where)
-    if recipe.training.deepspeed:
-        check_json_file(recipe.training.deepspeed, "training.deepspeed")
-    if recipe.training.resume not in ("auto", "never"):
-        resume = expand_path(recipe.training.resume)
-        if not resume.is_dir():
-            raise ConfigError(f"training.resume: {recipe.training.resume} is not a checkpoint directory")
-    if world_size is not None:
-        batch_layout(recipe.training, world_size)
-    if data.prepared_dir:
-        prepared = expand_path(data.prepared_dir)
-        if prepared.exists() and not (prepared / PREPARED_MARKER).is_file():
-            notes.append(f"data.prepared_dir {prepared} exists but is not a finished `ctrain prepare` output")
-    source = resolve_source(data)
-    if data.eval_split and source.kind in ("files", "builtin"):
-        raise ConfigError(
-            f"data.eval_split: {data.source} has a single split; hold examples out with data.eval_size instead"
-        )
-    if source.kind == "hub":
-        notes.append(f"data.source {data.source} is a hub data set: its columns are not checked here")
-        return notes
-    columns = source_columns(source, data)
-    if columns is None:
-        notes.append(f"data.source {data.source}: columns not checked here (install pyarrow to read {source.format})")
-        return notes
-    kind = example_kind(columns, recipe)
-    if source.kind == "files":
-        from ctrain.train.rows import SCAN_BYTES, scan_files
-
-        if not scan_files(source, kind, recipe):
-            notes.append(
-                f"data.source {data.source}: rows after the first {SCAN_BYTES // 2**20} MiB are checked once the data "
-                "loads"
-            )
-    return notes
-
-
-# Model types are lower-case words (llama, gpt2, qwen2, mistral ...); anything else is a path or hub name.
-BUILTIN_MODEL_TYPE = re.compile(r"^[a-z][a-z0-9_-]*$")
-
-
-# --- what a prepared data set was made from -------------------------------------------------------
-
-
-def _file_identity(path: Path) -> dict[str, Any]:
-    stat = path.stat()
-    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-
-
-def _tree_identity(directory: Path) -> list[dict[str, Any]]:
-    return [_file_identity(p) for p in sorted(directory.rglob("*")) if p.is_file()]
-
-
-def prepared_settings(recipe: Recipe) -> dict[str, Any]:
-    """Everything a prepared data set depends on, as plain data; two recipes that agree here share one."""
-    data = recipe.data
-    source = resolve_source(data)
-    origin: dict[str, Any] = {"kind": source.kind, "name": data.source}
-    if source.kind == "files":
-        origin["files"] = [_file_identity(p) for p in source.files]
-    elif source.kind == "disk":
-        origin["files"] = _tree_identity(source.directory)  # type: ignore[arg-type]
-    elif source.kind == "hub":
-        origin.update(config_name=data.config_name, revision=data.revision)
-    tokenizer: dict[str, Any]
-    if recipe.tokenizer.train is not None:
-        tokenizer = {"train": to_mapping(recipe.tokenizer.train)}
-    else:
-        reference = recipe.tokenizer.path or recipe.model.path
-        assert reference is not None
-        tokenizer = {"path": reference, "revision": recipe.model.revision if not recipe.tokenizer.path else None}
-        local = expand_path(reference)
-        if local.is_dir():
-            tokenizer["files"] = [
-                _file_identity(p)
-                for p in sorted(local.iterdir())
-                if p.is_file() and any(k in p.name for k in ("token", "chat_template", "vocab", "merges", "spiece"))
-            ]
-    if recipe.tokenizer.chat_template:
-        text = expand_path(recipe.tokenizer.chat_template).read_bytes()
-        tokenizer["chat_template_sha256"] = hashlib.sha256(text).hexdigest()
-    settings = {
-        "version": PREPARE_VERSION,
-        "task": recipe.task,
-        "seed": recipe.seed,
-        "source": origin,
-        "split": data.split,
-        "eval_split": data.eval_split,
-        "eval_size": data.eval_size,
-        "max_examples": data.max_examples,
-        "columns": {
-            name: getattr(data, name)
-            for name in ("text_column", "messages_column", "prompt_column", "completion_column")
-        },
-        "assistant_only_loss": data.assistant_only_loss,
-        "max_length": data.max_length,
-        "packing": data.packing if recipe.task == "sft" else None,
-        "packing_strategy": data.packing_strategy if recipe.task == "sft" and data.packing else None,
-        "tokenizer": tokenizer,
-    }
-    return json.loads(json.dumps(settings))
-
-
-def settings_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """Human-readable differences between two :func:`prepared_settings` results."""
-    out = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        name = f"{prefix}{key}"
-        if isinstance(a, dict) and isinstance(b, dict):
-            out.extend(settings_differences(a, b, f"{name}."))
-        elif a != b:
-            out.append(f"{name}: prepared {json.dumps(a)[:80]}, recipe {json.dumps(b)[:80]}")
-    return out
-
-
 def recipe_keys(cls: type = Recipe, prefix: str = "") -> list[str]:
     """Every settable key of a recipe, dotted (for docs and help)."""
     keys = []
@@ -971,12 +596,4 @@ def recipe_keys(cls: type = Recipe, prefix: str = "") -> list[str]:
     return keys
 
 
-__all__ = [
-    "PREEMPTED_EXIT_CODE",
-    "Recipe",
-    "batch_layout",
-    "check_recipe",
-    "load_recipe",
-    "prepared_settings",
-    "resolve_source",
-]
+__all__ = ["Recipe", "load_recipe", "recipe_keys"]

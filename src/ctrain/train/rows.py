@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from ctrain.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ctrain.train.recipe import Recipe, Source
+    from ctrain.train.recipe import Recipe
+    from ctrain.train.sources import Source
 
 # Bytes of local data read row by row before training (every rank reads them): about a second.
 SCAN_BYTES = 64 * 2**20

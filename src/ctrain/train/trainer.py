@@ -24,19 +24,17 @@ from typing import Any
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.files import atomic_write_json, check_tree
 from ctrain.train import checkpoint, logs
-from ctrain.train.recipe import (
+from ctrain.train.artifacts import (
     COMPLETE_MARKER,
     FINAL_DIR,
     MERGED_DIR,
     PREEMPTED_EXIT_CODE,
     PREEMPTED_FILE,
     RECIPE_COPY,
-    Recipe,
-    batch_layout,
-    check_recipe,
-    expand_path,
-    signal_number,
 )
+from ctrain.train.layout import batch_layout
+from ctrain.train.preflight import preflight
+from ctrain.train.recipe import Recipe, expand_path, signal_number
 
 log = logging.getLogger("ctrain.train")
 
@@ -383,7 +381,7 @@ def run(recipe: Recipe) -> int:
     logs.setup(prefix=recipe.logging.rank_prefix)
     rank, world = logs.rank_from_env(), logs.world_size_from_env()
     # 1. What can be checked without torch: paths, columns, sizes, the batch against the world size.
-    notes = check_recipe(recipe, world_size=world)
+    notes = preflight(recipe, world_size=world)
     output_dir = recipe.output_dir
     final = output_dir / FINAL_DIR
     if checkpoint.read_marker(final) is not None:

@@ -1,0 +1,136 @@
+"""Pre-flight checks: what a valid recipe points at (paths, data columns, sizes, world size), checked
+as far as this machine can without torch or downloads, before a job is queued or a run starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ctrain.errors import ConfigError
+from ctrain.train.artifacts import PREPARED_MARKER
+from ctrain.train.layout import batch_layout
+from ctrain.train.recipe import Recipe, check_max_length, expand_path
+from ctrain.train.sources import (
+    BUILTIN_MODEL_TYPE,
+    _readable,
+    example_kind,
+    model_kind,
+    resolve_source,
+    source_columns,
+)
+
+
+def _settings_file(value: str, what: str) -> Path:
+    """A file a setting names: it exists, is a file and can be read."""
+    path = expand_path(value)
+    if path.is_dir():
+        raise ConfigError(f"{what}: {value} is a directory; name a file")
+    if not path.is_file():
+        raise ConfigError(f"{what}: {value} does not exist (relative paths are relative to {Path.cwd()})")
+    _readable(path, what)
+    return path
+
+
+def _model_positions(recipe: Recipe) -> tuple[int | None, str]:
+    """The model's max_position_embeddings where it can be read without transformers, and from where."""
+    positions = recipe.model.config_overrides.get("max_position_embeddings")
+    if isinstance(positions, int):
+        return positions, "model.config_overrides"
+    reference = recipe.model.path or recipe.model.config
+    assert reference is not None
+    path = expand_path(reference)
+    config = path / "config.json" if path.is_dir() else path
+    if config.is_file() and config.suffix == ".json":
+        try:
+            data = json.loads(config.read_bytes())
+        except OSError as exc:
+            raise ConfigError(f"model: cannot read {config}: {exc.strerror or exc}") from exc
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise ConfigError(f"model: {config} is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"model: {config} is not a model config (a JSON object)")
+        text = data.get("text_config")
+        data = text if isinstance(text, dict) else data
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+            if isinstance(data.get(key), int):
+                return data[key], str(config)
+    return None, reference
+
+
+def check_json_file(value: str, what: str) -> Path:
+    """A JSON settings file (DeepSpeed config) that exists and parses."""
+    path = _settings_file(value, what)
+    try:
+        data = json.loads(path.read_bytes())
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ConfigError(f"{what}: {path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what}: {path} holds {type(data).__name__}, not a JSON object of settings")
+    return path
+
+
+def preflight(recipe: Recipe, world_size: int | None = None) -> list[str]:
+    """Check what the recipe points at, without torch and without downloads.
+
+    Raises :class:`ConfigError` for missing or unreadable paths, data without the columns the task
+    needs, a sequence length the model cannot hold, a global batch that does not divide among
+    ``world_size`` processes, and broken DeepSpeed configs. Returns notes on what could not be
+    checked here (hub names, formats that need pyarrow).
+    """
+    notes: list[str] = []
+    data = recipe.data
+    for reference, what in ((recipe.model.path, "model.path"), (recipe.tokenizer.path, "tokenizer.path")):
+        if reference:
+            try:
+                kind = model_kind(reference, what)
+            except ConfigError as exc:
+                raise ConfigError(f"{what}: {exc}") from exc
+            if kind == "hub":
+                notes.append(f"{what} {reference} is a hub name: not checked here (needs the hub or the HF cache)")
+    if recipe.model.config and not BUILTIN_MODEL_TYPE.match(recipe.model.config):
+        try:
+            model_kind(recipe.model.config)
+        except ConfigError as exc:
+            raise ConfigError(f"model.config: {exc}") from exc
+    if recipe.tokenizer.chat_template:
+        template = _settings_file(recipe.tokenizer.chat_template, "tokenizer.chat_template")
+        try:
+            template.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"tokenizer.chat_template: {template} is not UTF-8 text") from None
+    positions, where = _model_positions(recipe)
+    check_max_length(data.max_length, positions, where)
+    if recipe.training.deepspeed:
+        check_json_file(recipe.training.deepspeed, "training.deepspeed")
+    if recipe.training.resume not in ("auto", "never"):
+        resume = expand_path(recipe.training.resume)
+        if not resume.is_dir():
+            raise ConfigError(f"training.resume: {recipe.training.resume} is not a checkpoint directory")
+    if world_size is not None:
+        batch_layout(recipe.training, world_size)
+    if data.prepared_dir:
+        prepared = expand_path(data.prepared_dir)
+        if prepared.exists() and not (prepared / PREPARED_MARKER).is_file():
+            notes.append(f"data.prepared_dir {prepared} exists but is not a finished `ctrain prepare` output")
+    source = resolve_source(data)
+    if data.eval_split and source.kind in ("files", "builtin"):
+        raise ConfigError(
+            f"data.eval_split: {data.source} has a single split; hold examples out with data.eval_size instead"
+        )
+    if source.kind == "hub":
+        notes.append(f"data.source {data.source} is a hub data set: its columns are not checked here")
+        return notes
+    columns = source_columns(source, data)
+    if columns is None:
+        notes.append(f"data.source {data.source}: columns not checked here (install pyarrow to read {source.format})")
+        return notes
+    kind = example_kind(columns, recipe)
+    if source.kind == "files":
+        from ctrain.train.rows import SCAN_BYTES, scan_files
+
+        if not scan_files(source, kind, recipe):
+            notes.append(
+                f"data.source {data.source}: rows after the first {SCAN_BYTES // 2**20} MiB are checked once the data "
+                "loads"
+            )
+    return notes
