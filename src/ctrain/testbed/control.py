@@ -56,6 +56,7 @@ from ctrain.testbed.plan import (
 SLURM_CONF_LINK = Path("/etc/slurm/slurm.conf")
 SLURM_TIMEOUT = 30.0
 STARTUP_TIMEOUT = 60.0
+COMPLETING_GRACE = 5.0  # seconds a restarted node may stay COMPLETING before it is set DOWN and resumed
 JOB_DRAIN_TIMEOUT = 10.0
 Log = Callable[[str], None]
 
@@ -277,17 +278,23 @@ class Testbed:
 
     def start_node(self, name: str, *, timeout: float = STARTUP_TIMEOUT) -> None:
         """Start a killed node's slurmd again and wait until Slurm can give it jobs; a node Slurm set
-        DOWN meanwhile is resumed, as an administrator would after replacing it."""
+        DOWN meanwhile is resumed, as an administrator would after replacing it. A node still
+        COMPLETING a job that ended while it was gone (the new slurmd never ran it) is set DOWN
+        first, which lets go of the job, then resumed."""
         node = self._node(name)
         state = self._state() or {}
         pid_file = self.layout.pid_file(f"slurmd-{name}")
         daemon = host.start_daemon(self._slurmd_argv(node), "slurmd", pid_file, self.marker)
         state.setdefault("daemons", {})[f"slurmd-{name}"] = daemon.to_json()
         self._save(state)
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         while (now := self.node_state(name)) not in READY_NODE_STATES:
             if now.startswith(("down", "drain", "fail")):
                 self.slurm.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], check=False)
+            elif now.startswith("completing") and time.monotonic() - started > COMPLETING_GRACE:
+                update = ["scontrol", "update", f"NodeName={name}", "State=DOWN", "Reason=restarted by the testbed"]
+                self.slurm.run(update, check=False)
             if time.monotonic() > deadline:
                 raise CtrainError(f"{name} is {now} {timeout:.0f}s after its slurmd started again")
             time.sleep(0.5)
