@@ -6,7 +6,14 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.plugins.testbed", "tests.plugins.image", "tests.plugins.train", "tests.plugins.cluster", "tests.plugins.slurm"]
+pytest_plugins = [
+    "tests.plugins.testbed",
+    "tests.plugins.image",
+    "tests.plugins.train",
+    "tests.plugins.cluster",
+    "tests.plugins.slurm",
+    "tests.plugins.remote",
+]
 
 STRICT = bool(os.environ.get("CTRAIN_STRICT") or os.environ.get("CI"))
 

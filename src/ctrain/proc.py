@@ -16,6 +16,7 @@ import sys
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ctrain.errors import CommandError, ToolNotFound
 from ctrain.redact import redact
@@ -120,8 +121,9 @@ def run(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     timeout: float | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """Run a program to completion and capture its output (text).
+    binary: bool = False,
+) -> subprocess.CompletedProcess[Any]:
+    """Run a program to completion and capture its output (text; bytes with ``binary``).
 
     ``env`` adds to (does not replace) the current environment.
     """
@@ -132,7 +134,7 @@ def run(
             check=False,
             input=input,
             capture_output=True,
-            text=True,
+            text=not binary,
             env=_env(env),
             cwd=cwd,
             timeout=timeout,
@@ -142,7 +144,7 @@ def run(
         # from None: TimeoutExpired's own message is the unmasked command line
         raise CommandError(argv, -1, f"timed out after {timeout}s\n{_text(exc.stderr)}") from None
     if check and proc.returncode != 0:
-        raise CommandError(argv, proc.returncode, proc.stderr, proc.stdout)
+        raise CommandError(argv, proc.returncode, _text(proc.stderr), _text(proc.stdout))
     return proc
 
 

@@ -265,7 +265,12 @@ class Runner(Protocol):
     def has(self, tool: str) -> bool: ...
 
     def read(self, path: Path, offset: int = 0) -> bytes | None:
-        """The file's bytes from ``offset`` on; None when it cannot be read (not there yet)."""
+        """The file's bytes from ``offset`` on (the last ``-offset`` bytes when negative); None when
+        it cannot be read (not there yet)."""
+        ...
+
+    def glob(self, directory: Path, pattern: str) -> list[Path]:
+        """The files in ``directory`` whose names match ``pattern``, sorted."""
         ...
 
 
@@ -291,6 +296,9 @@ class Local:
 
     def has(self, tool: str) -> bool:
         return proc.which(tool) is not None
+
+    def glob(self, directory: Path, pattern: str) -> list[Path]:
+        return sorted(Path(directory).glob(pattern))
 
     def read(self, path: Path, offset: int = 0) -> bytes | None:
         try:
@@ -441,7 +449,7 @@ class Slurm:
         if record is not None and record.get("StdOut"):
             return Path(record["StdOut"])
         for directory in search:
-            found = sorted(directory.glob(f"*-{job_id}.out"))
+            found = self.runner.glob(directory, f"*-{job_id}.out")
             if found:
                 return found[0]
         where = ", ".join(str(d) for d in search)
@@ -461,7 +469,7 @@ class Slurm:
         """:func:`events` from the job's log (its end), where the log can be read; else none."""
         candidates = [Path(found.stdout)] if found.stdout else []
         for directory in search:
-            candidates += sorted(directory.glob(f"*-{found.id.split('.')[0]}.out"))
+            candidates += self.runner.glob(directory, f"*-{found.id.split('.')[0]}.out")
         for path in candidates:
             data = self.runner.read(path, -_LOG_TAIL)
             if data is not None:

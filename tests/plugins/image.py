@@ -257,22 +257,24 @@ def render_definition(path: Path, args: dict[str, str]) -> str:
 # --- a real OCI registry and a private sshd, on loopback ---------------------------------------------
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
-def _wait_for_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 30) -> None:
+def wait_for_port(
+    port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 30, host: str = "127.0.0.1"
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"{what} exited with {proc.returncode}")
         with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
+            if sock.connect_ex((host, port)) == 0:
                 return
         time.sleep(0.2)
-    raise AssertionError(f"{what} did not listen on 127.0.0.1:{port} within {timeout}s")
+    raise AssertionError(f"{what} did not listen on {host}:{port} within {timeout}s")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -301,7 +303,7 @@ def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with open(directory / "registry.log", "wb") as log:
         server = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait_for_port(port, server, "docker-registry")
+        wait_for_port(port, server, "docker-registry")
         yield f"127.0.0.1:{port}"
     finally:
         _stop(server)
@@ -340,7 +342,7 @@ def ssh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
         server = subprocess.Popen([sshd, "-D", "-e", "-f", str(directory / "sshd_config")], stdout=log,
                                   stderr=subprocess.STDOUT)
     try:
-        _wait_for_port(port, server, "sshd")
+        wait_for_port(port, server, "sshd")
         yield SshServer("root", port, ("-i", str(directory / "client_key"), "-o", "IdentitiesOnly=yes",
                                        "-o", f"UserKnownHostsFile={directory / 'known_hosts'}",
                                        "-o", "StrictHostKeyChecking=yes"))

@@ -34,7 +34,7 @@ def testbed() -> Iterator[Testbed]:
 
     Useful members: ``user``, ``shared_dir``, ``nodes``, ``run_as_user(args, env=, cwd=, input=)``,
     ``submit(script, *sbatch_args, env=) -> job id``, ``wait(job_id, timeout) -> final state``,
-    ``job_state(job_id)``, ``slurm(args)`` (a Slurm command as root).
+    ``job_state(job_id)``, ``slurm`` (the Slurm client as root: ``slurm.run(args)``, ``slurm.job(id)``).
     """
     need_root()
     tb = Testbed()

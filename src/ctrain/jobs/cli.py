@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ctrain import slurm
 from ctrain.clicore import project
 
 
@@ -49,7 +50,6 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
       ctrain submit --nodes 2 recipes/demo-addition.yaml training.max_steps=200
       ctrain submit --dry-run --nodes 16 --gpus-per-node 8 RECIPE     show exactly what would run
     """
-    from ctrain import slurm
     from ctrain.jobs import submit as jobs
     from ctrain.ui import info
 
@@ -78,45 +78,62 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
             sys.exit(1)
 
 
+_CLUSTER = click.option(
+    "--cluster", "-c", "cluster_name", metavar="NAME",
+    help="A cluster of ~/.config/ctrain/clusters.yaml, reached over SSH (default: its `default`, else "
+    "Slurm on this machine).",
+)  # fmt: skip
+
+
+def _client(cluster_name: str | None) -> tuple[slurm.Slurm, list[Path]]:
+    """The Slurm client for ``--cluster`` (over SSH) or this machine, and where job logs are looked for."""
+    from ctrain import remote
+
+    cluster = remote.resolve(cluster_name)
+    if cluster is None:
+        return slurm.Slurm(), [Path("logs")]
+    logs_dir = [Path(cluster.profile.project_dir) / "logs"] if cluster.profile.project_dir else []
+    return slurm.Slurm(remote.Ssh(cluster)), logs_dir
+
+
 @click.command()
 @click.argument("job_ids", nargs=-1)
-def status(job_ids: tuple[str, ...]) -> None:
+@_CLUSTER
+def status(job_ids: tuple[str, ...], cluster_name: str | None) -> None:
     """Show jobs: the given JOB_IDS (queued, running or finished), else your queued and running jobs.
 
     For each JOB_ID, also what its batch script last logged about a failure (a lost node, a failed
     rank, a hang) and whether it requeued the job."""
-    from ctrain import slurm
-
-    client = slurm.Slurm()
+    client, search = _client(cluster_name)
     jobs = client.status(job_ids)
     click.echo(slurm.status_table(jobs))
     for job in jobs if job_ids else []:  # the jobs asked about by id: what their batch script decided
-        for event in client.job_events(job):
+        for event in client.job_events(job, search=search):
             click.echo(f"job {job.id}: {event}")
 
 
 @click.command()
 @click.argument("job_id")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the log grows, until the job ends.")
-def logs(job_id: str, follow: bool) -> None:
+@_CLUSTER
+def logs(job_id: str, follow: bool, cluster_name: str | None) -> None:
     """Print a job's log (Slurm's StdOut, else logs/*-JOB_ID.out)."""
-    from ctrain import slurm
-
+    client, search = _client(cluster_name)
     if follow:
-        slurm.Slurm().follow(job_id, emit=click.echo)
+        client.follow(job_id, emit=click.echo, search=search)
         return
-    click.echo(slurm.Slurm().read_log(job_id), nl=False)
+    click.echo(client.read_log(job_id, search=search), nl=False)
 
 
 @click.command()
 @click.argument("job_id")
 @click.option("--signal", "-s", "signal_name", help="Send this signal to the job's batch script instead, as the "
               "time-limit warning does (USR1: checkpoint and requeue).")  # fmt: skip
-def cancel(job_id: str, signal_name: str | None) -> None:
+@_CLUSTER
+def cancel(job_id: str, signal_name: str | None, cluster_name: str | None) -> None:
     """Cancel a job (scancel), or send its batch script a signal."""
-    from ctrain import slurm
-
-    slurm.Slurm().cancel(job_id, signal=signal_name)
+    client, _ = _client(cluster_name)
+    client.cancel(job_id, signal=signal_name)
     click.echo(
         f"job {job_id}: " + (f"sent SIG{signal_name.upper().removeprefix('SIG')}" if signal_name else "cancelled")
     )

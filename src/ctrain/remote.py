@@ -1,0 +1,259 @@
+"""A cluster driven from a laptop over SSH: cluster profiles, and the runner that takes ctrain's
+Slurm client (:mod:`ctrain.slurm`) to the login node.
+
+Profiles live in a user-level file (``~/.config/ctrain/clusters.yaml``, or ``$CTRAIN_CLUSTERS``),
+not in the project: host names, user names and keys are the user's, and a project stays
+shareable. One SSH connection is opened per profile and reused (ControlMaster), so a command
+costs one round trip; ssh never prompts (BatchMode), and what it says when it cannot connect is
+turned into an error that names the cause and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ctrain import proc
+from ctrain.errors import CommandError, ConfigError, CtrainError
+from ctrain.settings import build, read_settings
+
+PROFILES_ENV = "CTRAIN_CLUSTERS"
+CONNECT_TIMEOUT = 10  # seconds ssh waits for the host to answer
+CONTROL_PERSIST = 300  # seconds the shared connection stays open after the last command
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One cluster as reached from here."""
+
+    #: Login node: a host name, an address, or any Host of ~/.ssh/config (ProxyJump included).
+    host: str = ""
+    #: User on the cluster (default: ssh's, i.e. ~/.ssh/config's or the local user).
+    user: str | None = None
+    #: SSH port (default: ssh's).
+    port: int | None = None
+    #: Private key to use, and only it (default: ssh's keys and agent).
+    identity_file: Path | None = None
+    #: More ssh arguments, e.g. [-o, ProxyJump=bastion].
+    ssh_options: list[str] = field(default_factory=list)
+    #: The project's directory on the cluster's shared filesystem: jobs are submitted from there.
+    project_dir: str = ""
+    #: Where `ctrain push` puts images on the cluster (default: PROJECT_DIR/images).
+    images_dir: str = ""
+    #: The container runtime of the cluster.
+    runtime: Literal["apptainer", "pyxis"] = "apptainer"
+
+    def check(self, where: str) -> None:
+        """Each setting that ssh or the remote shell could misread; ``where`` names the profile."""
+        if not self.host:
+            raise ConfigError(f"'{where}.host' is not set: the login node, e.g. login.cluster.example.org",
+                              key=f"{where}.host")  # fmt: skip
+        if self.host.startswith("-") or any(c.isspace() for c in self.host):
+            raise ConfigError(f"'{where}.host' is {self.host!r}: a host name, address or ~/.ssh/config Host",
+                              key=f"{where}.host")  # fmt: skip
+        if self.user is not None and (self.user.startswith("-") or "@" in self.user or not self.user.strip()):
+            raise ConfigError(f"'{where}.user' is {self.user!r}: a user name on the cluster", key=f"{where}.user")
+        if self.port is not None and not 0 < self.port < 65536:
+            raise ConfigError(f"'{where}.port' is {self.port}: a TCP port (1-65535)", key=f"{where}.port")
+        for directory, key in ((self.project_dir, "project_dir"), (self.images_dir, "images_dir")):
+            if directory and not directory.startswith(("/", "~")):
+                raise ConfigError(f"'{where}.{key}' is {directory!r}: give an absolute path on the cluster",
+                                  key=f"{where}.{key}")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Profiles:
+    """The clusters file: ``default`` (a name) and ``clusters`` (name -> profile)."""
+
+    #: The cluster that commands use when no --cluster is given; none: this machine.
+    default: str | None = None
+    clusters: dict[str, Profile] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        for name, profile in self.clusters.items():
+            if not _NAME.fullmatch(name):
+                raise ConfigError(f"cluster name {name!r}: use letters, digits, '.', '_' and '-'", key="clusters")
+            profile.check(f"clusters.{name}")
+        if self.default is not None and self.default not in self.clusters:
+            raise ConfigError(
+                f"'default' is {self.default!r}, which is not one of the clusters ({', '.join(self.clusters) or 'none'})",
+                key="default",
+            )
+
+
+def profiles_path() -> Path:
+    """``$CTRAIN_CLUSTERS``, else ``$XDG_CONFIG_HOME/ctrain/clusters.yaml`` (``~/.config`` by default)."""
+    if os.environ.get(PROFILES_ENV):
+        return Path(os.environ[PROFILES_ENV]).expanduser()
+    config_home = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return config_home / "ctrain" / "clusters.yaml"
+
+
+def load_profiles(path: Path | None = None) -> Profiles:
+    """The clusters file, validated; an empty set when there is none."""
+    path = path or profiles_path()
+    if not path.exists():
+        return Profiles()
+    return build(Profiles, read_settings(path))
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A named profile, resolved."""
+
+    name: str
+    profile: Profile
+
+    @property
+    def images_dir(self) -> str:
+        return self.profile.images_dir or f"{self.profile.project_dir.rstrip('/')}/images"
+
+    @property
+    def target(self) -> str:
+        """``[USER@]HOST[:PORT]``, for messages."""
+        p = self.profile
+        return f"{p.user + '@' if p.user else ''}{p.host}{':' + str(p.port) if p.port else ''}"
+
+
+def resolve(name: str | None, path: Path | None = None) -> Cluster | None:
+    """The cluster ``--cluster NAME`` names, else the file's default; None: Slurm on this machine."""
+    found = load_profiles(path)
+    where = path or profiles_path()
+    name = name or found.default
+    if name is None:
+        return None
+    if name not in found.clusters:
+        known = ", ".join(sorted(found.clusters)) or "none yet"
+        raise ConfigError(
+            f"no cluster named {name!r} in {where} (clusters: {known}); add one under `clusters:` "
+            f"(host, user, project_dir), see docs/remote.md"
+        )
+    return Cluster(name, found.clusters[name])
+
+
+# --- the runner -----------------------------------------------------------------------------------
+
+
+def _control_dir() -> Path:
+    """Where the shared connections' sockets live: short (sockets have a ~100-byte path limit), private."""
+    base = Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
+    directory = base / f"ctrain-ssh-{os.getuid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    if directory.stat().st_uid != os.getuid() or directory.stat().st_mode & 0o077:
+        raise CtrainError(f"{directory} is not private to you: remove it, ctrain makes it again")
+    return directory
+
+
+# What ssh says (exit 255) when it did not get to run the command, and what the user can do.
+_SSH_PROBLEMS = (
+    (re.compile(r"Could not resolve hostname|Name or service not known|nodename nor servname"),
+     "host {host!r} is unknown (neither DNS nor ~/.ssh/config knows it): check `host` in {file}"),
+    (re.compile(r"Connection refused"),
+     "{target} refused the connection (no sshd on that port): check `host` and `port` in {file}"),
+    (re.compile(r"timed out|No route to host|Network is unreachable|Connection closed by|Connection reset"),
+     "{target} does not answer (down, or a VPN/bastion is needed: ProxyJump in ~/.ssh/config or ssh_options)"),
+    (re.compile(r"Permission denied"),
+     "{target} refused the login for {user}: ssh tried {keys}; put the public key in ~/.ssh/authorized_keys "
+     "there, or set `identity_file` in {file} (ctrain never asks for a password)"),
+    (re.compile(r"Host key verification failed|REMOTE HOST IDENTIFICATION HAS CHANGED"),
+     "the host key of {target} is unknown or has changed: run `ssh {target}` once, check the fingerprint "
+     "and accept it"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Ssh:
+    """A :class:`ctrain.slurm.Runner` on a cluster's login node: each command is one ``ssh`` over the
+    profile's shared connection, its arguments quoted for the remote shell."""
+
+    cluster: Cluster
+    control_dir: Path = field(default_factory=_control_dir)
+
+    @property
+    def target(self) -> str:
+        return self.cluster.target
+
+    def ssh_args(self) -> list[str]:
+        """``ssh`` and its options, without the host and command (also rsync's ``-e``)."""
+        p = self.cluster.profile
+        args = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}",
+                "-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_dir}/%C",
+                "-o", f"ControlPersist={CONTROL_PERSIST}"]  # fmt: skip
+        if p.port:
+            args += ["-p", str(p.port)]
+        if p.user:
+            args += ["-l", p.user]
+        if p.identity_file:
+            args += ["-i", str(p.identity_file), "-o", "IdentitiesOnly=yes"]
+        return [*args, *p.ssh_options]
+
+    def argv(self, command: str) -> list[str]:
+        return [*self.ssh_args(), self.cluster.profile.host, "--", command]
+
+    def _problem(self, stderr: str) -> CtrainError:
+        p = self.cluster.profile
+        keys = str(p.identity_file) if p.identity_file else "your default keys and agent"
+        for pattern, message in _SSH_PROBLEMS:
+            if pattern.search(stderr):
+                text = message.format(host=p.host, target=self.target, user=p.user or "you", keys=keys,
+                                      file=profiles_path())  # fmt: skip
+                return CtrainError(f"cluster {self.cluster.name}: {text}")
+        said = (stderr.strip().splitlines() or ["no message"])[-1]
+        return CtrainError(f"cluster {self.cluster.name}: ssh to {self.target} failed: {said}")
+
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        check: bool = True,
+        input: str | None = None,
+        cwd: Path | None = None,
+        timeout: float | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        command = shlex.join(list(args))
+        if cwd is not None:
+            command = f"cd {shlex.quote(str(cwd))} && {command}"
+        out = proc.run(self.argv(command), check=False, input=input, timeout=timeout)
+        self._raise_for_connection(out.returncode, out.stderr)
+        if out.returncode == 127 and "not found" in out.stderr:
+            raise CtrainError(
+                f"cluster {self.cluster.name}: {self.target} has no `{args[0]}`: is it the cluster's login "
+                f"node (Slurm's commands on its PATH, e.g. after `module load slurm`)?"
+            )
+        if check and out.returncode != 0:
+            raise CommandError(["ssh", self.target, *args], out.returncode, out.stderr, out.stdout)
+        return out
+
+    def _raise_for_connection(self, returncode: int, stderr: str) -> None:
+        """ssh's own failures (exit 255 and ssh's words); a remote command's exit 255 passes."""
+        if returncode != 255:
+            return
+        if stderr.lstrip().startswith("ssh:") or any(pattern.search(stderr) for pattern, _ in _SSH_PROBLEMS):
+            raise self._problem(stderr)
+
+    def glob(self, directory: Path, pattern: str) -> list[Path]:
+        script = 'for f in "$1"/$2; do [ -e "$f" ] && printf "%s\\n" "$f"; done; exit 0'
+        out = self.run(["sh", "-c", script, "sh", str(directory), pattern], check=False)
+        return sorted(Path(line) for line in out.stdout.splitlines() if line)
+
+    def has(self, tool: str) -> bool:
+        return self.run(["sh", "-c", 'command -v "$1" >/dev/null', "sh", tool], check=False).returncode == 0
+
+    def read(self, path: Path, offset: int = 0) -> bytes | None:
+        start = f"+{offset + 1}" if offset >= 0 else str(-offset)
+        command = shlex.join(["tail", "-c", start, "--", str(path)])
+        out = proc.run(self.argv(command), check=False, binary=True)
+        stderr = out.stderr.decode(errors="replace")
+        self._raise_for_connection(out.returncode, stderr)
+        return out.stdout if out.returncode == 0 else None
+
+    def close(self) -> None:
+        """End the shared connection now (it would end by itself after CONTROL_PERSIST seconds)."""
+        proc.run([*self.ssh_args(), "-O", "exit", self.cluster.profile.host], check=False)

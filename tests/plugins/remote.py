@@ -1,0 +1,79 @@
+"""Fixtures for driving the testbed from "a laptop": an OpenSSH server on the testbed's login host.
+
+The login host is the testbed's controller address on its bridge (the machine itself, where
+Slurm's commands and the shared directory are); the test process reaches it over the testbed's
+network, as the job user, with a key made for the session, the way a user's laptop reaches a
+cluster's login node. Nothing of the system's ssh configuration is used on either side.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ctrain.testbed.plan import CONTROLLER_IP
+from tests.conftest import need, need_root
+from tests.plugins.image import _stop, free_port, wait_for_port
+
+
+@dataclass(frozen=True)
+class LoginHost:
+    """sshd on ``host:port`` for ``user``; ``key`` logs in, ``known_hosts`` knows the host key."""
+
+    host: str
+    port: int
+    user: str
+    key: Path
+    known_hosts: Path
+    directory: Path
+
+    def profile(self, **changes: object) -> dict[str, object]:
+        """A clusters.yaml profile for this login host (``changes`` on top)."""
+        profile: dict[str, object] = {
+            "host": self.host, "port": self.port, "user": self.user, "identity_file": str(self.key),
+            "ssh_options": ["-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes"],
+        }  # fmt: skip
+        profile.update(changes)
+        return profile
+
+
+@pytest.fixture(scope="session")
+def login_host(testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoginHost]:
+    """Debian's sshd on the testbed's controller address, a free port, for the job user only."""
+    need_root()
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    need(Path(sshd).exists() and shutil.which("ssh-keygen") is not None, "openssh-server")
+    directory = tmp_path_factory.mktemp("login-sshd")
+    for key in ("host_key", "user_key", "other_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(directory / key)], check=True)
+    keys = directory / "authorized_keys"
+    keys.write_text((directory / "user_key.pub").read_text())
+    keys.chmod(0o644)
+    os.chmod(directory, 0o755)  # sshd reads the keys file as the user
+    port = free_port(CONTROLLER_IP)
+    (directory / "sshd_config").write_text(
+        f"Port {port}\nListenAddress {CONTROLLER_IP}\nHostKey {directory / 'host_key'}\n"
+        f"PidFile {directory / 'sshd.pid'}\nAuthorizedKeysFile {keys}\nAllowUsers {testbed.user}\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin no\nUsePAM yes\n"
+        "StrictModes no\n"
+    )
+    host_key = (directory / "host_key.pub").read_text().split()
+    known = directory / "known_hosts"
+    known.write_text(f"[{CONTROLLER_IP}]:{port} {host_key[0]} {host_key[1]}\n")
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+    with open(directory / "sshd.log", "wb") as log:
+        server = subprocess.Popen([sshd, "-D", "-e", "-f", str(directory / "sshd_config")], stdout=log,
+                                  stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        wait_for_port(port, server, "sshd", host=CONTROLLER_IP)
+        pwd.getpwnam(testbed.user)
+        yield LoginHost(CONTROLLER_IP, port, testbed.user, directory / "user_key", known, directory)
+    finally:
+        _stop(server)

@@ -1,0 +1,75 @@
+"""Cluster profiles and the SSH runner's command lines and messages (the real sshd: tests/integration/test_remote.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ctrain import remote
+from ctrain.errors import ConfigError
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "clusters.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_no_file_means_this_machine(tmp_path: Path) -> None:
+    assert remote.resolve(None, tmp_path / "missing.yaml") is None
+
+
+def test_default_and_named_profiles(tmp_path: Path) -> None:
+    path = _write(tmp_path, "default: a\nclusters:\n  a: {host: login.a, project_dir: /shared/p}\n"
+                            "  b: {host: b, user: me, port: 2222, images_dir: /scratch/img, runtime: pyxis}\n")  # fmt: skip
+    a = remote.resolve(None, path)
+    assert a is not None and a.name == "a" and a.images_dir == "/shared/p/images" and a.target == "login.a"
+    b = remote.resolve("b", path)
+    assert b is not None and b.target == "me@b:2222" and b.images_dir == "/scratch/img"
+    with pytest.raises(ConfigError, match=r"no cluster named 'c' in \S+ \(clusters: a, b\)"):
+        remote.resolve("c", path)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("clusters:\n  a: {user: me}\n", r"clusters.yaml: 'clusters.a.host' is not set"),
+        ("clusters:\n  a: {host: '-oProxyCommand=x'}\n", r"'clusters.a.host' is '-oProxyCommand=x'"),
+        ("clusters:\n  a: {host: h, user: 'a@b'}\n", r"'clusters.a.user' is 'a@b'"),
+        ("clusters:\n  a: {host: h, port: 70000}\n", r"line 2: 'clusters.a.port' is 70000"),
+        ("clusters:\n  a: {host: h, project_dir: relative/p}\n", r"'clusters.a.project_dir' is 'relative/p': give an absolute"),
+        ("clusters:\n  a: {host: h, hots: x}\n", r"unknown key 'clusters.a.hots' \(did you mean 'host'\?\)"),
+        ("default: z\nclusters:\n  a: {host: h}\n", r"'default' is 'z', which is not one of the clusters \(a\)"),
+        ("clusters:\n  'a b': {host: h}\n", r"cluster name 'a b'"),
+    ],
+)
+def test_bad_profiles_are_named(tmp_path: Path, text: str, said: str) -> None:
+    with pytest.raises(ConfigError, match=said):
+        remote.load_profiles(_write(tmp_path, text))
+
+
+def test_ssh_command_never_prompts_and_shares_one_connection(tmp_path: Path) -> None:
+    cluster = remote.Cluster("x", remote.Profile(host="login", user="me", port=2222, identity_file=Path("/k"),
+                                                 ssh_options=["-o", "ProxyJump=bastion"]))  # fmt: skip
+    argv = remote.Ssh(cluster, tmp_path).argv("squeue --me")
+    assert argv[:2] == ["ssh", "-o"] and "BatchMode=yes" in argv and f"ControlPath={tmp_path}/%C" in argv
+    assert argv[-5:] == ["-o", "ProxyJump=bastion", "login", "--", "squeue --me"]
+    assert ["-p", "2222"] == argv[argv.index("-p"):argv.index("-p") + 2] and "IdentitiesOnly=yes" in argv
+
+
+@pytest.mark.parametrize(
+    ("stderr", "said"),
+    [
+        ("ssh: Could not resolve hostname nope: Name or service not known", "host 'login' is unknown"),
+        ("ssh: connect to host login port 22: Connection refused", "me@login refused the connection"),
+        ("ssh: connect to host login port 22: Connection timed out", "me@login does not answer"),
+        ("me@login: Permission denied (publickey).", "refused the login for me: ssh tried /k"),
+        ("Host key verification failed.", "the host key of me@login is unknown or has changed"),
+        ("kex_exchange_identification: something new", "ssh to me@login failed: kex_exchange_identification"),
+    ],
+)
+def test_what_ssh_says_becomes_a_cause_and_a_fix(tmp_path: Path, stderr: str, said: str) -> None:
+    cluster = remote.Cluster("x", remote.Profile(host="login", user="me", identity_file=Path("/k")))
+    message = str(remote.Ssh(cluster, tmp_path)._problem(stderr))
+    assert message.startswith("cluster x: ") and said in message, message
