@@ -111,5 +111,6 @@ def test_log_of_a_job_slurm_forgot_is_found_in_the_remote_project(sbatch_project
 def test_what_goes_wrong_reaching_a_cluster_is_said_in_one_line(clusters: Path, cluster: str, said: str) -> None:
     code, out, seconds = _ctrain("status", "--cluster", cluster)
     assert code != 0 and "Traceback" not in out, out
-    assert re.search(r"^error: (cluster \S+: )?" + said, out), out
+    assert re.search(r"^error: (cluster \S+: )?(\S+ )?" + said, out), out
+    assert len(out.strip().splitlines()) == 1, out
     assert seconds < 15, seconds  # never a prompt, never a hang

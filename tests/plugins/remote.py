@@ -12,6 +12,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from ctrain.testbed.plan import CONTROLLER_IP
+
+LOGIN_ADDRESS = str(CONTROLLER_IP)
 from tests.conftest import need, need_root
 from tests.plugins.image import _stop, free_port, wait_for_port
 
@@ -45,35 +48,37 @@ class LoginHost:
 
 
 @pytest.fixture(scope="session")
-def login_host(testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoginHost]:
+def login_host(testbed) -> Iterator[LoginHost]:
     """Debian's sshd on the testbed's controller address, a free port, for the job user only."""
     need_root()
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     need(Path(sshd).exists() and shutil.which("ssh-keygen") is not None, "openssh-server")
-    directory = tmp_path_factory.mktemp("login-sshd")
+    # Not under pytest's root-only temporary directory: sshd reads the keys file as the user.
+    directory = Path(tempfile.mkdtemp(prefix="ctrain-login-sshd-", dir="/var/tmp"))
     for key in ("host_key", "user_key", "other_key"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(directory / key)], check=True)
     keys = directory / "authorized_keys"
     keys.write_text((directory / "user_key.pub").read_text())
     keys.chmod(0o644)
     os.chmod(directory, 0o755)  # sshd reads the keys file as the user
-    port = free_port(CONTROLLER_IP)
+    port = free_port(LOGIN_ADDRESS)
     (directory / "sshd_config").write_text(
-        f"Port {port}\nListenAddress {CONTROLLER_IP}\nHostKey {directory / 'host_key'}\n"
+        f"Port {port}\nListenAddress {LOGIN_ADDRESS}\nHostKey {directory / 'host_key'}\n"
         f"PidFile {directory / 'sshd.pid'}\nAuthorizedKeysFile {keys}\nAllowUsers {testbed.user}\n"
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin no\nUsePAM yes\n"
         "StrictModes no\n"
     )
     host_key = (directory / "host_key.pub").read_text().split()
     known = directory / "known_hosts"
-    known.write_text(f"[{CONTROLLER_IP}]:{port} {host_key[0]} {host_key[1]}\n")
+    known.write_text(f"[{LOGIN_ADDRESS}]:{port} {host_key[0]} {host_key[1]}\n")
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
     with open(directory / "sshd.log", "wb") as log:
         server = subprocess.Popen([sshd, "-D", "-e", "-f", str(directory / "sshd_config")], stdout=log,
                                   stderr=subprocess.STDOUT)  # fmt: skip
     try:
-        wait_for_port(port, server, "sshd", host=CONTROLLER_IP)
+        wait_for_port(port, server, "sshd", host=LOGIN_ADDRESS)
         pwd.getpwnam(testbed.user)
-        yield LoginHost(CONTROLLER_IP, port, testbed.user, directory / "user_key", known, directory)
+        yield LoginHost(LOGIN_ADDRESS, port, testbed.user, directory / "user_key", known, directory)
     finally:
         _stop(server)
+        shutil.rmtree(directory, ignore_errors=True)
