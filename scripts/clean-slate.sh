@@ -2,7 +2,8 @@
 # Remove everything the test suite creates outside the checkout, so the next run starts as on a
 # fresh machine: the testbed (processes, network, state directory, shared dir, job user), the
 # test image store (/var/tmp/ctrain-test or $CTRAIN_TEST_IMAGES) with its images and base image in
-# containers-storage, buildah working containers, and pytest's temporary directories.
+# containers-storage, buildah working containers, pytest's temporary directories, the remote tests'
+# sshd and ctrain's shared SSH connections.
 # CI runs it before scripts/test.sh. Host packages and .venv stay: setup installs those.
 # Run as root, after scripts/setup.sh.
 set -euo pipefail
@@ -22,4 +23,12 @@ if command -v buildah >/dev/null; then
     buildah rmi --prune >/dev/null 2>&1 || true
 fi
 rm -rf -- "/tmp/pytest-of-$(id -un)"
-echo "clean slate: no testbed, no test images, no test temp dirs"
+# The login host's sshd of the remote tests (tests/plugins/remote.py), and ctrain's shared SSH
+# connections (ctrain.remote): their sockets, and the master processes that hold them.
+pkill -f -- "-f /var/tmp/ctrain-login-sshd-" || true
+rm -rf -- /var/tmp/ctrain-login-sshd-*
+for socket in "${XDG_RUNTIME_DIR:-/tmp}/ctrain-ssh-$(id -u)"/*; do
+    [ -S "$socket" ] && ssh -o ControlPath="$socket" -O exit placeholder >/dev/null 2>&1 || true
+done
+rm -rf -- "${XDG_RUNTIME_DIR:-/tmp}/ctrain-ssh-$(id -u)"
+echo "clean slate: no testbed, no test images, no test temp dirs, no test sshd or ssh connections"
