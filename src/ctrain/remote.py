@@ -14,7 +14,7 @@ import os
 import re
 import shlex
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -49,6 +49,8 @@ class Profile:
     images_dir: str = ""
     #: The container runtime of the cluster.
     runtime: Literal["apptainer", "pyxis"] = "apptainer"
+    #: ctrain on the cluster: a command on the login shell's PATH, or a path (e.g. a venv's bin/ctrain).
+    ctrain: str = "ctrain"
 
     def check(self, where: str) -> None:
         """Each setting that ssh or the remote shell could misread; ``where`` names the profile."""
@@ -62,6 +64,8 @@ class Profile:
             raise ConfigError(f"'{where}.user' is {self.user!r}: a user name on the cluster", key=f"{where}.user")
         if self.port is not None and not 0 < self.port < 65536:
             raise ConfigError(f"'{where}.port' is {self.port}: a TCP port (1-65535)", key=f"{where}.port")
+        if not self.ctrain or self.ctrain.startswith("-"):
+            raise ConfigError(f"'{where}.ctrain' is {self.ctrain!r}: a command or a path", key=f"{where}.ctrain")
         for directory, key in ((self.project_dir, "project_dir"), (self.images_dir, "images_dir")):
             if directory and not directory.startswith(("/", "~")):
                 raise ConfigError(f"'{where}.{key}' is {directory!r}: give an absolute path on the cluster",
@@ -257,3 +261,59 @@ class Ssh:
     def close(self) -> None:
         """End the shared connection now (it would end by itself after CONTROL_PERSIST seconds)."""
         proc.run([*self.ssh_args(), "-O", "exit", self.cluster.profile.host], check=False)
+
+
+# --- the trip: project files and ctrain on the cluster ----------------------------------------------
+
+# Never sent: what the cluster makes or already has (outputs, logs, images, environments), version
+# control, and anything that looks like a secret. The project's .gitignore is honoured too.
+SYNC_EXCLUDES = (
+    ".git/", ".venv/", "venv/", "__pycache__/", ".ctrain/", "outputs/", "logs/", "images/", "*.sif", "*.sqsh",
+    ".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", ".netrc", ".git-credentials", "credentials",
+    ".ssh/", ".aws/", ".docker/",
+)  # fmt: skip
+_VERSION = re.compile(r"^ctrain, version (\S+)$", re.MULTILINE)
+
+
+def check_ctrain(ssh: Ssh, version: str) -> None:
+    """The cluster's ctrain (the profile's ``ctrain`` command) answers and is this version."""
+    command = ssh.cluster.profile.ctrain
+    out = proc.run(ssh.argv(shlex.join([command, "--version"])), check=False)
+    ssh._raise_for_connection(out.returncode, out.stderr)
+    found = _VERSION.search(out.stdout)
+    if out.returncode == 127 or (out.returncode != 0 and not found):
+        raise CtrainError(
+            f"cluster {ssh.cluster.name}: `{command}` does not run on {ssh.target} "
+            f"({(out.stderr.strip().splitlines() or ['no output'])[-1]}): install it there "
+            f"(pipx install ctrain=={version}), or set `ctrain:` in {profiles_path()} to its path"
+        )
+    if not found:
+        raise CtrainError(f"cluster {ssh.cluster.name}: `{command} --version` printed {out.stdout.strip()!r}")
+    if found.group(1) != version:
+        raise CtrainError(
+            f"cluster {ssh.cluster.name} runs ctrain {found.group(1)}, this is {version}: install the same "
+            f"version on both (pipx install ctrain=={version} there, or ctrain=={found.group(1)} here)"
+        )
+
+
+def sync_project(ssh: Ssh, root: Path, *, emit: Callable[[str], None]) -> None:
+    """Send the project's files to PROJECT_DIR with rsync over the shared connection: only what
+    changed, never outputs, logs, images or secrets (:data:`SYNC_EXCLUDES`, and .gitignore);
+    nothing on the cluster is deleted."""
+    directory = ssh.cluster.profile.project_dir
+    if not directory:
+        raise ConfigError(f"cluster {ssh.cluster.name}: set `project_dir` in {profiles_path()} (the project's "
+                          "directory on the cluster's shared filesystem)")  # fmt: skip
+    ssh.run(["mkdir", "-p", "--", directory])
+    filters = [f"--exclude={pattern}" for pattern in SYNC_EXCLUDES]
+    if (root / ".gitignore").is_file():
+        filters.append("--filter=:- .gitignore")
+    rsync = ["rsync", "--recursive", "--links", "--times", "--perms", "--chmod=Dg+rx,Fg+r", "--itemize-changes",
+             *filters, "-e", shlex.join(ssh.ssh_args()), f"{root}/", f"{ssh.cluster.profile.host}:{directory}/"]  # fmt: skip
+    out = proc.run(rsync, check=False)
+    ssh._raise_for_connection(out.returncode, out.stderr)
+    if out.returncode != 0:
+        raise CommandError(rsync, out.returncode, out.stderr, out.stdout)
+    sent = [line.split(maxsplit=1)[1] for line in out.stdout.splitlines() if line.startswith("<f")]
+    emit(f"cluster {ssh.cluster.name}: {len(sent)} project file(s) sent to {directory}" + (
+        f" ({', '.join(sent[:5])}{', ...' if len(sent) > 5 else ''})" if sent else " (all up to date)"))

@@ -4,6 +4,8 @@ testbed's login host, to the testbed's real Slurm (tests/plugins/remote.py)."""
 from __future__ import annotations
 
 import re
+import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,21 +16,33 @@ from click.testing import CliRunner
 
 from ctrain import remote, slurm
 from ctrain.cli import main
+from ctrain import __version__
 from tests.plugins.image import free_port
 from tests.plugins.remote import LoginHost
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
 def clusters(login_host: LoginHost, sbatch_project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A clusters file with the testbed as `tb` (the default) and broken variants of it."""
+    """A clusters file with the testbed as `tb` (the default), a fresh project directory there as
+    `fresh` (with this checkout's ctrain as the cluster's), and broken variants of them."""
     path = tmp_path / "clusters.yaml"
     project_dir = str(sbatch_project.path)
+    fresh = Path(sbatch_project.testbed.shared_dir) / f"laptop-project-{time.monotonic_ns()}"
+    launcher = login_host.directory / "bin" / "ctrain"  # ctrain as installed on the cluster: this checkout's
+    launcher.parent.mkdir(exist_ok=True)
+    launcher.write_text(f"#!/bin/sh\nPYTHONPATH={REPO / 'src'} exec {sys.executable} -m ctrain \"$@\"\n")
+    launcher.chmod(0o755)
+    launcher.parent.chmod(0o755)
     profiles = {
         "default": "tb",
         "clusters": {
             "tb": login_host.profile(project_dir=project_dir),
+            "fresh": login_host.profile(project_dir=str(fresh), ctrain=str(launcher)),
+            "noctrain": login_host.profile(project_dir=str(fresh), ctrain="/nonexistent/bin/ctrain"),
             "wrongkey": login_host.profile(identity_file=str(login_host.directory / "other_key")),
             "nosshd": login_host.profile(port=free_port(login_host.host)),
             "nohost": login_host.profile(host="no-such-login.invalid"),
@@ -39,6 +53,7 @@ def clusters(login_host: LoginHost, sbatch_project, tmp_path: Path, monkeypatch:
     yield path
     for name in profiles["clusters"]:
         remote.Ssh(remote.resolve(name, path)).close()
+    shutil.rmtree(fresh, ignore_errors=True)
 
 
 def _job(testbed, workdir: Path, body: str, name: str) -> str:
@@ -114,3 +129,62 @@ def test_what_goes_wrong_reaching_a_cluster_is_said_in_one_line(clusters: Path, 
     assert re.search(r"^error: (cluster \S+: )?(\S+ )?" + said, out), out
     assert len(out.strip().splitlines()) == 1, out
     assert seconds < 15, seconds  # never a prompt, never a hang
+
+
+def _laptop_project(tmp_path: Path) -> Path:
+    """A project on "the laptop": ctrain's files, a ctrain.yaml, and what must never be sent."""
+    project = tmp_path / "laptop"
+    project.mkdir()
+    for name in ("sbatch", "recipes", "configs"):
+        shutil.copytree(REPO / name, project / name)
+    (project / "ctrain.yaml").write_text("slurm:\n  runtime: apptainer\n  ntasks_per_node: 1\n")
+    (project / ".gitignore").write_text("scratch/\n")
+    (project / ".env").write_text("HF_TOKEN=hf_not_for_the_cluster\n")
+    for ignored in ("outputs/old/model.safetensors", "scratch/big.bin", "images/local.sif"):
+        (project / ignored).parent.mkdir(parents=True, exist_ok=True)
+        (project / ignored).write_text("local only\n")
+    return project
+
+
+def test_push_and_submit_from_a_laptop_project(testbed, clusters: Path, cpu_sif: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The trip from a laptop: the image to the cluster's images_dir (then, unchanged, not again),
+    the project's files to PROJECT_DIR (never secrets, outputs, images or ignored files), and a
+    2-node job queued there by the cluster's ctrain, followed to its end."""
+    project = _laptop_project(tmp_path)
+    monkeypatch.chdir(project)
+    cluster = remote.resolve("fresh")
+    assert cluster is not None
+    code, out, first = _ctrain("push", "--cluster", "fresh", "--file", str(cpu_sif))
+    assert code == 0, out
+    sent = Path(cluster.images_dir) / cpu_sif.name
+    assert f"pushed: remote {sent}" in out and sent.stat().st_size == cpu_sif.stat().st_size, out
+    code, out, again = _ctrain("push", "--cluster", "fresh", "--file", str(cpu_sif))
+    assert code == 0 and "already has this file" in out, out
+    print(f"remote | ctrain push --cluster (597 MB SIF): first {first:.1f} s, unchanged {again:.2f} s")
+
+    code, out, _ = _ctrain("submit", "--cluster", "fresh", "--nodes", "2", f"--image=images/{cpu_sif.name}",
+                           "--wait", "recipes/demo-addition.yaml", "training.max_steps=4", "training.logging_steps=1",
+                           "training.save_steps=1000")  # fmt: skip
+    assert code == 0, out
+    job_id = re.search(r"^(\d+)$", out, re.MULTILINE).group(1)
+    assert re.search(r"cluster fresh: \d+ project file\(s\) sent to ", out), out
+    assert f"job {job_id}: COMPLETED" in out, out
+    there = Path(cluster.profile.project_dir)
+    assert (there / "recipes" / "demo-addition.yaml").is_file() and (there / "ctrain.yaml").is_file()
+    for never in (".env", "outputs/old", "scratch", "images/local.sif"):
+        assert not (there / never).exists(), never
+    code, out, _ = _ctrain("logs", "--cluster", "fresh", job_id)
+    assert code == 0 and "on 2 node(s)" in out, out
+
+    code, out, _ = _ctrain("submit", "--cluster", "fresh", "--dry-run", "recipes/demo-addition.yaml")
+    assert code == 0 and "all up to date" in out, out  # nothing changed: nothing sent again
+
+
+def test_cluster_without_ctrain_is_named_before_anything_is_sent(clusters: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.chdir(_laptop_project(tmp_path))
+    code, out, _ = _ctrain("submit", "--cluster", "noctrain", "recipes/demo-addition.yaml")
+    assert code == 1 and "`/nonexistent/bin/ctrain` does not run on ctrain@" in out, out
+    assert f"pipx install ctrain=={__version__}" in out, out
+    assert not Path(remote.resolve("noctrain").profile.project_dir).exists()

@@ -120,6 +120,9 @@ def convert(
     help="Send this .sif/.sqsh instead (repeatable).",
 )
 @click.option("--image", "ref", metavar="REF", help="Image to push (default: image.name:image.tag).")
+@click.option("--cluster", "-c", "cluster_name", metavar="NAME",
+              help="Copy SIF/sqsh files to this cluster's images_dir (~/.config/ctrain/clusters.yaml), "
+              "over its shared SSH connection.")  # fmt: skip
 @click.pass_context
 def push(
     ctx: click.Context,
@@ -129,6 +132,7 @@ def push(
     formats: tuple[str, ...],
     files: tuple[Path, ...],
     ref: str | None,
+    cluster_name: str | None,
 ) -> None:
     """Push the image to a registry, the SIF to ORAS, and/or files to a cluster's filesystem.
 
@@ -138,7 +142,17 @@ def push(
     """
     from ctrain.image.service import run_push
 
-    for pushed in run_push(
-        project(ctx), registry=registry, oras=oras, remote=remote, formats=formats, ref=ref, files=files
-    ):
+    ssh_options = None
+    if cluster_name:
+        from ctrain import remote as remote_mod
+
+        if remote:
+            raise click.UsageError("--cluster and --remote both say where files go: give one")
+        cluster = remote_mod.resolve(cluster_name)
+        assert cluster is not None
+        ssh = remote_mod.Ssh(cluster)
+        ssh.run(["mkdir", "-p", "--", cluster.images_dir])
+        remote, ssh_options = f"{cluster.profile.host}:{cluster.images_dir}/", ssh.ssh_args()[1:]
+    for pushed in run_push(project(ctx), registry=registry, oras=oras, remote=remote, formats=formats, ref=ref,
+                           files=files, ssh_options=ssh_options):  # fmt: skip
         click.echo(f"pushed: {pushed.what} {pushed.where}")

@@ -166,12 +166,15 @@ def run_push(
     formats: tuple[str, ...] = (),
     ref: str | None = None,
     files: tuple[Path, ...] = (),
+    ssh_options: list[str] | None = None,
 ) -> list[Pushed]:
-    """Push to every destination given (flags), else every one configured in ``push:``."""
+    """Push to every destination given (flags), else every one configured in ``push:``.
+    ``ssh_options`` (a cluster profile's) replace ``push.ssh_options``."""
     cfg = config.push
     destinations = {"registry": registry, "oras": oras, "remote": remote}
     if any(destinations.values()):  # the destinations on the command line replace the configured ones
         cfg = override(PushConfig(ssh_options=cfg.ssh_options, tls_verify=cfg.tls_verify), destinations, where="push")
+    cfg = override(cfg, {"ssh_options": ssh_options}, where="push")
     registry, oras, remote = cfg.registry, cfg.oras, cfg.remote
     if not any((registry, oras, remote)):
         raise ConfigError(

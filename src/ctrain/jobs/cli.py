@@ -3,6 +3,7 @@ and :mod:`ctrain.slurm`."""
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -10,6 +11,24 @@ import click
 
 from ctrain import slurm
 from ctrain.clicore import project
+
+
+_CLUSTER = click.option(
+    "--cluster", "-c", "cluster_name", metavar="NAME",
+    help="A cluster of ~/.config/ctrain/clusters.yaml, reached over SSH (default: its `default`, else "
+    "Slurm on this machine).",
+)  # fmt: skip
+
+
+def _client(cluster_name: str | None) -> tuple[slurm.Slurm, list[Path]]:
+    """The Slurm client for ``--cluster`` (over SSH) or this machine, and where job logs are looked for."""
+    from ctrain import remote
+
+    cluster = remote.resolve(cluster_name)
+    if cluster is None:
+        return slurm.Slurm(), [Path("logs")]
+    logs_dir = [Path(cluster.profile.project_dir) / "logs"] if cluster.profile.project_dir else []
+    return slurm.Slurm(remote.Ssh(cluster)), logs_dir
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
@@ -36,11 +55,13 @@ from ctrain.clicore import project
               help="Check, then write the script to this file instead of queueing it (run `sbatch FILE` "
               "from the project directory, e.g. as another user).")  # fmt: skip
 @click.option("--wait", "wait_", is_flag=True, help="Follow the job's log until it ends; exit 1 unless it completed.")
+@_CLUSTER
 @click.pass_context
 def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], script: str | None, runtime: str | None,
            nodes: int | None, time_limit: str | None, partition: str | None, account: str | None,
            gpus_per_node: int | None, ntasks_per_node: int | None, image: str | None, launcher: str | None,
-           job_name: str | None, dry_run: bool, write_script: Path | None, wait_: bool) -> None:  # fmt: skip
+           job_name: str | None, dry_run: bool, write_script: Path | None, wait_: bool,
+           cluster_name: str | None) -> None:  # fmt: skip
     """Train RECIPE on the cluster: render an sbatch/ script with ctrain.yaml's `slurm:` settings,
     check it, and queue it.
 
@@ -49,9 +70,20 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
     KEY=VALUE OVERRIDES) validates, the partition has the GPUs asked for.
       ctrain submit --nodes 2 recipes/demo-addition.yaml training.max_steps=200
       ctrain submit --dry-run --nodes 16 --gpus-per-node 8 RECIPE     show exactly what would run
+
+    With --cluster (or a default cluster): the project's files go to the cluster's PROJECT_DIR
+    (rsync; never outputs, logs, images or secrets), and the cluster's own ctrain, of this version,
+    runs these checks and queues the job there.
     """
+    from ctrain import remote
     from ctrain.jobs import submit as jobs
     from ctrain.ui import info
+
+    cluster = remote.resolve(cluster_name)
+    if cluster is not None:
+        if write_script:
+            raise click.UsageError("--write-script writes a file here; with --cluster, use --dry-run to see the script")
+        sys.exit(_submit_there(ctx, cluster))
 
     job = jobs.prepare(project(ctx), recipe=recipe, overrides=overrides, script=script, runtime=runtime, nodes=nodes,
                        time=time_limit, partition=partition, account=account, gpus_per_node=gpus_per_node,
@@ -76,24 +108,6 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
         info(f"job {job_id}: {state}")
         if state != "COMPLETED":
             sys.exit(1)
-
-
-_CLUSTER = click.option(
-    "--cluster", "-c", "cluster_name", metavar="NAME",
-    help="A cluster of ~/.config/ctrain/clusters.yaml, reached over SSH (default: its `default`, else "
-    "Slurm on this machine).",
-)  # fmt: skip
-
-
-def _client(cluster_name: str | None) -> tuple[slurm.Slurm, list[Path]]:
-    """The Slurm client for ``--cluster`` (over SSH) or this machine, and where job logs are looked for."""
-    from ctrain import remote
-
-    cluster = remote.resolve(cluster_name)
-    if cluster is None:
-        return slurm.Slurm(), [Path("logs")]
-    logs_dir = [Path(cluster.profile.project_dir) / "logs"] if cluster.profile.project_dir else []
-    return slurm.Slurm(remote.Ssh(cluster)), logs_dir
 
 
 @click.command()
@@ -137,3 +151,35 @@ def cancel(job_id: str, signal_name: str | None, cluster_name: str | None) -> No
     click.echo(
         f"job {job_id}: " + (f"sent SIG{signal_name.upper().removeprefix('SIG')}" if signal_name else "cancelled")
     )
+
+
+def _command_line(ctx: click.Context, leave_out: tuple[str, ...]) -> list[str]:
+    """This command's options and arguments as given, to run the same command elsewhere."""
+    options: list[str] = []
+    arguments: list[str] = []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if param.name in leave_out or value is None or value is False or value == ():
+            continue
+        if isinstance(param, click.Argument):
+            arguments += [str(v) for v in value] if isinstance(value, tuple) else [str(value)]
+        elif isinstance(param, click.Option) and param.is_flag:
+            options.append(max(param.opts, key=len))
+        else:
+            options += [max(param.opts, key=len), str(value)]
+    return [*options, *arguments]
+
+
+def _submit_there(ctx: click.Context, cluster: object) -> int:
+    """``ctrain submit`` on the cluster's login node, after sending the project's files; its exit code."""
+    from ctrain import __version__, proc, remote
+    from ctrain.ui import info
+
+    assert isinstance(cluster, remote.Cluster)
+    ssh = remote.Ssh(cluster)
+    remote.check_ctrain(ssh, __version__)
+    remote.sync_project(ssh, project(ctx).root, emit=info)
+    command = [cluster.profile.ctrain, "submit", *_command_line(ctx, ("cluster_name",))]
+    info(f"cluster {cluster.name}: {' '.join(command)} (in {cluster.profile.project_dir})")
+    remote_command = f"cd {shlex.quote(cluster.profile.project_dir)} && {shlex.join(command)}"
+    return proc.stream(ssh.argv(remote_command), check=False, on_line=click.echo)
