@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import click
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -17,6 +18,7 @@ from click.testing import CliRunner
 from ctrain import remote, slurm
 from ctrain.cli import main
 from ctrain import __version__
+from tests.conftest import need
 from tests.plugins.image import free_port
 from tests.plugins.remote import LoginHost
 
@@ -32,11 +34,7 @@ def clusters(login_host: LoginHost, sbatch_project, tmp_path: Path, monkeypatch:
     path = tmp_path / "clusters.yaml"
     project_dir = str(sbatch_project.path)
     fresh = Path(sbatch_project.testbed.shared_dir) / f"laptop-project-{time.monotonic_ns()}"
-    launcher = login_host.directory / "bin" / "ctrain"  # ctrain as installed on the cluster: this checkout's
-    launcher.parent.mkdir(exist_ok=True)
-    launcher.write_text(f"#!/bin/sh\nPYTHONPATH={REPO / 'src'} exec {sys.executable} -m ctrain \"$@\"\n")
-    launcher.chmod(0o755)
-    launcher.parent.chmod(0o755)
+    launcher = _cluster_ctrain(login_host.directory)
     profiles = {
         "default": "tb",
         "clusters": {
@@ -54,6 +52,28 @@ def clusters(login_host: LoginHost, sbatch_project, tmp_path: Path, monkeypatch:
     for name in profiles["clusters"]:
         remote.Ssh(remote.resolve(name, path)).close()
     shutil.rmtree(fresh, ignore_errors=True)
+
+
+def _cluster_ctrain(directory: Path) -> Path:
+    """ctrain as installed on the cluster, for the job user: this checkout's source and the two
+    packages a login node's ctrain imports (click, PyYAML), copied where that user can read them
+    (the checkout and its venv may not be), run by the system's Python."""
+    launcher = directory / "bin" / "ctrain"
+    if launcher.exists():  # made for an earlier test of the session
+        return launcher
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    need(python is not None, "python3 in /usr/bin (apt-get install python3)")
+    lib = directory / "lib"
+    shutil.copytree(REPO / "src" / "ctrain", lib / "ctrain", ignore=shutil.ignore_patterns("__pycache__"))
+    for module in (click, yaml):
+        shutil.copytree(Path(module.__file__).parent, lib / module.__name__,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    launcher.parent.mkdir()
+    launcher.write_text(f"#!/bin/sh\nPYTHONPATH={lib} exec {python} -m ctrain \"$@\"\n")
+    for path in (directory / "bin", lib, *lib.rglob("*")):
+        path.chmod(0o755 if path.is_dir() or path == launcher else 0o644)
+    launcher.chmod(0o755)
+    return launcher
 
 
 def _job(testbed, workdir: Path, body: str, name: str) -> str:
@@ -120,7 +140,8 @@ def test_log_of_a_job_slurm_forgot_is_found_in_the_remote_project(sbatch_project
         ("wrongkey", r"refused the login for ctrain: ssh tried \S+other_key; put the public key"),
         ("nosshd", r"refused the connection \(no sshd on that port\)"),
         ("nohost", r"host 'no-such-login.invalid' is unknown"),
-        ("nope", r"no cluster named 'nope' in \S+clusters.yaml \(clusters: nohost, nosshd, tb, wrongkey\)"),
+        ("nope", r"no cluster named 'nope' in \S+clusters.yaml \(clusters: fresh, noctrain, nohost, nosshd, tb, "
+                 r"wrongkey\)"),
     ],
 )
 def test_what_goes_wrong_reaching_a_cluster_is_said_in_one_line(clusters: Path, cluster: str, said: str) -> None:
@@ -158,16 +179,18 @@ def test_push_and_submit_from_a_laptop_project(testbed, clusters: Path, cpu_sif:
     code, out, first = _ctrain("push", "--cluster", "fresh", "--file", str(cpu_sif))
     assert code == 0, out
     sent = Path(cluster.images_dir) / cpu_sif.name
-    assert f"pushed: remote {sent}" in out and sent.stat().st_size == cpu_sif.stat().st_size, out
+    assert f"pushed: remote {cluster.profile.host}:{sent}" in out, out
+    assert sent.stat().st_size == cpu_sif.stat().st_size
     code, out, again = _ctrain("push", "--cluster", "fresh", "--file", str(cpu_sif))
     assert code == 0 and "already has this file" in out, out
     print(f"remote | ctrain push --cluster (597 MB SIF): first {first:.1f} s, unchanged {again:.2f} s")
 
-    code, out, _ = _ctrain("submit", "--cluster", "fresh", "--nodes", "2", f"--image=images/{cpu_sif.name}",
+    code, out, took = _ctrain("submit", "--cluster", "fresh", "--nodes", "2", f"--image=images/{cpu_sif.name}",
                            "--wait", "recipes/demo-addition.yaml", "training.max_steps=4", "training.logging_steps=1",
                            "training.save_steps=1000")  # fmt: skip
     assert code == 0, out
     job_id = re.search(r"^(\d+)$", out, re.MULTILINE).group(1)
+    print(f"remote | ctrain submit --cluster --wait (4 steps, 2 nodes): {took:.1f} s")
     assert re.search(r"cluster fresh: \d+ project file\(s\) sent to ", out), out
     assert f"job {job_id}: COMPLETED" in out, out
     there = Path(cluster.profile.project_dir)
@@ -177,7 +200,8 @@ def test_push_and_submit_from_a_laptop_project(testbed, clusters: Path, cpu_sif:
     code, out, _ = _ctrain("logs", "--cluster", "fresh", job_id)
     assert code == 0 and "on 2 node(s)" in out, out
 
-    code, out, _ = _ctrain("submit", "--cluster", "fresh", "--dry-run", "recipes/demo-addition.yaml")
+    code, out, _ = _ctrain("submit", "--cluster", "fresh", "--dry-run", f"--image=images/{cpu_sif.name}",
+                           "recipes/demo-addition.yaml")  # fmt: skip
     assert code == 0 and "all up to date" in out, out  # nothing changed: nothing sent again
 
 
