@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -35,12 +36,17 @@ def clusters(login_host: LoginHost, sbatch_project, tmp_path: Path, monkeypatch:
     project_dir = str(sbatch_project.path)
     fresh = Path(sbatch_project.testbed.shared_dir) / f"laptop-project-{time.monotonic_ns()}"
     launcher = _cluster_ctrain(login_host.directory)
+    full = login_host.directory / "full"  # a file system of 1 MiB, as a full disk on the cluster
+    full.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "tmpfs", str(full)], check=True)
     profiles = {
         "default": "tb",
         "clusters": {
             "tb": login_host.profile(project_dir=project_dir),
             "fresh": login_host.profile(project_dir=str(fresh), ctrain=str(launcher)),
             "noctrain": login_host.profile(project_dir=str(fresh), ctrain="/nonexistent/bin/ctrain"),
+            "full": login_host.profile(project_dir=str(fresh), images_dir=str(full)),
+            "noslurm": login_host.profile(port=login_host.bare_port),
             "wrongkey": login_host.profile(identity_file=str(login_host.directory / "other_key")),
             "nosshd": login_host.profile(port=free_port(login_host.host)),
             "nohost": login_host.profile(host="no-such-login.invalid"),
@@ -52,6 +58,7 @@ def clusters(login_host: LoginHost, sbatch_project, tmp_path: Path, monkeypatch:
     for name in profiles["clusters"]:
         remote.Ssh(remote.resolve(name, path)).close()
     shutil.rmtree(fresh, ignore_errors=True)
+    subprocess.run(["umount", str(full)], check=True)
 
 
 def _cluster_ctrain(directory: Path) -> Path:
@@ -140,8 +147,8 @@ def test_log_of_a_job_slurm_forgot_is_found_in_the_remote_project(sbatch_project
         ("wrongkey", r"refused the login for ctrain: ssh tried \S+other_key; put the public key"),
         ("nosshd", r"refused the connection \(no sshd on that port\)"),
         ("nohost", r"host 'no-such-login.invalid' is unknown"),
-        ("nope", r"no cluster named 'nope' in \S+clusters.yaml \(clusters: fresh, noctrain, nohost, nosshd, tb, "
-                 r"wrongkey\)"),
+        ("nope", r"no cluster named 'nope' in \S+clusters.yaml \(clusters: fresh, full, noctrain, nohost, noslurm, "
+                 r"nosshd, tb, wrongkey\)"),
     ],
 )
 def test_what_goes_wrong_reaching_a_cluster_is_said_in_one_line(clusters: Path, cluster: str, said: str) -> None:
@@ -212,3 +219,17 @@ def test_cluster_without_ctrain_is_named_before_anything_is_sent(clusters: Path,
     assert code == 1 and "`/nonexistent/bin/ctrain` does not run on ctrain@" in out, out
     assert f"pipx install ctrain=={__version__}" in out, out
     assert not Path(remote.resolve("noctrain").profile.project_dir).exists()
+
+
+def test_a_full_disk_on_the_cluster_is_found_before_the_image_is_sent(clusters: Path, cpu_sif: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.chdir(_laptop_project(tmp_path))
+    code, out, seconds = _ctrain("push", "--cluster", "full", "--file", str(cpu_sif))
+    assert code == 1 and re.search(r"^error: not enough free space in \S+/full for 597 MB \(1 MB free\)", out), out
+    assert seconds < 10 and not any(Path(remote.resolve("full").images_dir).iterdir())
+
+
+def test_a_login_node_without_slurm_is_named(clusters: Path) -> None:
+    """The login shell there has no Slurm on its PATH (a module not loaded): said, not a traceback."""
+    code, out, _ = _ctrain("status", "--cluster", "noslurm")
+    assert code == 1 and re.search(r"^error: cluster noslurm: \S+ has no `squeue`: is it the cluster's login node", out), out

@@ -28,10 +28,12 @@ from tests.plugins.image import _stop, free_port, wait_for_port
 
 @dataclass(frozen=True)
 class LoginHost:
-    """sshd on ``host:port`` for ``user``; ``key`` logs in, ``known_hosts`` knows the host key."""
+    """sshd on ``host:port`` for ``user``; ``key`` logs in, ``known_hosts`` knows the host key.
+    On ``bare_port`` the same sshd gives sessions a PATH without Slurm's commands."""
 
     host: str
     port: int
+    bare_port: int
     user: str
     key: Path
     known_hosts: Path
@@ -62,15 +64,18 @@ def login_host(testbed) -> Iterator[LoginHost]:
     keys.chmod(0o644)
     os.chmod(directory, 0o755)  # sshd reads the keys file as the user
     port = free_port(LOGIN_ADDRESS)
+    bare_port = free_port(LOGIN_ADDRESS)
     (directory / "sshd_config").write_text(
         f"Port {port}\nListenAddress {LOGIN_ADDRESS}\nHostKey {directory / 'host_key'}\n"
         f"PidFile {directory / 'sshd.pid'}\nAuthorizedKeysFile {keys}\nAllowUsers {testbed.user}\n"
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin no\nUsePAM yes\n"
         "StrictModes no\n"
+        # A second port whose sessions have no Slurm on their PATH: a login node without it (a module not loaded).
+        f"Port {bare_port}\nMatch LocalPort {bare_port}\n    SetEnv PATH=/nonexistent\n"
     )
     host_key = (directory / "host_key.pub").read_text().split()
     known = directory / "known_hosts"
-    known.write_text(f"[{LOGIN_ADDRESS}]:{port} {host_key[0]} {host_key[1]}\n")
+    known.write_text("".join(f"[{LOGIN_ADDRESS}]:{p} {host_key[0]} {host_key[1]}\n" for p in (port, bare_port)))
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
     with open(directory / "sshd.log", "wb") as log:
         server = subprocess.Popen([sshd, "-D", "-e", "-f", str(directory / "sshd_config")], stdout=log,
@@ -78,7 +83,8 @@ def login_host(testbed) -> Iterator[LoginHost]:
     try:
         wait_for_port(port, server, "sshd", host=LOGIN_ADDRESS)
         pwd.getpwnam(testbed.user)
-        yield LoginHost(LOGIN_ADDRESS, port, testbed.user, directory / "user_key", known, directory)
+        wait_for_port(bare_port, server, "sshd", host=LOGIN_ADDRESS)
+        yield LoginHost(LOGIN_ADDRESS, port, bare_port, testbed.user, directory / "user_key", known, directory)
     finally:
         _stop(server)
         shutil.rmtree(directory, ignore_errors=True)

@@ -321,6 +321,14 @@ class _Target:
                 f"{self.remote.host} true` works without a password (ssh keys or agent; push.ssh_options)"
             )
 
+    def free_bytes(self, directory: str) -> int | None:
+        """Bytes free in ``directory`` (``df -Pk`` over ssh); None where it cannot be told."""
+        if self.remote.host is None:
+            return shutil.disk_usage(directory).free
+        lines = self.run("df", "-Pk", "--", directory, check=False).splitlines()
+        fields = lines[-1].split() if len(lines) >= 2 else []
+        return int(fields[3]) * 1024 if len(fields) >= 6 and fields[3].isdigit() else None
+
     def is_dir(self, path: str) -> bool:
         if self.remote.host is None:
             return Path(path).is_dir()
@@ -381,7 +389,7 @@ def check_destination(
     destination: str, count: int = 1, *, size: int = 0, ssh_options: Sequence[str] = ()
 ) -> Destination:
     """Where ``count`` files go, checked before anything is converted or sent: a host ssh reaches
-    and a directory there that exists and takes files, with room for ``size`` bytes when local."""
+    and a directory there that exists and takes files, with room for ``size`` bytes (``df`` there)."""
     remote = Remote.parse(destination)
     if remote.host is not None:
         proc.require("rsync")
@@ -395,13 +403,13 @@ def check_destination(
     else:
         directory = remote.path.rpartition("/")[0] or ("/" if remote.path.startswith("/") else ".")
     target.check_dir(directory, destination)
-    if remote.host is None and size:
-        free = shutil.disk_usage(directory).free
-        if free < size:
-            raise CtrainError(
-                f"not enough free space in {directory} for {size / 1e6:.0f} MB ({free / 1e6:.0f} MB free): free "
-                "some space, or push somewhere else (--remote)"
-            )
+    free = target.free_bytes(directory) if size else None
+    if free is not None and free < size:
+        where = f"{remote.host}:{directory}" if remote.host else directory
+        raise CtrainError(
+            f"not enough free space in {where} for {size / 1e6:.0f} MB ({free / 1e6:.0f} MB free): free "
+            "some space, or push somewhere else (--remote, or the cluster profile's images_dir)"
+        )
     return Destination(remote, into_dir, directory)
 
 
