@@ -10,6 +10,7 @@ turned into an error that names the cause and the fix.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -21,6 +22,7 @@ from typing import Literal
 
 from ctrain import proc
 from ctrain.errors import CommandError, ConfigError, CtrainError
+from ctrain.files import atomic_write_json
 from ctrain.settings import build, read_settings
 
 PROFILES_ENV = "CTRAIN_CLUSTERS"
@@ -317,3 +319,38 @@ def sync_project(ssh: Ssh, root: Path, *, emit: Callable[[str], None]) -> None:
     sent = [line.split(maxsplit=1)[1] for line in out.stdout.splitlines() if line.startswith("<f")]
     emit(f"cluster {ssh.cluster.name}: {len(sent)} project file(s) sent to {directory}" + (
         f" ({', '.join(sent[:5])}{', ...' if len(sent) > 5 else ''})" if sent else " (all up to date)"))
+
+
+# --- which cluster a job went to ------------------------------------------------------------------------
+
+
+def jobs_path() -> Path:
+    """Jobs submitted from here to clusters: ``$XDG_STATE_HOME/ctrain/jobs.json`` (~/.local/state)."""
+    state_home = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return state_home / "ctrain" / "jobs.json"
+
+
+def _submitted() -> dict[str, list[str]]:
+    try:
+        data = json.loads(jobs_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): [str(c) for c in v] for k, v in data.items() if isinstance(v, list)} if isinstance(data, dict) else {}
+
+
+def record_job(cluster: str, job_id: str) -> None:
+    """Remember that ``job_id`` was submitted to ``cluster`` from here (the newest 1000 jobs)."""
+    submitted = _submitted()
+    submitted[job_id] = sorted({*submitted.get(job_id, []), cluster})
+    kept = dict(list(submitted.items())[-1000:])
+    jobs_path().parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(jobs_path(), kept)
+
+
+def elsewhere(job_id: str, cluster: str | None) -> str:
+    """A hint when a job that ``cluster`` (None: this machine) does not know was submitted from here
+    to another cluster; else ""."""
+    others = [c for c in _submitted().get(job_id.split(".")[0], []) if c != cluster]
+    if not others:
+        return ""
+    return f"; job {job_id} was submitted from here to cluster {others[0]}: add --cluster {others[0]}"

@@ -345,10 +345,14 @@ class Slurm:
         The batch script is where Slurm's ``--signal=B:USR1@N`` time-limit warning goes too; ctrain's
         scripts pass USR1 on to the training processes (and to nothing else) and then requeue.
         """
-        args = ["scancel", check_job_id(job_id)]
+        args = ["scancel", "--verbose", check_job_id(job_id)]
         if signal:
             args[1:1] = ["--batch", f"--signal={signal}"]
-        self.runner.run(args)
+        out = self.runner.run(args, check=False)
+        if "Invalid job id" in out.stderr:  # said with --verbose only, and scancel exits 0
+            raise CtrainError(f"job {job_id}: Slurm does not know it (never submitted here, or finished long ago)")
+        if out.returncode != 0 or "error:" in out.stderr:
+            raise CommandError(args, out.returncode, out.stderr, out.stdout)
 
     # --- job records ---
 

@@ -3,6 +3,7 @@ testbed's login host, to the testbed's real Slurm (tests/plugins/remote.py)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -54,6 +55,7 @@ def clusters(login_host: LoginHost, sbatch_project, tmp_path: Path, monkeypatch:
     }
     path.write_text(yaml.safe_dump(profiles))
     monkeypatch.setenv(remote.PROFILES_ENV, str(path))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # which cluster each job went to
     yield path
     for name in profiles["clusters"]:
         remote.Ssh(remote.resolve(name, path)).close()
@@ -141,6 +143,19 @@ def test_log_of_a_job_slurm_forgot_is_found_in_the_remote_project(sbatch_project
     assert code == 1 and "no log for job 999997" in out, out
 
 
+def test_a_job_of_another_cluster_is_named_as_such(clusters: Path) -> None:
+    """A job id Slurm there does not know, submitted from here to another cluster: the error says which."""
+    remote.record_job("fresh", "999996")
+    code, out, _ = _ctrain("logs", "--cluster", "tb", "999996")
+    assert code == 1 and out.rstrip().endswith(
+        "; job 999996 was submitted from here to cluster fresh: add --cluster fresh"), out  # fmt: skip
+    code, out, _ = _ctrain("status", "--cluster", "tb", "999996")
+    assert code == 0 and "job 999996: this cluster does not know it; job 999996 was submitted from here to " \
+        "cluster fresh" in out, out  # fmt: skip
+    code, out, _ = _ctrain("cancel", "--cluster", "tb", "999996")
+    assert code == 1 and "add --cluster fresh" in out and "Traceback" not in out, out
+
+
 @pytest.mark.parametrize(
     ("cluster", "said"),
     [
@@ -200,6 +215,7 @@ def test_push_and_submit_from_a_laptop_project(testbed, clusters: Path, cpu_sif:
     print(f"remote | ctrain submit --cluster --wait (4 steps, 2 nodes): {took:.1f} s")
     assert re.search(r"cluster fresh: \d+ project file\(s\) sent to ", out), out
     assert f"job {job_id}: COMPLETED" in out, out
+    assert json.loads(remote.jobs_path().read_text())[job_id] == ["fresh"]
     there = Path(cluster.profile.project_dir)
     assert (there / "recipes" / "demo-addition.yaml").is_file() and (there / "ctrain.yaml").is_file()
     for never in (".env", "outputs/old", "scratch", "images/local.sif"):

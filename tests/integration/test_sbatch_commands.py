@@ -92,6 +92,8 @@ def test_unknown_and_malformed_jobs(testbed) -> None:
     assert SLURM.status(["999999"])[0].state == "UNKNOWN"
     result = CliRunner().invoke(main, ["logs", "999999"])
     assert result.exit_code == 1 and "no log for job 999999" in result.output
+    result = CliRunner().invoke(main, ["cancel", "999999"])  # scancel itself exits 0 and says nothing
+    assert result.exit_code == 1 and "job 999999: Slurm does not know it" in result.output, result.output
     result = CliRunner().invoke(main, ["cancel", "12;ls"])
     assert result.exit_code == 1 and "is not a Slurm job id" in result.output
 

@@ -11,6 +11,7 @@ import click
 
 from ctrain import slurm
 from ctrain.clicore import project
+from ctrain.errors import CtrainError
 
 
 _CLUSTER = click.option(
@@ -20,15 +21,24 @@ _CLUSTER = click.option(
 )  # fmt: skip
 
 
-def _client(cluster_name: str | None) -> tuple[slurm.Slurm, list[Path]]:
-    """The Slurm client for ``--cluster`` (over SSH) or this machine, and where job logs are looked for."""
+def _client(cluster_name: str | None) -> tuple[slurm.Slurm, list[Path], str | None]:
+    """The Slurm client for ``--cluster`` (over SSH) or this machine, where job logs are looked for,
+    and the cluster's name (None: this machine)."""
     from ctrain import remote
 
     cluster = remote.resolve(cluster_name)
     if cluster is None:
-        return slurm.Slurm(), [Path("logs")]
+        return slurm.Slurm(), [Path("logs")], None
     logs_dir = [Path(cluster.profile.project_dir) / "logs"] if cluster.profile.project_dir else []
-    return slurm.Slurm(remote.Ssh(cluster)), logs_dir
+    return slurm.Slurm(remote.Ssh(cluster)), logs_dir, cluster.name
+
+
+def _unknown_here(job_id: str, cluster: str | None, exc: CtrainError) -> CtrainError:
+    """``exc`` about a job this cluster does not know, with where it was submitted to, if from here."""
+    from ctrain import remote
+
+    hint = remote.elsewhere(job_id, cluster)
+    return CtrainError(str(exc).rstrip() + hint) if hint else exc
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
@@ -118,12 +128,16 @@ def status(job_ids: tuple[str, ...], cluster_name: str | None) -> None:
 
     For each JOB_ID, also what its batch script last logged about a failure (a lost node, a failed
     rank, a hang) and whether it requeued the job."""
-    client, search = _client(cluster_name)
+    from ctrain import remote
+
+    client, search, cluster = _client(cluster_name)
     jobs = client.status(job_ids)
     click.echo(slurm.status_table(jobs))
     for job in jobs if job_ids else []:  # the jobs asked about by id: what their batch script decided
         for event in client.job_events(job, search=search):
             click.echo(f"job {job.id}: {event}")
+        if job.state == "UNKNOWN" and (hint := remote.elsewhere(job.id, cluster)):
+            click.echo(f"job {job.id}: {'this cluster' if cluster else 'Slurm here'} does not know it" + hint)
 
 
 @click.command()
@@ -132,11 +146,14 @@ def status(job_ids: tuple[str, ...], cluster_name: str | None) -> None:
 @_CLUSTER
 def logs(job_id: str, follow: bool, cluster_name: str | None) -> None:
     """Print a job's log (Slurm's StdOut, else logs/*-JOB_ID.out)."""
-    client, search = _client(cluster_name)
-    if follow:
-        client.follow(job_id, emit=click.echo, search=search)
-        return
-    click.echo(client.read_log(job_id, search=search), nl=False)
+    client, search, cluster = _client(cluster_name)
+    try:
+        if follow:
+            client.follow(job_id, emit=click.echo, search=search)
+            return
+        click.echo(client.read_log(job_id, search=search), nl=False)
+    except CtrainError as exc:
+        raise _unknown_here(job_id, cluster, exc) from None
 
 
 @click.command()
@@ -146,8 +163,11 @@ def logs(job_id: str, follow: bool, cluster_name: str | None) -> None:
 @_CLUSTER
 def cancel(job_id: str, signal_name: str | None, cluster_name: str | None) -> None:
     """Cancel a job (scancel), or send its batch script a signal."""
-    client, _ = _client(cluster_name)
-    client.cancel(job_id, signal=signal_name)
+    client, _, cluster = _client(cluster_name)
+    try:
+        client.cancel(job_id, signal=signal_name)
+    except CtrainError as exc:
+        raise _unknown_here(job_id, cluster, exc) from None
     click.echo(
         f"job {job_id}: " + (f"sent SIG{signal_name.upper().removeprefix('SIG')}" if signal_name else "cancelled")
     )
@@ -182,4 +202,12 @@ def _submit_there(ctx: click.Context, cluster: object) -> int:
     command = [cluster.profile.ctrain, "submit", *_command_line(ctx, ("cluster_name",))]
     info(f"cluster {cluster.name}: {' '.join(command)} (in {cluster.profile.project_dir})")
     remote_command = f"cd {shlex.quote(cluster.profile.project_dir)} && {shlex.join(command)}"
-    return proc.stream(ssh.argv(remote_command), check=False, on_line=click.echo)
+    submitted: list[str] = []
+
+    def line(text: str) -> None:
+        if not submitted and text.isdigit():
+            submitted.append(text)
+            remote.record_job(cluster.name, text)
+        click.echo(text)
+
+    return proc.stream(ssh.argv(remote_command), check=False, on_line=line)
