@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import yaml
+
 from ctrain import proc
 from ctrain.errors import CommandError, ConfigError, CtrainError
-from ctrain.files import atomic_write_json
-from ctrain.settings import build, read_settings
+from ctrain.files import atomic_write_json, atomic_write_text
+from ctrain.settings import SettingsFile, build, read_settings, to_mapping
 
 PROFILES_ENV = "CTRAIN_CLUSTERS"
 CONNECT_TIMEOUT = 10  # seconds ssh waits for the host to answer
@@ -354,3 +356,20 @@ def elsewhere(job_id: str, cluster: str | None) -> str:
     if not others:
         return ""
     return f"; job {job_id} was submitted from here to cluster {others[0]}: add --cluster {others[0]}"
+
+
+def save_profile(name: str, profile: Profile, path: Path | None = None) -> Path:
+    """Add or replace cluster ``name`` in the clusters file (made if missing); returns the file.
+
+    The file is written back as plain YAML: comments in it are not kept."""
+    path = path or profiles_path()
+    data: dict[str, object] = dict(read_settings(path).data) if path.exists() else {}
+    clusters = dict(data.get("clusters") or {})  # type: ignore[call-overload]
+    clusters[name] = {k: (str(v) if isinstance(v, Path) else v) for k, v in to_mapping(profile).items()
+                      if v not in (None, [], "") and v != getattr(Profile(), k)}  # fmt: skip
+    data["clusters"] = clusters
+    check = build(Profiles, SettingsFile(path, data))  # what is written must load
+    assert name in check.clusters
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, yaml.safe_dump(data, sort_keys=False))
+    return path

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from ctrain import resources
+from ctrain import remote, resources
 from ctrain.cli import main
 from ctrain.cluster import checks
 from ctrain.cluster import setup as cluster_setup
@@ -470,8 +470,10 @@ def test_missing_cluster_is_a_message_not_a_traceback(tmp_path: Path, aws_env: M
 
 
 def test_up_creates_waits_and_prints_the_head_node(
-    tmp_path: Path, aws_env: MotoAws, pcluster_double: PclusterDouble
+    tmp_path: Path, aws_env: MotoAws, pcluster_double: PclusterDouble, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    clusters = tmp_path / "config" / "clusters.yaml"
+    monkeypatch.setenv(remote.PROFILES_ENV, str(clusters))
     config, written = init(tmp_path, scripts_s3_uri=f"s3://{aws_env.bucket}/ctrain")
     double = pcluster_double
     double.reply("describe-cluster", 1, not_found("ctrain"), "NotFoundExceptionResponseContent")
@@ -525,6 +527,11 @@ def test_up_creates_waits_and_prints_the_head_node(
         "CREATE_COMPLETE (CloudFormation CREATE_COMPLETE; head node running)",
     ]
     assert f"uploaded s3://{aws_env.bucket}/ctrain/enroot-pyxis.sh" in result.stderr
+    # A profile for the head node: the laptop's `--cluster ctrain` reaches it (ctrain.remote).
+    assert f"cluster profile 'ctrain' in {clusters}" in result.stderr
+    found = remote.resolve("ctrain")
+    assert found is not None and found.profile == remote.Profile(
+        host="54.0.0.12", user="ubuntu", project_dir=f"/fsx/ubuntu/{config.parent.name}", runtime="pyxis")  # fmt: skip
     again = ctrain(config, "up")  # already up: no second create
     assert again.exit_code == 0 and len(double.calls("create-cluster")) == 1
 

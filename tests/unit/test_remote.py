@@ -73,3 +73,15 @@ def test_what_ssh_says_becomes_a_cause_and_a_fix(tmp_path: Path, stderr: str, sa
     cluster = remote.Cluster("x", remote.Profile(host="login", user="me", identity_file=Path("/k")))
     message = str(remote.Ssh(cluster, tmp_path)._problem(stderr))
     assert message.startswith("cluster x: ") and said in message, message
+
+
+def test_a_saved_profile_loads_and_replaces_one_of_the_same_name(tmp_path: Path) -> None:
+    path = _write(tmp_path, "default: a\nclusters:\n  a: {host: login.a}\n")
+    remote.save_profile("b", remote.Profile(host="1.2.3.4", user="ubuntu", runtime="pyxis", project_dir="/fsx/u/p"), path)
+    remote.save_profile("b", remote.Profile(host="5.6.7.8", user="ubuntu", runtime="pyxis"), path)
+    found = remote.load_profiles(path)
+    assert found.default == "a" and found.clusters["a"].host == "login.a"
+    assert found.clusters["b"] == remote.Profile(host="5.6.7.8", user="ubuntu", runtime="pyxis")
+    with pytest.raises(ConfigError, match="'clusters.c.host' is '-x'"):
+        remote.save_profile("c", remote.Profile(host="-x"), path)
+    assert "c" not in remote.load_profiles(path).clusters

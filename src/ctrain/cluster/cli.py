@@ -189,6 +189,10 @@ def cluster_up(
         setup, file.resolve() if file else setup.config_file, suppress=suppress, poll=poll, timeout=timeout * 60
     )
     click.echo(f"cluster '{state.name}' is ready: head node {state.head_address}")
+    written = pcluster.save_profile(setup, state)
+    if written:
+        info(f"cluster profile '{state.name}' in {written}: ctrain push --cluster {state.name}, "
+             f"ctrain submit --cluster {state.name} ... work from here")  # fmt: skip
     info("next: ctrain cluster ssh, then sbatch sbatch/pyxis_multinode.sbatch; ctrain cluster down when done")
 
 

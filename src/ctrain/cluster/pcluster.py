@@ -457,14 +457,39 @@ def status(setup: cluster_setup.Setup) -> str:
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
-def ssh_command(setup: cluster_setup.Setup, extra: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
-    """``pcluster ssh`` argv and the environment it needs (it takes the region from the environment)."""
-    region = cluster_setup.region(setup, _local_config(setup))
+def _ssh_key(setup: cluster_setup.Setup) -> Path | None:
+    """cluster.ssh_key, else ~/.ssh/KEY_PAIR.pem where it exists."""
     key = setup.settings.ssh_key
     if key is None and setup.settings.key_pair:
         default = Path(f"~/.ssh/{setup.settings.key_pair}.pem").expanduser()
         key = default if default.is_file() else None
-    identity = ["-i", str(setup.path(key))] if key else []
+    return setup.path(key) if key else None
+
+
+# The login user of each operating system ParallelCluster offers.
+LOGIN_USERS = {"alinux2023": "ec2-user", "ubuntu2204": "ubuntu", "ubuntu2404": "ubuntu", "rhel8": "ec2-user",
+               "rocky8": "rocky", "rhel9": "ec2-user", "rocky9": "rocky"}  # fmt: skip
+
+
+def save_profile(setup: cluster_setup.Setup, state: ClusterState) -> Path | None:
+    """A cluster profile for the head node (ctrain.remote), so that `ctrain submit --cluster NAME`
+    works from here: pyxis, the project in FSx under the login user; None without an address."""
+    from ctrain import remote
+
+    if not state.head_address:
+        return None
+    user = LOGIN_USERS.get(setup.settings.os, "ec2-user")
+    profile = remote.Profile(host=state.head_address, user=user, identity_file=_ssh_key(setup),
+                             project_dir=f"{setup.settings.fsx_mount.rstrip('/')}/{user}/{setup.root.name}",
+                             runtime="pyxis")  # fmt: skip
+    return remote.save_profile(setup.settings.name, profile)
+
+
+def ssh_command(setup: cluster_setup.Setup, extra: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
+    """``pcluster ssh`` argv and the environment it needs (it takes the region from the environment)."""
+    region = cluster_setup.region(setup, _local_config(setup))
+    key = _ssh_key(setup)
+    identity = ["-i", str(key)] if key else []
     argv = [cluster_setup.pcluster_bin(), "ssh", "--cluster-name", setup.settings.name, *identity, *extra]
     return argv, {"AWS_DEFAULT_REGION": region}
 
