@@ -91,7 +91,8 @@ class Profiles:
             profile.check(f"clusters.{name}")
         if self.default is not None and self.default not in self.clusters:
             raise ConfigError(
-                f"'default' is {self.default!r}, which is not one of the clusters ({', '.join(self.clusters) or 'none'})",
+                f"'default' is {self.default!r}, which is not one of the clusters "
+                f"({', '.join(self.clusters) or 'none'})",
                 key="default",
             )
 
@@ -313,7 +314,8 @@ def sync_project(ssh: Ssh, root: Path, *, emit: Callable[[str], None]) -> None:
     if (root / ".gitignore").is_file():
         filters.append("--filter=:- .gitignore")
     rsync = ["rsync", "--recursive", "--links", "--times", "--perms", "--chmod=Dg+rx,Fg+r", "--itemize-changes",
-             *filters, "-e", shlex.join(ssh.ssh_args()), f"{root}/", f"{ssh.cluster.profile.host}:{directory}/"]  # fmt: skip
+             *filters, "-e", shlex.join(ssh.ssh_args()), f"{root}/",
+             f"{ssh.cluster.profile.host}:{directory}/"]  # fmt: skip
     out = proc.run(rsync, check=False)
     ssh._raise_for_connection(out.returncode, out.stderr)
     if out.returncode != 0:
@@ -337,7 +339,9 @@ def _submitted() -> dict[str, list[str]]:
         data = json.loads(jobs_path().read_text())
     except (OSError, ValueError):
         return {}
-    return {str(k): [str(c) for c in v] for k, v in data.items() if isinstance(v, list)} if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): [str(c) for c in v] for k, v in data.items() if isinstance(v, list)}
 
 
 def record_job(cluster: str, job_id: str) -> None:

@@ -46,6 +46,9 @@ def clusters(login_host: LoginHost, sbatch_project, tmp_path: Path, monkeypatch:
             "tb": login_host.profile(project_dir=project_dir),
             "fresh": login_host.profile(project_dir=str(fresh), ctrain=str(launcher)),
             "noctrain": login_host.profile(project_dir=str(fresh), ctrain="/nonexistent/bin/ctrain"),
+            "oldctrain": login_host.profile(
+                project_dir=str(fresh), ctrain=str(_other_ctrain(login_host.directory))
+            ),
             "full": login_host.profile(project_dir=str(fresh), images_dir=str(full)),
             "noslurm": login_host.profile(port=login_host.bare_port),
             "wrongkey": login_host.profile(identity_file=str(login_host.directory / "other_key")),
@@ -77,12 +80,21 @@ def _cluster_ctrain(directory: Path) -> Path:
     for module in (click, yaml):
         shutil.copytree(Path(module.__file__).parent, lib / module.__name__,
                         ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-    launcher.parent.mkdir()
+    launcher.parent.mkdir(mode=0o755, exist_ok=True)
     launcher.write_text(f"#!/bin/sh\nPYTHONPATH={lib} exec {python} -m ctrain \"$@\"\n")
     for path in (directory / "bin", lib, *lib.rglob("*")):
         path.chmod(0o755 if path.is_dir() or path == launcher else 0o644)
     launcher.chmod(0o755)
     return launcher
+
+
+def _other_ctrain(directory: Path) -> Path:
+    """A ctrain of another version on the cluster (it only answers --version)."""
+    other = directory / "bin" / "ctrain-0.0.1"
+    other.parent.mkdir(mode=0o755, exist_ok=True)
+    other.write_text('#!/bin/sh\necho "ctrain, version 0.0.1"\n')
+    other.chmod(0o755)
+    return other
 
 
 def _job(testbed, workdir: Path, body: str, name: str) -> str:
@@ -163,7 +175,7 @@ def test_a_job_of_another_cluster_is_named_as_such(clusters: Path) -> None:
         ("nosshd", r"refused the connection \(no sshd on that port\)"),
         ("nohost", r"host 'no-such-login.invalid' is unknown"),
         ("nope", r"no cluster named 'nope' in \S+clusters.yaml \(clusters: fresh, full, noctrain, nohost, noslurm, "
-                 r"nosshd, tb, wrongkey\)"),
+                 r"nosshd, oldctrain, tb, wrongkey\)"),
     ],
 )
 def test_what_goes_wrong_reaching_a_cluster_is_said_in_one_line(clusters: Path, cluster: str, said: str) -> None:
@@ -235,10 +247,15 @@ def test_cluster_without_ctrain_is_named_before_anything_is_sent(clusters: Path,
     assert code == 1 and "`/nonexistent/bin/ctrain` does not run on ctrain@" in out, out
     assert f"pipx install ctrain=={__version__}" in out, out
     assert not Path(remote.resolve("noctrain").profile.project_dir).exists()
+    code, out, _ = _ctrain("submit", "--cluster", "oldctrain", "recipes/demo-addition.yaml")
+    assert code == 1 and f"cluster oldctrain runs ctrain 0.0.1, this is {__version__}: install the same version" \
+        in out, out  # fmt: skip
+    assert not Path(remote.resolve("oldctrain").profile.project_dir).exists()
 
 
-def test_a_full_disk_on_the_cluster_is_found_before_the_image_is_sent(clusters: Path, cpu_sif: Path, tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_full_disk_on_the_cluster_is_found_before_the_image_is_sent(
+    clusters: Path, cpu_sif: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(_laptop_project(tmp_path))
     code, out, seconds = _ctrain("push", "--cluster", "full", "--file", str(cpu_sif))
     assert code == 1 and re.search(r"^error: not enough free space in \S+/full for 597 MB \(1 MB free\)", out), out
@@ -248,4 +265,5 @@ def test_a_full_disk_on_the_cluster_is_found_before_the_image_is_sent(clusters: 
 def test_a_login_node_without_slurm_is_named(clusters: Path) -> None:
     """The login shell there has no Slurm on its PATH (a module not loaded): said, not a traceback."""
     code, out, _ = _ctrain("status", "--cluster", "noslurm")
-    assert code == 1 and re.search(r"^error: cluster noslurm: \S+ has no `squeue`: is it the cluster's login node", out), out
+    said = r"^error: cluster noslurm: \S+ has no `squeue`: is it the cluster's login node"
+    assert code == 1 and re.search(said, out), out

@@ -1,4 +1,6 @@
-"""Cluster profiles and the SSH runner's command lines and messages (the real sshd: tests/integration/test_remote.py)."""
+"""Cluster profiles and the SSH runner's command lines and messages.
+
+The real sshd: tests/integration/test_remote.py."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ def test_no_file_means_this_machine(tmp_path: Path) -> None:
 
 def test_default_and_named_profiles(tmp_path: Path) -> None:
     path = _write(tmp_path, "default: a\nclusters:\n  a: {host: login.a, project_dir: /shared/p}\n"
-                            "  b: {host: b, user: me, port: 2222, images_dir: /scratch/img, runtime: pyxis}\n")  # fmt: skip
+                            "  b: {host: b, user: me, port: 2222, images_dir: /scratch/img, "
+                            "runtime: pyxis}\n")  # fmt: skip
     a = remote.resolve(None, path)
     assert a is not None and a.name == "a" and a.images_dir == "/shared/p/images" and a.target == "login.a"
     b = remote.resolve("b", path)
@@ -38,7 +41,8 @@ def test_default_and_named_profiles(tmp_path: Path) -> None:
         ("clusters:\n  a: {host: '-oProxyCommand=x'}\n", r"'clusters.a.host' is '-oProxyCommand=x'"),
         ("clusters:\n  a: {host: h, user: 'a@b'}\n", r"'clusters.a.user' is 'a@b'"),
         ("clusters:\n  a: {host: h, port: 70000}\n", r"line 2: 'clusters.a.port' is 70000"),
-        ("clusters:\n  a: {host: h, project_dir: relative/p}\n", r"'clusters.a.project_dir' is 'relative/p': give an absolute"),
+        ("clusters:\n  a: {host: h, project_dir: relative/p}\n",
+         r"'clusters.a.project_dir' is 'relative/p': give an absolute"),
         ("clusters:\n  a: {host: h, hots: x}\n", r"unknown key 'clusters.a.hots' \(did you mean 'host'\?\)"),
         ("default: z\nclusters:\n  a: {host: h}\n", r"'default' is 'z', which is not one of the clusters \(a\)"),
         ("clusters:\n  'a b': {host: h}\n", r"cluster name 'a b'"),
@@ -77,7 +81,8 @@ def test_what_ssh_says_becomes_a_cause_and_a_fix(tmp_path: Path, stderr: str, sa
 
 def test_a_saved_profile_loads_and_replaces_one_of_the_same_name(tmp_path: Path) -> None:
     path = _write(tmp_path, "default: a\nclusters:\n  a: {host: login.a}\n")
-    remote.save_profile("b", remote.Profile(host="1.2.3.4", user="ubuntu", runtime="pyxis", project_dir="/fsx/u/p"), path)
+    first = remote.Profile(host="1.2.3.4", user="ubuntu", runtime="pyxis", project_dir="/fsx/u/p")
+    remote.save_profile("b", first, path)
     remote.save_profile("b", remote.Profile(host="5.6.7.8", user="ubuntu", runtime="pyxis"), path)
     found = remote.load_profiles(path)
     assert found.default == "a" and found.clusters["a"].host == "login.a"

@@ -123,7 +123,9 @@ class AsUser(Local):
         cwd: Path | None = None,
         timeout: float | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        return proc.run(self.argv(args), check=check, input=input, cwd=cwd or self.home, timeout=timeout or self.timeout)
+        return proc.run(
+            self.argv(args), check=check, input=input, cwd=cwd or self.home, timeout=timeout or self.timeout
+        )
 
 
 class Testbed:
