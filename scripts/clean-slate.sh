@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Remove everything the test suite creates outside the checkout, so the next run starts as on a
-# fresh machine: the testbed (processes, network, state directory, shared dir, job user), the
+# fresh machine: the testbed (processes, network, state directory, shared dir, job user, what its
+# jobs left in /tmp), the
 # test image store (/var/tmp/ctrain-test or $CTRAIN_TEST_IMAGES) with its images and base image in
 # containers-storage, buildah working containers, pytest's temporary directories, the remote tests'
 # sshd and ctrain's shared SSH connections.
@@ -10,6 +11,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "clean-slate.sh must run as root" >&2; exit 1; }
 
+.venv/bin/ctrain testbed down
+# What the testbed's jobs left in /tmp: Apptainer unpacks an image there for each `exec --unsquash`
+# (about 2 GB for the CPU image) and cannot remove it when the run is killed (the fault tests kill
+# runs on purpose). Removed while the job user still exists to own them.
+if id ctrain >/dev/null 2>&1; then
+    find /tmp /var/tmp -maxdepth 1 -user ctrain -name 'rootfs-*' -exec rm -rf -- {} +
+fi
 .venv/bin/ctrain testbed down --purge
 
 images=${CTRAIN_TEST_IMAGES:-/var/tmp/ctrain-test}
