@@ -276,10 +276,21 @@ class Runner(Protocol):
 
 @dataclass(frozen=True)
 class Local:
-    """Commands on this machine, with ``env`` added to the environment (e.g. SLURM_CONF)."""
+    """Commands on this machine, with ``env`` added to the environment (e.g. SLURM_CONF), from
+    ``home`` unless told otherwise. A subclass that runs them another way changes :meth:`argv`
+    (and :meth:`added_env`)."""
 
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: float | None = None
+    home: Path | None = None
+
+    def argv(self, args: Sequence[str | os.PathLike[str]]) -> list[str]:
+        """The command line that runs ``args``."""
+        return [os.fspath(a) for a in args]
+
+    def added_env(self) -> dict[str, str] | None:
+        """What :func:`ctrain.proc.run` adds to this process's environment for the command."""
+        return dict(self.env) or None
 
     def run(
         self,
@@ -290,9 +301,8 @@ class Local:
         cwd: Path | None = None,
         timeout: float | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        return proc.run(
-            list(args), check=check, input=input, cwd=cwd, timeout=timeout or self.timeout, env=dict(self.env) or None
-        )
+        return proc.run(self.argv(args), check=check, input=input, cwd=cwd or self.home,
+                        timeout=timeout or self.timeout, env=self.added_env())  # fmt: skip
 
     def has(self, tool: str) -> bool:
         return proc.which(tool) is not None

@@ -114,18 +114,8 @@ class AsUser(Local):
         drop = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--init-groups", "--reset-env", "--"]
         return [*drop, "env", *(f"{k}={v}" for k, v in self.env.items()), *map(os.fspath, args)]
 
-    def run(
-        self,
-        args: Sequence[str],
-        *,
-        check: bool = True,
-        input: str | None = None,
-        cwd: Path | None = None,
-        timeout: float | None = None,
-    ) -> subprocess.CompletedProcess[str]:
-        return proc.run(
-            self.argv(args), check=check, input=input, cwd=cwd or self.home, timeout=timeout or self.timeout
-        )
+    def added_env(self) -> dict[str, str] | None:
+        return None  # ``env`` is on the command line: setpriv --reset-env drops root's environment
 
 
 class Testbed:
