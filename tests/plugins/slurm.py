@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from ctrain.slurm import Slurm
+from ctrain.testbed.plan import READY_NODE_STATES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,6 +109,43 @@ def sbatch_project(testbed) -> Project:
     project = Project(path, testbed)
     project.own(path)
     return project
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test item, so a fixture's teardown knows whether the test failed."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture
+def leaves_testbed_clean(request, sbatch_project: Project):
+    """The testbed as the test found it, pass or fail: the test's jobs cancelled, every node back in
+    service. A job a failed test leaves RUNNING holds a node, and the next test would fail on it
+    instead of on its own fault. A failed test also gets the logs of its jobs and the slurmds."""
+    project = sbatch_project
+    testbed = project.testbed
+    logs = project.path / "logs"
+    before = {p.name for p in logs.glob("*.out")}
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for path in sorted(logs.glob("*.out")):
+            if path.name not in before:
+                print(f"--- {path.name} (last 6000 characters)\n{path.read_text(errors='replace')[-6000:]}")
+        for path in sorted(testbed.layout.log_dir.glob("slurmd-*.log")):
+            print(f"--- {path.name} (last 30 lines)\n" + "\n".join(path.read_text(errors="replace").splitlines()[-30:]))
+    queued = testbed.slurm.queued_ids()
+    if queued:
+        testbed.slurm.run(["scancel", *queued], check=False)
+    for node in testbed.nodes:
+        if testbed.node_state(node.name) not in READY_NODE_STATES:
+            testbed.start_node(node.name)
+    deadline = time.monotonic() + 120
+    while testbed.slurm.queued_ids() or set(testbed.slurm.node_states().values()) - {"idle"}:
+        assert time.monotonic() < deadline, f"the testbed is not idle 120 s after the test: {testbed.slurm.node_states()}"
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")
