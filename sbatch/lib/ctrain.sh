@@ -479,11 +479,12 @@ ctrain_sentinel \"\$@\""
 # and when the job cannot be requeued without it, end the job (scancel) so that it neither holds
 # the other nodes until Slurm notices nor waits, requeued by Slurm, for the lost node.
 # "stop" in the heartbeat file: the batch script is ending the sentinel. Slurm also ends the
-# sentinel's step when the batch host dies (its srun is gone): a TERM while the job is still
-# RUNNING and the heartbeat has not said "stop" is survived, and the watch goes on (Slurm's
-# SIGKILL follows KillWait seconds later, 30 by default: the decision comes before).
+# sentinel's step when the batch host dies (its srun ran there): a TERM while the job is still
+# RUNNING and the heartbeat has not said "stop" means just that, so the batch host is asked at once
+# instead of after the grace, and the decision comes well before the SIGKILL that follows KillWait
+# seconds later (30 by default). A batch host that answers keeps its sentinel watching.
 ctrain_sentinel() {
-    local batch=$1 log=$2 file=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/batch-alive beat last= seen=$SECONDS termed=
+    local batch=$1 log=$2 file=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/batch-alive beat last= seen=$SECONDS termed= why
     [[ -z $log ]] || exec >>"$log" 2>&1
     trap 'termed=1' TERM
     while :; do
@@ -494,18 +495,21 @@ ctrain_sentinel() {
         if [[ -n $termed ]]; then
             termed=
             scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -q 'JobState=RUNNING ' || return 0
-        fi
-        if [[ $beat != "$last" ]]; then
+            why="Slurm ended the sentinel's step, whose srun ran there,"
+        elif [[ $beat != "$last" ]]; then
             last=$beat seen=$SECONDS
             continue
+        elif ((SECONDS - seen >= CTRAIN_STEP_GRACE)); then
+            why="no heartbeat for ${CTRAIN_STEP_GRACE}s"
+        else
+            continue
         fi
-        ((SECONDS - seen >= CTRAIN_STEP_GRACE)) || continue
         { timeout --signal=KILL 10 srun --overlap --nodes=1 --ntasks=1 --nodelist="$batch" true; } >/dev/null 2>&1 ||
             break
-        seen=$SECONDS # the batch host answers: only its heartbeat was late
+        last=$beat seen=$SECONDS # the batch host answers: only its heartbeat was late
     done
-    echo "ctrain: failure: node lost: $batch, the batch host (no heartbeat for ${CTRAIN_STEP_GRACE}s and its" \
-        "slurmd does not answer; seen from $(uname -n))"
+    echo "ctrain: failure: node lost: $batch, the batch host ($why and its slurmd does not answer;" \
+        "seen from $(uname -n))"
     CTRAIN_REQUEUED=
     ctrain_requeue_without "$batch"
     if [[ -z $CTRAIN_REQUEUED ]]; then
@@ -543,13 +547,16 @@ ctrain_end_step() {
 # (start-up, model loading and the first compile are not counted) and, once any rank has gone
 # CTRAIN_HANG_TIMEOUT seconds without one, names the ranks, shows their processes' states and
 # ends the step as a lost rank ends it: the workers are killed, the launchers and srun follow.
+# A rank whose run is over writes "done" there and is no longer expected to step (rank 0 may
+# still be evaluating the final model, beating per batch).
 ctrain_watchdog() {
     local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS budget=$CTRAIN_HANG_TIMEOUT
     local world=$((CTRAIN_NNODES * CTRAIN_NPROC_PER_NODE)) poll=$((CTRAIN_HANG_TIMEOUT / 10))
     ((poll >= 1)) || poll=1
     ((poll <= 30)) || poll=30
     local -A seen since
-    local armed= file rank stamp now idle stale=()
+    local -A finished
+    local armed= file rank stamp now idle stale=() first
     while ((${#stale[@]} == 0)); do
         sleep "$poll"
         now=$SECONDS
@@ -558,9 +565,11 @@ ctrain_watchdog() {
             stamp=$(stat -c %.9Y "$file" 2>/dev/null) || continue
             [[ ${seen[$rank]-} == "$stamp" ]] || { seen[$rank]=$stamp; since[$rank]=$now; }
             : "${armed:=$now}"
+            read -r first _ <"$file" 2>/dev/null && [[ $first == done ]] && finished[$rank]=1
         done
         [[ -n $armed ]] || continue
         for ((rank = 0; rank < world; rank++)); do
+            [[ -z ${finished[$rank]-} ]] || continue # its run is over (rank 0 may still evaluate)
             idle=$((now - ${since[$rank]:-$armed}))
             ((idle <= budget)) || stale+=("$rank:$idle")
         done

@@ -205,7 +205,8 @@ def test_push_and_submit_from_a_laptop_project(testbed, clusters: Path, cpu_sif:
                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """The trip from a laptop: the image to the cluster's images_dir (then, unchanged, not again),
     the project's files to PROJECT_DIR (never secrets, outputs, images or ignored files), and a
-    2-node job queued there by the cluster's ctrain, followed to its end."""
+    2-node demo job queued there by the cluster's ctrain, its log followed to the end, where the trained
+    model's accuracy on held-out problems must pass the demo's bar."""
     project = _laptop_project(tmp_path)
     monkeypatch.chdir(project)
     cluster = remote.resolve("fresh")
@@ -220,20 +221,23 @@ def test_push_and_submit_from_a_laptop_project(testbed, clusters: Path, cpu_sif:
     print(f"remote | ctrain push --cluster (597 MB SIF): first {first:.1f} s, unchanged {again:.2f} s")
 
     code, out, took = _ctrain("submit", "--cluster", "fresh", "--nodes", "2", f"--image=images/{cpu_sif.name}",
-                           "--wait", "recipes/demo-addition.yaml", "training.max_steps=4", "training.logging_steps=1",
-                           "training.save_steps=1000")  # fmt: skip
+                              "recipes/demo-addition.yaml", "eval.after_training=true")  # fmt: skip
     assert code == 0, out
     job_id = re.search(r"^(\d+)$", out, re.MULTILINE).group(1)
-    print(f"remote | ctrain submit --cluster --wait (4 steps, 2 nodes): {took:.1f} s")
+    print(f"remote | ctrain submit --cluster (checks, project sent, job queued): {took:.1f} s")
     assert re.search(r"cluster fresh: \d+ project file\(s\) sent to ", out), out
-    assert f"job {job_id}: COMPLETED" in out, out
     assert json.loads(remote.jobs_path().read_text())[job_id] == ["fresh"]
     there = Path(cluster.profile.project_dir)
     assert (there / "recipes" / "demo-addition.yaml").is_file() and (there / "ctrain.yaml").is_file()
     for never in (".env", "outputs/old", "scratch", "images/local.sif"):
         assert not (there / never).exists(), never
-    code, out, _ = _ctrain("logs", "--cluster", "fresh", job_id)
-    assert code == 0 and "on 2 node(s)" in out, out
+    # Followed from the laptop to the end: the demo trains on 2 nodes and its log ends with the score.
+    code, out, took = _ctrain("logs", "-f", "--cluster", "fresh", job_id)
+    assert code == 0 and "on 2 node(s)" in out, out[-4000:]
+    assert f"job {job_id}: COMPLETED" in out, out[-4000:]
+    scores = re.findall(r"accuracy: ([0-9.]+) \((\d+)/(\d+) exact\) \S*demo-addition/final", out)
+    assert scores and float(scores[-1][0]) >= 0.9, out[-4000:]
+    print(f"remote | ctrain logs -f --cluster (the 2-node demo to its end, accuracy {scores[-1][0]}): {took:.1f} s")
 
     code, out, _ = _ctrain("submit", "--cluster", "fresh", "--dry-run", f"--image=images/{cpu_sif.name}",
                            "recipes/demo-addition.yaml")  # fmt: skip

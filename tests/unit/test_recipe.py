@@ -83,6 +83,9 @@ def test_overrides_apply_on_top_and_are_checked(tmp_path: Path) -> None:
         (PRETRAINED + ["peft.method=lora", "training.engine=fast"], "training.engine: fast trains every weight"),
         (PRETRAINED + ["peft.method=qlora", "training.fsdp=true"], "does not combine with training.fsdp"),
         (PRETRAINED + ["peft.method=qlora", "model.dtype=float32"], "qlora computes in bfloat16"),
+        (["eval.after_training=true", "data.eval_size=null"], "eval.after_training asks held-out examples: set "
+                                                                "data.eval_size"),
+        (["eval.after_training=true", "task=clm"], "eval.after_training asks held-out chats .* task clm"),
     ],
 )
 def test_impossible_settings_are_one_clear_error(tmp_path: Path, overrides: list[str], message: str) -> None:

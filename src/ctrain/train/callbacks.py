@@ -273,6 +273,11 @@ class Heartbeat(TrainerCallback):
         os.replace(self.partial, self.path)
         self.last = time.monotonic()
 
+    def done(self) -> None:
+        """This rank has finished (the watchdog stops expecting steps from it)."""
+        self.partial.write_text(f"done{self.tail}")
+        os.replace(self.partial, self.path)
+
     def _progress(self, step: int) -> None:
         if time.monotonic() - self.last >= self.EVERY:
             self.beat(step)

@@ -103,7 +103,7 @@ def eval_(recipe: Path, overrides: tuple[str, ...], model_dir: Path | None, max_
     ctrain-complete.json) or whose files changed since (checksums).
     """
     from ctrain.train import logs
-    from ctrain.train.evaluate import check, evaluate
+    from ctrain.train.evaluate import check, evaluate, summary
     from ctrain.train.trainer import openmp_defaults
 
     loaded = _recipe(recipe, overrides)
@@ -114,7 +114,7 @@ def eval_(recipe: Path, overrides: tuple[str, ...], model_dir: Path | None, max_
     result = evaluate(loaded, model_dir, max_examples)  # type: ignore[arg-type]
     for example in result["examples"]:
         click.echo(f"  {example['prompt']!r} -> {example['answer']!r} (expected {example['expected']!r})")
-    click.echo(f"accuracy: {result['accuracy']:.3f} ({result['correct']}/{result['total']} exact) {result['model']}")
+    click.echo(summary(result))
     if min_accuracy is not None and result["accuracy"] < min_accuracy:
         click.echo(f"error: accuracy {result['accuracy']:.3f} is below --min-accuracy {min_accuracy}", err=True)
         sys.exit(1)

@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ctrain.errors import ConfigError
 from ctrain.files import check_directory, check_file
@@ -102,8 +102,10 @@ def check(recipe: Recipe, model_dir: Path | None = None) -> None:
     check_cache(recipe)
 
 
-def evaluate(recipe: Recipe, model_dir: Path | None = None, max_examples: int | None = None) -> dict[str, Any]:
-    """Exact-match accuracy of the model in ``model_dir`` (default: the recipe's final model) on held-out examples."""
+def evaluate(recipe: Recipe, model_dir: Path | None = None, max_examples: int | None = None,
+             on_batch: Callable[[], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Exact-match accuracy of the model in ``model_dir`` (default: the recipe's final model) on held-out examples.
+    ``on_batch`` is called after each generated batch (a training job's heartbeat, for its watchdog)."""
     model_dir = model_dir or recipe.output_dir / FINAL_DIR
     check(recipe, model_dir)  # before torch is imported: a refusal takes no time
     import torch
@@ -140,6 +142,8 @@ def evaluate(recipe: Recipe, model_dir: Path | None = None, max_examples: int | 
             )
         new = output[:, batch["input_ids"].shape[1] :]
         answers.extend(text.strip() for text in tokenizer.batch_decode(new, skip_special_tokens=True))
+        if on_batch is not None:
+            on_batch()
     correct = [a == expected.strip() for a, (_, expected) in zip(answers, pairs)]
     result = {
         "accuracy": sum(correct) / len(correct) if correct else 0.0,
@@ -155,3 +159,8 @@ def evaluate(recipe: Recipe, model_dir: Path | None = None, max_examples: int | 
     recipe.output_dir.mkdir(parents=True, exist_ok=True)
     (recipe.output_dir / EVAL_FILE).write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def summary(result: dict[str, Any]) -> str:
+    """The result's one line, as ``ctrain eval`` prints it and a training job logs it."""
+    return f"accuracy: {result['accuracy']:.3f} ({result['correct']}/{result['total']} exact) {result['model']}"

@@ -383,6 +383,9 @@ class EvalSettings:
     max_new_tokens: int = 32
     #: Prompts generated at once.
     batch_size: int = 64
+    #: Evaluate the final model when training ends (rank 0, after the others finish): its accuracy goes to
+    #: the job's log and OUTPUT_DIR/eval.json, so a job followed from a laptop ends with its score.
+    after_training: bool = False
 
     def validate(self) -> None:
         for name in ("max_new_tokens", "batch_size", "max_examples"):
@@ -459,6 +462,12 @@ class Recipe:
                 )
             if self.data.eval_size is not None:
                 raise ConfigError("data.eval_size cannot hold out examples of a stream: use data.eval_split")
+        if self.eval.after_training:
+            if self.task != "sft":
+                raise ConfigError("eval.after_training asks held-out chats or prompt/completion examples: task clm "
+                                  "trains on plain text; turn it off")  # fmt: skip
+            if not (self.data.eval_split or self.data.eval_size):
+                raise ConfigError("eval.after_training asks held-out examples: set data.eval_size or data.eval_split")
         if self.training.engine == "fast" and self.task != "sft":
             raise ConfigError("training.engine: fast is the SFT fast path; use engine hf (or auto) for task clm")
         if self.training.engine == "fast":

@@ -464,8 +464,10 @@ def run(recipe: Recipe) -> int:
         StopAtMaxSteps(),
         FiniteGuard(check_grad_norm=layout.precision != "fp16"),  # last: after every callback that asks to save
     ]
+    heartbeat = None
     if os.environ.get(HEARTBEAT_ENV):  # set by the sbatch scripts, whose watchdog reads it
-        callbacks.append(Heartbeat(Path(os.environ[HEARTBEAT_ENV]), rank))
+        heartbeat = Heartbeat(Path(os.environ[HEARTBEAT_ENV]), rank)
+        callbacks.append(heartbeat)
     trainer = build_trainer(recipe, layout, args, model, data, callbacks)
     progress = Progress(
         output_dir, world, rank, peak_tflops(recipe.training.peak_tflops), recipe.logging.memory, run_id
@@ -526,4 +528,15 @@ def run(recipe: Recipe) -> int:
         if recipe.hub.repo_id:
             _push(recipe, final)
     close_process_group()
+    if rank == 0 and recipe.eval.after_training:
+        from ctrain.train.evaluate import evaluate, summary
+
+        step = trainer.state.global_step
+        del trainer, model  # the evaluation loads the saved model: the training copy's memory goes back
+        log.info("evaluating the final %s on the held-out examples (eval.after_training)",
+                 "adapter" if recipe.peft.enabled else "model")  # fmt: skip
+        beat = None if heartbeat is None else (lambda: heartbeat.beat(step))
+        log.info("%s", summary(evaluate(recipe, final, on_batch=beat)))
+    if heartbeat is not None:
+        heartbeat.done()
     return 0
