@@ -67,6 +67,8 @@ def test_status_logs_cancel(testbed, workdir: Path) -> None:
     follower.join(timeout=60)
     assert not follower.is_alive(), "ctrain logs -f did not stop when the job ended"
     assert f"started on {running.where}" in followed and "CANCELLED" in followed[-1]
+    result = CliRunner().invoke(main, ["logs", "-f", job_id])  # an ended job: its log, then how it ended
+    assert result.exit_code == 1 and f"job {job_id}: CANCELLED" in result.output, result.output
 
     result = CliRunner().invoke(main, ["status", job_id])
     assert re.search(rf"^{job_id}\s+statusprobe\s+CANCELLED\s", result.output, re.MULTILINE), result.output

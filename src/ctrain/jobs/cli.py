@@ -113,11 +113,15 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
     click.echo(job_id)
     info(f"submitted job {job_id}: log {log} (script: {log.with_suffix('.sbatch')})\n  follow: ctrain logs -f {job_id}")
     if wait_:
-        final = slurm.Slurm().follow(job_id, emit=click.echo, search=[job.log_dir])
-        state = final.state if final else "UNKNOWN"
-        info(f"job {job_id}: {state}")
-        if state != "COMPLETED":
-            sys.exit(1)
+        _ended(job_id, slurm.Slurm().follow(job_id, emit=click.echo, search=[job.log_dir]))
+
+
+def _ended(job_id: str, final: slurm.Job | None) -> None:
+    """Say how a followed job ended; exit 1 unless it COMPLETED (so scripts can chain on it)."""
+    state = final.state if final else "UNKNOWN"
+    info(f"job {job_id}: {state}")
+    if state != "COMPLETED":
+        sys.exit(1)
 
 
 @click.command()
@@ -142,18 +146,21 @@ def status(job_ids: tuple[str, ...], cluster_name: str | None) -> None:
 
 @click.command()
 @click.argument("job_id")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing as the log grows, until the job ends.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing as the log grows, until the job ends; then say "
+              "how it ended (exit 1 unless it COMPLETED).")  # fmt: skip
 @_CLUSTER
 def logs(job_id: str, follow: bool, cluster_name: str | None) -> None:
     """Print a job's log (Slurm's StdOut, else logs/*-JOB_ID.out)."""
     client, search, cluster = _client(cluster_name)
     try:
         if follow:
-            client.follow(job_id, emit=click.echo, search=search)
+            final = client.follow(job_id, emit=click.echo, search=search)
+        else:
+            click.echo(client.read_log(job_id, search=search), nl=False)
             return
-        click.echo(client.read_log(job_id, search=search), nl=False)
     except CtrainError as exc:
         raise _unknown_here(job_id, cluster, exc) from None
+    _ended(job_id, final)
 
 
 @click.command()
