@@ -361,17 +361,10 @@ ctrain_run() {
     trap - USR1 TERM
     [[ -z $watchdog ]] || kill "$watchdog" 2>/dev/null
     kill "$guard" 2>/dev/null
-    if [[ -n $sentinel ]]; then
-        kill "$alive" 2>/dev/null
-        wait "$alive" 2>/dev/null
-        echo stop >"$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/batch-alive"
-        ctrain_stop "$sentinel"
-    fi
     local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS hung= lost= failed
     [[ ! -e $dir/hung ]] || hung=1
     [[ ! -e $dir/lost ]] || lost=$(<"$dir/lost")
     failed=$(ctrain_failed_node "$dir")
-    rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_PIDS"
     echo "ctrain: step exited with $rc${CTRAIN_SIGNAL:+ after SIG$CTRAIN_SIGNAL}"
     CTRAIN_REQUEUED=
     if [[ -n $hung ]]; then
@@ -387,6 +380,14 @@ ctrain_run() {
     else
         ctrain_requeue_if_asked "$rc"
     fi
+    # The sentinel watches until the decision is made: a batch host lost while deciding is still seen.
+    if [[ -n $sentinel ]]; then
+        kill "$alive" 2>/dev/null
+        wait "$alive" 2>/dev/null
+        echo stop >"$dir/batch-alive"
+        ctrain_stop "$sentinel"
+    fi
+    rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_PIDS"
     # The one retry after a failed rank counts for the whole job, across requeues.
     [[ -n $CTRAIN_REQUEUED ]] || rm -f "$CTRAIN_PROJECT_DIR/.ctrain/$SLURM_JOB_ID.retried"
     rmdir "$CTRAIN_PROJECT_DIR/.ctrain" 2>/dev/null

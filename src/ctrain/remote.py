@@ -325,6 +325,55 @@ def sync_project(ssh: Ssh, root: Path, *, emit: Callable[[str], None]) -> None:
         f" ({', '.join(sent[:5])}{', ...' if len(sent) > 5 else ''})" if sent else " (all up to date)"))
 
 
+# Recipe keys that may name a file or directory on this machine.
+RECIPE_PATH_KEYS = ("data.source", "model.path", "tokenizer.path", "training.deepspeed")
+
+
+def unsent_paths(recipe_file: Path, overrides: Sequence[str], root: Path) -> dict[str, str]:
+    """{key: value as written} for the paths the recipe names that exist here but outside the project
+    directory, which :func:`sync_project` does not send. A recipe that does not load gives none: the
+    cluster's ctrain checks it and says what is wrong."""
+    from ctrain.train.recipe import expand_path, load_recipe
+
+    try:
+        recipe = load_recipe(recipe_file, list(overrides))
+    except (ConfigError, OSError):
+        return {}
+    found = {}
+    for key in RECIPE_PATH_KEYS:
+        section, name = key.split(".")
+        raw = getattr(getattr(recipe, section), name)
+        if not raw or str(raw).startswith("builtin:") or any(c in str(raw) for c in "*?["):
+            continue
+        local = expand_path(raw)
+        local = local if local.is_absolute() else root / local
+        if local.exists() and not local.resolve().is_relative_to(root.resolve()):
+            found[key] = str(raw)
+    return found
+
+
+def check_unsent_paths(ssh: Ssh, paths: dict[str, str]) -> None:
+    """Each path of :func:`unsent_paths` must exist on the cluster (a shared filesystem seen from both,
+    or a copy made there): else one error, before anything is sent, naming them and the fix."""
+    missing = []
+    for key, raw in paths.items():
+        if raw.startswith("$") or (raw.startswith("~") and not raw.startswith("~/")):
+            continue  # the cluster's environment or users decide what it names: its ctrain checks it there
+        there = raw if raw.startswith(("/", "~")) else f"{ssh.cluster.profile.project_dir}/{raw}"
+        if there.startswith("~/"):
+            probe = ["sh", "-c", 'test -e "$HOME/$1"', "sh", there[2:]]
+        else:
+            probe = ["test", "-e", there]
+        if ssh.run(probe, check=False).returncode != 0:
+            missing.append(f"{key} {raw}")
+    if missing:
+        raise ConfigError(
+            f"the recipe names {'; '.join(missing)}: on this machine, outside the project directory, so it is not "
+            f"sent, and cluster {ssh.cluster.name} has no such path. Move it into the project (it is then sent "
+            "with it, unless .gitignore leaves it out), or set the key to its path on the cluster"
+        )
+
+
 # --- which cluster a job went to ------------------------------------------------------------------------
 
 

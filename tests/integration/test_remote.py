@@ -257,6 +257,24 @@ def test_cluster_without_ctrain_is_named_before_anything_is_sent(clusters: Path,
     assert not Path(remote.resolve("oldctrain").profile.project_dir).exists()
 
 
+def test_data_outside_the_project_that_the_cluster_lacks_is_named_before_anything_is_sent(
+    clusters: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recipe naming ../elsewhere/train.jsonl: here it exists, beside the project, so it is not sent, and
+    the cluster has nothing there. One error says so and what to do; no file goes and no job is queued."""
+    project = _laptop_project(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "train.jsonl").write_text('{"messages": []}\n')
+    monkeypatch.chdir(project)
+    code, out, _ = _ctrain("submit", "--cluster", "fresh", "recipes/demo-addition.yaml",
+                           "data.source=../elsewhere/train.jsonl")  # fmt: skip
+    assert code == 1, out
+    assert re.search(r"^error: the recipe names data.source ../elsewhere/train.jsonl: on this machine, outside the "
+                     r"project directory, so it is not sent, and cluster fresh has no such path. Move it into the "
+                     r"project", out, re.MULTILINE), out  # fmt: skip
+    assert "project file(s) sent" not in out and not re.search(r"^\d+$", out, re.MULTILINE), out
+
+
 def test_a_full_disk_on_the_cluster_is_found_before_the_image_is_sent(
     clusters: Path, cpu_sif: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

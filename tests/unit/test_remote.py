@@ -11,6 +11,8 @@ import pytest
 from ctrain import remote
 from ctrain.errors import ConfigError
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def _write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "clusters.yaml"
@@ -90,3 +92,25 @@ def test_a_saved_profile_loads_and_replaces_one_of_the_same_name(tmp_path: Path)
     with pytest.raises(ConfigError, match="'clusters.c.host' is '-x'"):
         remote.save_profile("c", remote.Profile(host="-x"), path)
     assert "c" not in remote.load_profiles(path).clusters
+
+
+def test_unsent_paths_are_the_recipe_paths_outside_the_project(tmp_path: Path) -> None:
+    """What `submit --cluster` would not send: paths the recipe names that exist here, outside the project.
+    Inside the project, missing here, builtins and hub names are not among them."""
+    root = tmp_path / "project"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "train.jsonl").write_text("{}\n")
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "train.jsonl").write_text("{}\n")
+    (tmp_path / "model").mkdir()
+    recipe = root / "recipe.yaml"
+    recipe.write_text((REPO / "recipes" / "demo-addition.yaml").read_text())
+    assert remote.unsent_paths(recipe, [], root) == {}  # builtin:addition
+    assert remote.unsent_paths(recipe, ["data.source=data/train.jsonl"], root) == {}
+    assert remote.unsent_paths(recipe, ["data.source=../missing.jsonl"], root) == {}
+    assert remote.unsent_paths(recipe, ["data.source=../shared/train.jsonl"], root) == {
+        "data.source": "../shared/train.jsonl"
+    }
+    absolute = str(tmp_path / "shared" / "train.jsonl")
+    assert remote.unsent_paths(recipe, [f"data.source={absolute}"], root) == {"data.source": absolute}
+    assert remote.unsent_paths(recipe, ["training.max_steps=many"], root) == {}  # the cluster's ctrain says why

@@ -205,7 +205,13 @@ def _submit_there(ctx: click.Context, cluster: object) -> int:
     assert isinstance(cluster, remote.Cluster)
     ssh = remote.Ssh(cluster)
     remote.check_ctrain(ssh, __version__)
-    remote.sync_project(ssh, project(ctx).root, emit=info)
+    root = project(ctx).root
+    if ctx.params.get("recipe"):
+        recipe = Path(ctx.params["recipe"])
+        recipe = recipe if recipe.is_absolute() else root / recipe
+        if recipe.is_file():
+            remote.check_unsent_paths(ssh, remote.unsent_paths(recipe, ctx.params.get("overrides", ()), root))
+    remote.sync_project(ssh, root, emit=info)
     command = [cluster.profile.ctrain, "submit", *_command_line(ctx, ("cluster_name",))]
     info(f"cluster {cluster.name}: {' '.join(command)} (in {cluster.profile.project_dir})")
     remote_command = f"cd {shlex.quote(cluster.profile.project_dir)} && {shlex.join(command)}"
