@@ -10,6 +10,7 @@ turned into an error that names the cause and the fix.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -272,10 +273,14 @@ class Ssh:
 
 # Never sent: what the cluster makes or already has (outputs, logs, images, environments), version
 # control, and anything that looks like a secret. The project's .gitignore is honoured too.
+# Names of files and directories that hold credentials: never sent to a cluster.
+SECRET_NAMES = (
+    ".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", ".netrc", ".git-credentials", "credentials",
+    ".ssh", ".aws", ".docker",
+)  # fmt: skip
 SYNC_EXCLUDES = (
     ".git/", ".venv/", "venv/", "__pycache__/", ".ctrain/", "outputs/", "logs/", "images/", "*.sif", "*.sqsh",
-    ".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", ".netrc", ".git-credentials", "credentials",
-    ".ssh/", ".aws/", ".docker/",
+    *SECRET_NAMES,
 )  # fmt: skip
 _VERSION = re.compile(r"^ctrain, version (\S+)$", re.MULTILINE)
 
@@ -313,14 +318,7 @@ def sync_project(ssh: Ssh, root: Path, *, emit: Callable[[str], None]) -> None:
     filters = [f"--exclude={pattern}" for pattern in SYNC_EXCLUDES]
     if (root / ".gitignore").is_file():
         filters.append("--filter=:- .gitignore")
-    rsync = ["rsync", "--recursive", "--links", "--times", "--perms", "--chmod=Dg+rx,Fg+r", "--itemize-changes",
-             *filters, "-e", shlex.join(ssh.ssh_args()), f"{root}/",
-             f"{ssh.cluster.profile.host}:{directory}/"]  # fmt: skip
-    out = proc.run(rsync, check=False)
-    ssh._raise_for_connection(out.returncode, out.stderr)
-    if out.returncode != 0:
-        raise CommandError(rsync, out.returncode, out.stderr, out.stdout)
-    sent = [line.split(maxsplit=1)[1] for line in out.stdout.splitlines() if line.startswith("<f")]
+    sent = _rsync(ssh, [*filters, f"{root}/"], f"{directory}/")
     emit(f"cluster {ssh.cluster.name}: {len(sent)} project file(s) sent to {directory}" + (
         f" ({', '.join(sent[:5])}{', ...' if len(sent) > 5 else ''})" if sent else " (all up to date)"))
 
@@ -352,26 +350,47 @@ def unsent_paths(recipe_file: Path, overrides: Sequence[str], root: Path) -> dic
     return found
 
 
-def check_unsent_paths(ssh: Ssh, paths: dict[str, str]) -> None:
-    """Each path of :func:`unsent_paths` must exist on the cluster (a shared filesystem seen from both,
-    or a copy made there): else one error, before anything is sent, naming them and the fix."""
-    missing = []
+def send_unsent_paths(ssh: Ssh, paths: dict[str, str], root: Path, *, emit: Callable[[str], None]) -> list[str]:
+    """Send each path of :func:`unsent_paths` that the cluster lacks to PROJECT_DIR/inputs/SECTION/NAME
+    (rsync: only what changed) and return the overrides (``data.source=inputs/data/train.jsonl``) that
+    point the job there. A path the cluster has (the same absolute path on a shared filesystem, or the
+    relative one from PROJECT_DIR) is left as it is; one that looks like a secret is refused."""
+    from ctrain.train.recipe import expand_path
+
+    directory = ssh.cluster.profile.project_dir
+    overrides = []
     for key, raw in paths.items():
+        local = expand_path(raw)
+        local = (local if local.is_absolute() else root / local).resolve()
+        if any(fnmatch.fnmatch(part, name) for part in local.parts for name in SECRET_NAMES):
+            raise ConfigError(f"{key} {raw} is where credentials are kept ({', '.join(SECRET_NAMES)}): it is not "
+                              "sent to the cluster; name another path")  # fmt: skip
         if raw.startswith("$") or (raw.startswith("~") and not raw.startswith("~/")):
             continue  # the cluster's environment or users decide what it names: its ctrain checks it there
-        there = raw if raw.startswith(("/", "~")) else f"{ssh.cluster.profile.project_dir}/{raw}"
-        if there.startswith("~/"):
-            probe = ["sh", "-c", 'test -e "$HOME/$1"', "sh", there[2:]]
-        else:
-            probe = ["test", "-e", there]
-        if ssh.run(probe, check=False).returncode != 0:
-            missing.append(f"{key} {raw}")
-    if missing:
-        raise ConfigError(
-            f"the recipe names {'; '.join(missing)}: on this machine, outside the project directory, so it is not "
-            f"sent, and cluster {ssh.cluster.name} has no such path. Move it into the project (it is then sent "
-            "with it, unless .gitignore leaves it out), or set the key to its path on the cluster"
-        )
+        there = raw if raw.startswith(("/", "~")) else f"{directory}/{raw}"
+        probe = ["sh", "-c", 'test -e "$HOME/$1"', "sh", there[2:]] if there.startswith("~/") else ["test", "-e", there]
+        if ssh.run(probe, check=False).returncode == 0:
+            continue
+        section = key.split(".")[0]
+        target = f"inputs/{section}/{local.name}"
+        ssh.run(["mkdir", "-p", "--", f"{directory}/inputs/{section}"])
+        slash = "/" if local.is_dir() else ""
+        sent = _rsync(ssh, [f"{local}{slash}"], f"{directory}/{target}{slash}")
+        emit(f"cluster {ssh.cluster.name}: {key} {raw} is outside the project: sent to {directory}/{target} "
+             f"({len(sent)} file(s) changed); the job reads it there ({key}={target})")  # fmt: skip
+        overrides.append(f"{key}={target}")
+    return overrides
+
+
+def _rsync(ssh: Ssh, sources: list[str], destination: str) -> list[str]:
+    """rsync SOURCES to DESTINATION on the cluster over the shared connection; the files it sent."""
+    rsync = ["rsync", "--recursive", "--links", "--times", "--perms", "--chmod=Dg+rx,Fg+r", "--itemize-changes",
+             "-e", shlex.join(ssh.ssh_args()), *sources, f"{ssh.cluster.profile.host}:{destination}"]  # fmt: skip
+    out = proc.run(rsync, check=False)
+    ssh._raise_for_connection(out.returncode, out.stderr)
+    if out.returncode != 0:
+        raise CommandError(rsync, out.returncode, out.stderr, out.stdout)
+    return [line.split(maxsplit=1)[1] for line in out.stdout.splitlines() if line.startswith("<f")]
 
 
 # --- which cluster a job went to ------------------------------------------------------------------------

@@ -257,22 +257,37 @@ def test_cluster_without_ctrain_is_named_before_anything_is_sent(clusters: Path,
     assert not Path(remote.resolve("oldctrain").profile.project_dir).exists()
 
 
-def test_data_outside_the_project_that_the_cluster_lacks_is_named_before_anything_is_sent(
-    clusters: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_data_outside_the_project_is_sent_where_the_job_reads_it(
+    clusters: Path, cpu_sif: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A recipe naming ../elsewhere/train.jsonl: here it exists, beside the project, so it is not sent, and
-    the cluster has nothing there. One error says so and what to do; no file goes and no job is queued."""
+    """A recipe naming ../elsewhere/train.jsonl: on the laptop, beside the project, so the project's sync
+    leaves it out, and the cluster has nothing there. It goes to PROJECT_DIR/inputs/data/ and the job is
+    pointed there; the cluster's ctrain checks the recipe with it (dry run). A key file is never sent."""
     project = _laptop_project(tmp_path)
-    (tmp_path / "elsewhere").mkdir()
-    (tmp_path / "elsewhere" / "train.jsonl").write_text('{"messages": []}\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rows = [{"messages": [{"role": "user", "content": f"{a}+{a}="}, {"role": "assistant", "content": str(2 * a)}]}
+            for a in range(600)]  # fmt: skip
+    (elsewhere / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     monkeypatch.chdir(project)
-    code, out, _ = _ctrain("submit", "--cluster", "fresh", "recipes/demo-addition.yaml",
-                           "data.source=../elsewhere/train.jsonl")  # fmt: skip
-    assert code == 1, out
-    assert re.search(r"^error: the recipe names data.source ../elsewhere/train.jsonl: on this machine, outside the "
-                     r"project directory, so it is not sent, and cluster fresh has no such path. Move it into the "
-                     r"project", out, re.MULTILINE), out  # fmt: skip
-    assert "project file(s) sent" not in out and not re.search(r"^\d+$", out, re.MULTILINE), out
+    cluster = remote.resolve("fresh")
+    assert _ctrain("push", "--cluster", "fresh", "--file", str(cpu_sif))[0] == 0  # the dry run checks the image
+    code, out, _ = _ctrain("submit", "--cluster", "fresh", "--dry-run", f"--image=images/{cpu_sif.name}",
+                           "recipes/demo-addition.yaml", "data.source=../elsewhere/train.jsonl")  # fmt: skip
+    there = Path(cluster.profile.project_dir) / "inputs" / "data" / "train.jsonl"
+    assert code == 0, out
+    assert (f"cluster fresh: data.source ../elsewhere/train.jsonl is outside the project: sent to {there} "
+            "(1 file(s) changed); the job reads it there (data.source=inputs/data/train.jsonl)") in out, out
+    assert there.read_bytes() == (elsewhere / "train.jsonl").read_bytes()
+    assert "data.source=inputs/data/train.jsonl" in out  # the cluster's ctrain got the override
+
+    (elsewhere / ".ssh").mkdir()
+    (elsewhere / ".ssh" / "data.jsonl").write_text("{}\n")
+    code, out, _ = _ctrain("submit", "--cluster", "fresh", "--dry-run", f"--image=images/{cpu_sif.name}",
+                           "recipes/demo-addition.yaml", "data.source=../elsewhere/.ssh/data.jsonl")  # fmt: skip
+    assert code == 1 and re.search(r"^error: data.source ../elsewhere/.ssh/data.jsonl is where credentials are kept",
+                                   out, re.MULTILINE), out  # fmt: skip
+    assert not (there.parent / "data.jsonl").exists()
 
 
 def test_a_full_disk_on_the_cluster_is_found_before_the_image_is_sent(
