@@ -511,6 +511,12 @@ ctrain_sentinel() {
     done
     echo "ctrain: failure: node lost: $batch, the batch host ($why and its slurmd does not answer;" \
         "seen from $(uname -n))"
+    # What is left of the training step goes at once (SIGKILL): a rank waiting on the lost node in a
+    # collective would otherwise outlive the decision by up to KillWait seconds, or longer.
+    local step
+    if step=$(cat "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/step" 2>/dev/null); then
+        timeout --signal=KILL 30 scancel --signal=KILL "$SLURM_JOB_ID.$step" 2>/dev/null &
+    fi
     CTRAIN_REQUEUED=
     ctrain_requeue_without "$batch"
     if [[ -z $CTRAIN_REQUEUED ]]; then

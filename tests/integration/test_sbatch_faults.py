@@ -43,11 +43,12 @@ def report(what: str, value: str) -> None:
     print(f"reliability | {what} | {value}")
 
 
-def wait_until(what: str, condition, timeout: float, every: float = 0.2) -> float:
-    """Poll ``condition`` until it holds; the monotonic time at which it was seen to hold."""
+def wait_until(what: str, condition, timeout: float, every: float = 0.2, detail=lambda: "") -> float:
+    """Poll ``condition`` until it holds; the monotonic time at which it was seen to hold. ``detail()``
+    goes into the message when it does not."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what} {detail()}"
         time.sleep(every)
     return time.monotonic()
 
@@ -266,7 +267,8 @@ def test_lost_batch_host_is_decided_from_another_node(sbatch_project: Project, c
     try:
         count = testbed.kill_node("node1")
         killed = time.monotonic()
-        gone = wait_until("node2's ranks to end", lambda: not any(map(alive, survivors)), 60)
+        gone = wait_until("node2's ranks to end", lambda: not any(map(alive, survivors)), 60,
+                          detail=lambda: f"{[host.proc_info(pid) for pid in survivors]}\n{project.log(job_id)[-3000:]}")
         lost = wait_until("the sentinel", lambda: "node lost: node1, the batch host" in project.log(job_id), 90)
         decided = wait_until("the decision", lambda: "not requeueing" in project.log(job_id), 30)
         ended = wait_until("the job's end", lambda: testbed.job_state(job_id) != "RUNNING", 60, every=0.5)

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from ctrain.slurm import Slurm
-from ctrain.testbed.plan import READY_NODE_STATES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -139,12 +138,18 @@ def leaves_testbed_clean(request, sbatch_project: Project):
     queued = testbed.slurm.queued_ids()
     if queued:
         testbed.slurm.run(["scancel", *queued], check=False)
-    for node in testbed.nodes:
-        if testbed.node_state(node.name) not in READY_NODE_STATES:
+    for node in testbed.status().nodes:
+        if not node.running:  # a node the test killed and did not bring back
             testbed.start_node(node.name)
     deadline = time.monotonic() + 120
-    while testbed.slurm.queued_ids() or set(testbed.slurm.node_states().values()) - {"idle"}:
-        assert time.monotonic() < deadline, f"the testbed is not idle 120 s after the test: {testbed.slurm.node_states()}"
+    while True:
+        queued, states = testbed.slurm.queued_ids(), testbed.slurm.node_states()
+        if not queued and set(states.values()) == {"idle"}:
+            break
+        assert time.monotonic() < deadline, f"the testbed is not idle 120 s after the test: jobs {queued}, {states}"
+        for name, state in states.items():
+            if state.startswith(("down", "drain", "fail")):
+                testbed.slurm.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], check=False)
         time.sleep(0.5)
 
 

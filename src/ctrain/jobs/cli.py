@@ -12,6 +12,7 @@ import click
 from ctrain import slurm
 from ctrain.clicore import project
 from ctrain.errors import CtrainError
+from ctrain.ui import info
 
 
 _CLUSTER = click.option(
@@ -87,7 +88,6 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
     """
     from ctrain import remote
     from ctrain.jobs import submit as jobs
-    from ctrain.ui import info
 
     cluster = remote.resolve(cluster_name)
     if cluster is not None:
@@ -200,7 +200,6 @@ def _command_line(ctx: click.Context, leave_out: tuple[str, ...]) -> list[str]:
 def _submit_there(ctx: click.Context, cluster: object) -> int:
     """``ctrain submit`` on the cluster's login node, after sending the project's files; its exit code."""
     from ctrain import __version__, proc, remote
-    from ctrain.ui import info
 
     assert isinstance(cluster, remote.Cluster)
     ssh = remote.Ssh(cluster)
