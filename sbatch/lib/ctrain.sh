@@ -332,6 +332,7 @@ ctrain_run() {
     export CTRAIN_HEARTBEATS=$CTRAIN_PIDS/heartbeat # each rank's progress, written by the trainer
     rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_PIDS" # what a killed run of this job left
     mkdir -p "$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS"
+    [[ " ${CTRAIN_CONTAINER[*]} " != *" --unsquash "* ]] || ctrain_unsquash_dir
     "${CTRAIN_SRUN[@]}" &
     CTRAIN_STEP_PID=$!
     local watchdog= guard alive= sentinel=
@@ -621,6 +622,32 @@ ctrain_forward() {
     CTRAIN_SIGNAL=$1
     echo "ctrain: SIG$1 (time limit near): passing it to the training processes on every node"
     ctrain_on_nodes 'pkill -"$2" -P "$(cat "$1/$(uname -n).pid")"' "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS" "$1"
+}
+
+# ctrain_unsquash_dir: the job's own directory for the image Apptainer unpacks (--unsquash), on
+# every node: APPTAINER_TMPDIR=DIR/ctrain-unsquash-JOBID, DIR being APPTAINER_TMPDIR as set, else TMPDIR, else /tmp. Apptainer removes its copy when it exits,
+# but a run that is killed (a lost node, a hung rank, SIGKILL after Slurm's KillWait) cannot, and
+# each leftover holds the whole image (GBs) on the node's local disk. So each job first removes, on
+# its nodes, the directories the user's earlier jobs left there, unless Slurm says that job is still
+# running (a squeue that fails removes nothing).
+CTRAIN_UNSQUASH_SWEEP='for dir in "$1"/ctrain-unsquash-*; do
+    [ -d "$dir" ] && [ -O "$dir" ] || continue
+    job=${dir##*-}
+    [ "$job" != "$2" ] || continue
+    state=$(squeue --noheader --jobs="$job" --format=%t 2>&1)
+    case $?:$state in
+    0: | 0:PD | 0:CD | 0:CA | 0:F | 0:TO | 0:NF | 0:OOM | 0:DL | 0:PR | 0:BF | 1:*"Invalid job id"*) rm -rf "$dir" 2>/dev/null ;;
+    esac
+done
+mkdir -p "$1/ctrain-unsquash-$2"'
+ctrain_unsquash_dir() {
+    local tmp=${APPTAINER_TMPDIR:-${SINGULARITY_TMPDIR:-${TMPDIR:-/tmp}}} # the user's choice, if any, holds it
+    export APPTAINER_TMPDIR=$tmp/ctrain-unsquash-$SLURM_JOB_ID SINGULARITY_TMPDIR=$tmp/ctrain-unsquash-$SLURM_JOB_ID
+    if ctrain_on_nodes "$CTRAIN_UNSQUASH_SWEEP" "$tmp" "$SLURM_JOB_ID"; then
+        echo "ctrain: the image is unpacked on each node into $APPTAINER_TMPDIR (what ended jobs left there is removed)"
+    else
+        echo "ctrain: warning: could not prepare $APPTAINER_TMPDIR on every node (above); Apptainer may fail to unpack the image"
+    fi
 }
 
 # ctrain_on_nodes SCRIPT ARG...: run `sh -c SCRIPT` once on every node of the step, on the host,

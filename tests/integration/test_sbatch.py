@@ -8,7 +8,9 @@ requeue runs are short (a few steps each). Every job costs about a minute of sta
 from __future__ import annotations
 
 import re
+import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,13 +68,35 @@ def project(sbatch_project: Project) -> Project:
 # --- the demo on 2 nodes x 2 processes, with plain sbatch ------------------------------------------
 
 
+# What killed runs left on the nodes' disk: an unpacked image of a job Slurm no longer knows (the
+# user's: removed when the next job starts) and one of another user (kept).
+LEFTOVERS = {"ctrain-unsquash-999999": "user", "ctrain-unsquash-999998": "root"}
+
+
 @pytest.fixture(scope="module")
-def demo(project: Project, cpu_sif: Path) -> tuple[str, str]:
-    """`sbatch sbatch/apptainer_multinode.sbatch` of the demo recipe, as a user types it: job id, log."""
+def demo(project: Project, cpu_sif: Path) -> Iterator[tuple[str, str]]:
+    """`sbatch sbatch/apptainer_multinode.sbatch` of the demo recipe, as a user types it: job id, log.
+    Before it, :data:`LEFTOVERS` are planted in /tmp (the nodes' local disk: one machine's)."""
+    for name, owner in LEFTOVERS.items():
+        leftover = Path("/tmp") / name / "rootfs-123" / "usr"
+        leftover.mkdir(parents=True, exist_ok=True)
+        if owner == "user":
+            project.own(Path("/tmp") / name)
     job_id = project.sbatch(
         "--ntasks-per-node=2", "sbatch/apptainer_multinode.sbatch", DEMO, *DEMO_STEPS, env={"IMAGE": str(cpu_sif)}
     )
-    return job_id, finish(project, job_id)
+    yield job_id, finish(project, job_id)
+    for name in [*LEFTOVERS, f"ctrain-unsquash-{job_id}"]:
+        shutil.rmtree(Path("/tmp") / name, ignore_errors=True)
+
+
+def test_each_job_unpacks_into_its_own_directory_and_removes_what_ended_jobs_left(demo: tuple[str, str]) -> None:
+    job_id, log = demo
+    own = Path("/tmp") / f"ctrain-unsquash-{job_id}"
+    assert f"ctrain: the image is unpacked on each node into {own} (what ended jobs left there is removed)" in log
+    assert own.is_dir() and not any(own.iterdir()), list(own.iterdir())  # Apptainer removed its copy at the end
+    assert not (Path("/tmp") / "ctrain-unsquash-999999").exists()  # the user's, of a job Slurm does not know
+    assert (Path("/tmp") / "ctrain-unsquash-999998" / "rootfs-123").is_dir()  # another user's: not ours to remove
 
 
 def test_demo_trains_across_two_nodes(demo: tuple[str, str]) -> None:
