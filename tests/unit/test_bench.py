@@ -134,3 +134,54 @@ def test_tiny_cpu_smoke(tmp_path):
     assert doc["loss_check"]["max_abs_diff"] < 1e-4
     assert doc["results"][2]["settings"]["packing"] is True
     assert "loss check" in result.output and "ctrain-same-batches" in result.output
+
+
+def test_lora_cases_are_the_8b_shape_with_one_adapter_setting():
+    from ctrain import resources
+    from ctrain.bench.run import CASES, LORA_TARGETS
+    from ctrain.bench.spec import LLAMA_8B
+    from ctrain.train.recipe import load_recipe
+
+    lora = [c for c in CASES.values() if c.adapters]
+    names = ["lora-seeds", "lora-trl-best", "lora-trl-checkpointed", "lora-ctrain", "qlora-trl"]
+    assert [c.name for c in lora] == names
+    assert all(c.spec is LLAMA_8B and c.baseline == "lora-trl-best" for c in lora)
+    assert round(LLAMA_8B.parameters() / 1e9, 2) == 8.03
+    # The recipe's all-linear picks the same seven projections the TRL cases name.
+    shipped = load_recipe(resources.path("recipes", CASES["lora-ctrain"].recipe))
+    assert (shipped.peft.method, shipped.peft.r, shipped.peft.alpha) == ("lora", 16, 32)
+    assert shipped.peft.target_modules == "all-linear" and len(LORA_TARGETS) == 7
+
+
+def test_lora_cases_train_on_a_cpu(tmp_path):
+    """Each LoRA case builds its trainer and trains a tiny model: only the adapters change."""
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    out = tmp_path / "bench.json"
+    args = ["bench", "--device", "cpu", "--tiny", "--warmup", "1", "--steps", "1", "--json", str(out)]
+    cases = "lora-seeds,lora-trl-best,lora-trl-checkpointed,lora-ctrain,qlora-trl"
+    result = CliRunner().invoke(main, [*args, "--cases", cases])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    by_case = {r["case"]: r for r in doc["results"]}
+    for name in ("lora-seeds", "lora-trl-best", "lora-trl-checkpointed", "lora-ctrain"):
+        r = by_case[name]
+        assert "error" not in r, r
+        assert r["tokens_per_s"] > 0 and r["spec"] == "tiny" and len(r["losses"]) == 1 + 1 + 3
+        assert r["settings"]["peft"]["r"] == 16 and r["settings"]["peft"]["alpha"] == 32
+    seeds, best, ours = by_case["lora-seeds"], by_case["lora-trl-best"], by_case["lora-ctrain"]
+    assert sorted(seeds["settings"]["peft"]["target_modules"]) == sorted(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    assert seeds["settings"]["peft"]["trainable_dtypes"] == ["torch.float32"]
+    assert "packing" not in seeds["settings"] and seeds["settings"]["per_device_train_batch_size"] == 8
+    assert best["settings"]["packing"] is True and best["settings"]["padding_free"] is True
+    assert best["settings"]["gradient_checkpointing"] is False
+    assert best["settings"]["per_device_train_batch_size"] * best["settings"]["gradient_accumulation_steps"] == 9
+    checkpointed = by_case["lora-trl-checkpointed"]["settings"]
+    assert checkpointed["gradient_checkpointing"] is True and checkpointed["per_device_train_batch_size"] == 9
+    assert ours["settings"]["engine"] == "hf" and ours["settings"]["recipe"] == "llama-3.1-8b-lora.yaml"
+    assert ours["settings"]["activation_checkpointing"] is True and ours["settings"]["packing"] is True
+    # QLoRA quantises with bitsandbytes on a GPU: on a CPU the case fails alone, saying so.
+    assert "needs a GPU" in by_case["qlora-trl"]["error"]
+    assert "lora-trl-best" in result.output

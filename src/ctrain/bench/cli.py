@@ -20,7 +20,8 @@ def _ints(value: str | None) -> list[int] | None:
     default="seeds,ctrain-same-batches,ctrain",
     show_default=True,
     help="Comma-separated cases: seeds, ctrain-same-batches, ctrain, ctrain-16k, ctrain-eager, "
-    "ctrain-sync, ctrain-unbalanced, ctrain-bucket25, ctrain-bucket200, ctrain-bf16-reduce, ctrain-no-allreduce.",
+    "ctrain-sync, ctrain-unbalanced, ctrain-bucket25, ctrain-bucket200, ctrain-bf16-reduce, ctrain-no-allreduce; "
+    "LoRA on a Llama-3.1-8B shape: lora-seeds, lora-trl-best, lora-trl-checkpointed, lora-ctrain, qlora-trl.",
 )
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--tiny", is_flag=True, help="A tiny model and data set: checks the code in about a minute on a CPU.")
@@ -47,7 +48,7 @@ def _ints(value: str | None) -> list[int] | None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the JSON here instead of OUT/bench.json.",
 )
-@click.option("--profile", is_flag=True, help="Profile 3 steps of each ctrain case after timing (OUT/CASE/).")
+@click.option("--profile", is_flag=True, help="Profile 3 steps of each case after timing (OUT/CASE/).")
 def bench(
     cases: str,
     device: str,
@@ -65,9 +66,11 @@ def bench(
     \b
     The fixed problem: a 374M-parameter Llama trained from scratch on 6000 synthetic chats
     (SFT, max length 2048). Prints tokens/s, MFU and peak memory, and whether the fast path's
-    loss curve matches the seeds' settings on the same batches.
+    loss curve matches the seeds' settings on the same batches. The LoRA cases train adapters on a
+    random Llama-3.1-8B-shaped base (one GPU): TRL + PEFT against ctrain's LoRA recipe.
       ctrain bench                              one GPU: seeds vs ctrain
       ctrain bench --cases ctrain --gpus 1,2,4 --strategy ddp,fsdp
+      ctrain bench --cases lora-seeds,lora-trl-best,lora-ctrain,qlora-trl   8B LoRA, one GPU
       ctrain bench --device cpu --tiny          smoke test
     """
     from ctrain.bench.suite import bench as run_bench

@@ -5,12 +5,17 @@
 :func:`~ctrain.train.trainer.training_arguments` and :func:`~ctrain.train.trainer.build_trainer`
 over the same data prepared the way :mod:`ctrain.train.data` prepares it. Both start from the
 same model init. Tokens are the trainer's own count of non-padding input tokens, summed over ranks.
+
+The LoRA cases train adapters on a frozen Llama-3.1-8B-shaped base (:data:`~ctrain.bench.spec.LLAMA_8B`,
+random weights made on the GPU in bf16): TRL + PEFT with the seeds' settings, the strongest plain
+TRL + PEFT setup, TRL's QLoRA, and a shipped ctrain LoRA recipe as ``ctrain train`` runs it.
 """
 
 from __future__ import annotations
 
 import gc
 import gzip
+import importlib.util
 import json
 import os
 import shutil
@@ -22,13 +27,36 @@ from typing import Any
 
 from ctrain import resources
 from ctrain.bench import data
-from ctrain.bench.spec import PEAK_FLOPS, BenchSpec
+from ctrain.bench.spec import FULL, LLAMA_8B, PEAK_FLOPS, BenchSpec
+from ctrain.errors import CtrainError
 from ctrain.fast import FastSettings
+
+# The adapters of every LoRA case: rank 16, alpha 32, dropout 0.05 (TRL's and ctrain's defaults)
+# on all seven projections of every layer, which is what ``all-linear`` picks on a Llama.
+LORA_R, LORA_ALPHA, LORA_DROPOUT = 16, 32, 0.05
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Lora:
+    """TRL + PEFT adapters. ``tuned``: the strongest plain TRL setup (best-fit packing passed
+    padding-free, Liger's kernels where installed, the best attention there) instead of the seeds'
+    settings, ``rows`` packed 2048-token rows per micro-batch and ``accumulation`` micro-batches per
+    step; ``four_bit``: QLoRA's base (nf4, double quantisation, bf16 compute)."""
+
+    tuned: bool = False
+    four_bit: bool = False
+    rows: int = 9
+    accumulation: int = 1
+    # Without it the activations PEFT saves take ~6 MB per token of an 8B base (3 rows of 2048
+    # tokens peak at 55 GiB with the 16 GB base): 9 rows do not fit 80 GB in one micro-batch.
+    checkpointing: bool = False
 
 
 @dataclass(frozen=True)
 class Case:
-    """One configuration to measure. ``fast=None`` is TRL with the seeds' settings."""
+    """One configuration to measure: ctrain's fast engine (``fast``), a shipped ctrain recipe run
+    as ``ctrain train`` runs it (``recipe``), TRL + PEFT (``lora``), else TRL with the seeds' settings."""
 
     name: str
     fast: FastSettings | None = None
@@ -38,6 +66,18 @@ class Case:
     # Diagnostic only (the model does not train correctly): DDP skips the gradient all-reduce, so
     # the difference to the same case with it is what the communication costs.
     skip_allreduce: bool = False
+    # The model shape (``--tiny`` replaces it).
+    spec: BenchSpec = FULL
+    lora: Lora | None = None
+    # A file under recipes/ whose training and peft settings the case runs.
+    recipe: str | None = None
+    # The case the table's ratio is taken against.
+    baseline: str = "seeds"
+
+    @property
+    def adapters(self) -> bool:
+        """Whether the base is frozen and only adapters train."""
+        return self.lora is not None or self.recipe is not None
 
 
 CASES: dict[str, Case] = {
@@ -83,6 +123,47 @@ CASES: dict[str, Case] = {
             "ctrain-bf16-reduce",
             FastSettings(gradient_reduce="bf16"),
             description="ctrain default, DDP gradients all-reduced in bf16",
+        ),
+        Case(
+            "lora-seeds",
+            spec=LLAMA_8B,
+            lora=Lora(),
+            baseline="lora-trl-best",
+            log_every_step=True,
+            description="8B LoRA: TRL SFTTrainer + PEFT, seeds' settings",
+        ),
+        Case(
+            "lora-trl-best",
+            spec=LLAMA_8B,
+            lora=Lora(tuned=True, rows=3, accumulation=3),
+            baseline="lora-trl-best",
+            log_every_step=True,
+            description="8B LoRA: TRL + PEFT, best-fit packing, padding-free, Liger, best attention, "
+            "no checkpointing, 3 rows x 3 micro-batches (~18k tokens) per step",
+        ),
+        Case(
+            "lora-trl-checkpointed",
+            spec=LLAMA_8B,
+            lora=Lora(tuned=True, rows=9, checkpointing=True),
+            baseline="lora-trl-best",
+            log_every_step=True,
+            description="8B LoRA: lora-trl-best with gradient checkpointing, 9 rows (~18k tokens) in one micro-batch",
+        ),
+        Case(
+            "lora-ctrain",
+            spec=LLAMA_8B,
+            recipe="llama-3.1-8b-lora.yaml",
+            baseline="lora-trl-best",
+            log_every_step=True,
+            description="8B LoRA: recipes/llama-3.1-8b-lora.yaml as ctrain train runs it (engine hf)",
+        ),
+        Case(
+            "qlora-trl",
+            spec=LLAMA_8B,
+            lora=Lora(tuned=True, four_bit=True, rows=9, checkpointing=True),
+            baseline="lora-trl-best",
+            log_every_step=True,
+            description="8B QLoRA: lora-trl-checkpointed on an nf4 base",
         ),
     )
 }
@@ -278,6 +359,93 @@ def recipe(case: Case, spec: BenchSpec, strategy: str, world: int, max_steps: in
     )
 
 
+def best_attention(device: str) -> str:
+    """The fastest attention transformers has here for padding-free packed rows: FlashAttention 2
+    where installed, else flex attention (document masks as block masks) on a GPU, else SDPA."""
+    if device != "cuda":
+        return "sdpa"
+    return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "flex_attention"
+
+
+def lora_args(case: Case, spec: BenchSpec, device: str, max_steps: int, output_dir: str) -> dict[str, Any]:
+    """``SFTConfig`` keyword arguments of a TRL + PEFT case: the seeds' settings, or the tuned ones."""
+    assert case.lora is not None
+    settings = seeds_args(spec, device, max_steps, output_dir)
+    if case.lora.tuned:
+        settings.update(
+            packing=True,
+            packing_strategy="bfd",
+            padding_free=True,
+            per_device_train_batch_size=case.lora.rows,
+            gradient_accumulation_steps=case.lora.accumulation,
+            gradient_checkpointing=case.lora.checkpointing,
+            use_liger_kernel=device == "cuda" and importlib.util.find_spec("liger_kernel") is not None,
+        )
+    return settings
+
+
+def lora_config() -> Any:
+    """PEFT's adapter settings, the same for every LoRA case."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=LORA_R,
+        lora_alpha=LORA_ALPHA,
+        lora_dropout=LORA_DROPOUT,
+        target_modules=list(LORA_TARGETS),
+        task_type="CAUSAL_LM",
+    )
+
+
+def adapter_recipe(case: Case, spec: BenchSpec, max_steps: int) -> Any:
+    """The case's shipped recipe with the bench's data and run length; its training and peft settings stay."""
+    from ctrain.train.recipe import DataSettings, LoggingSettings, load_recipe
+
+    assert case.recipe is not None
+    shipped = load_recipe(resources.path("recipes", case.recipe))
+    shipped.name = f"bench-{case.name}"
+    shipped.seed = spec.seed
+    shipped.data = DataSettings(source="bench", max_length=spec.max_length, packing=shipped.data.packing)
+    training = shipped.training
+    training.max_steps = max_steps
+    training.logging_steps = 1 if case.log_every_step else 10
+    training.save_steps = max_steps + 1  # no checkpoint inside the measured run
+    training.eval_steps = None
+    training.resume = "never"
+    training.preemption_signals = ["SIGUSR1"]
+    shipped.logging = LoggingSettings(report_to=[], memory=False)
+    return shipped
+
+
+def base_model(spec: BenchSpec, device: str, dtype: Any, attention: str) -> Any:
+    """A random-init Llama made on ``device`` in ``dtype``: an 8B base in float32 on the host would
+    take 32 GB and minutes to initialise before it reached the GPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(spec.seed)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(spec.model_config(), dtype=dtype, attn_implementation=attention)
+
+
+def four_bit_model(model: Any, directory: Path, attention: str) -> Any:
+    """``model`` saved and loaded back in 4 bits, the way QLoRA loads a checkpoint: bitsandbytes
+    quantises each weight as it loads (nf4, double quantisation, bf16 compute)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ctrain.train.model import _four_bits
+
+    model.save_pretrained(directory)
+    return AutoModelForCausalLM.from_pretrained(
+        directory,
+        quantization_config=_four_bits(),
+        dtype=torch.bfloat16,
+        attn_implementation=attention,
+        device_map={"": torch.cuda.current_device()},
+    )
+
+
 # What each result records of the arguments the trainer ran with.
 _RECORDED_ARGS = (
     "per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "packing", "padding_free", "bf16",
@@ -317,37 +485,66 @@ def run_case(
 ) -> dict[str, Any]:
     """Train ``warmup + steps + TAIL_STEPS`` steps and return the measurements of the timed ``steps``."""
     import torch
-    import transformers
-    import trl
     from transformers import LlamaForCausalLM
 
     rank, world = _distributed()
     cuda = device == "cuda"
-    torch.manual_seed(spec.seed)
-    model = LlamaForCausalLM(spec.model_config())
     clock = _Clock(warmup, steps, cuda, profile_dir if rank == 0 else None)
     max_steps = warmup + steps + TAIL_STEPS
     preemption: Any = None
     with tempfile.TemporaryDirectory(prefix="ctrain-bench-") as tmp:
-        if case.fast is None:
+        if case.fast is None and case.recipe is None:
             from trl import SFTConfig, SFTTrainer
 
-            settings: dict[str, Any] = seeds_args(spec, device, max_steps, tmp)
+            extra: dict[str, Any] = {}
+            if case.lora is None:
+                settings: dict[str, Any] = seeds_args(spec, device, max_steps, tmp)
+                torch.manual_seed(spec.seed)
+                model = LlamaForCausalLM(spec.model_config())
+            else:
+                if case.lora.four_bit and not cuda:
+                    raise CtrainError(f"{case.name} quantises the base with bitsandbytes, which needs a GPU")
+                settings = lora_args(case, spec, device, max_steps, tmp)
+                attention = best_attention(device) if case.lora.tuned else "sdpa"
+                model = base_model(spec, device, torch.bfloat16 if cuda else torch.float32, attention)
+                if case.lora.four_bit:
+                    model = four_bit_model(model, Path(tmp) / "base", attention)
+                extra["peft_config"] = lora_config()
             trainer = SFTTrainer(
                 model=model,
                 args=SFTConfig(**settings),
                 train_dataset=data.dataset(spec),
                 processing_class=data.tokenizer(spec),
                 callbacks=[clock.callback()],
+                **extra,
             )
+            if case.lora is not None:
+                settings["attn_implementation"] = attention
+                settings["peft"] = _peft_settings(trainer.model, four_bit=case.lora.four_bit)
         else:
             from ctrain.train import trainer as ctrain_trainer
             from ctrain.train.callbacks import Preemption
             from ctrain.train.data import Prepared, shape_sft
+            from ctrain.train.model import add_adapters, load_dtype
+            from ctrain.train.model import attention as recipe_attention
             from ctrain.train.recipe import signal_number
 
-            bench_recipe = recipe(case, spec, strategy, world, max_steps)
+            if case.recipe is not None:
+                bench_recipe = adapter_recipe(case, spec, max_steps)
+            else:
+                bench_recipe = recipe(case, spec, strategy, world, max_steps)
             layout = ctrain_trainer.plan(bench_recipe)
+            if case.recipe is not None:
+                model = base_model(
+                    spec,
+                    layout.device_type,
+                    load_dtype(bench_recipe, layout.precision),
+                    recipe_attention(bench_recipe, layout.device_type, layout.precision),
+                )
+                model = add_adapters(bench_recipe, model)
+            else:
+                torch.manual_seed(spec.seed)
+                model = LlamaForCausalLM(spec.model_config())
             args = ctrain_trainer.training_arguments(bench_recipe, layout, Path(tmp), [])
             prepared = Prepared(shape_sft(data.labelled(spec), bench_recipe), None, data.tokenizer(spec), None, {})
             signals = [signal_number(name) for name in bench_recipe.training.preemption_signals]
@@ -357,9 +554,14 @@ def run_case(
             if case.skip_allreduce:
                 _skip_allreduce(trainer)
             settings = {name: getattr(args, name, None) for name in _RECORDED_ARGS}
-            settings["fast"] = vars(case.fast)
             settings["engine"] = layout.engine
             settings["trainer"] = type(trainer).__name__
+            if case.fast is not None:
+                settings["fast"] = vars(case.fast)
+            else:
+                settings["recipe"] = case.recipe
+                settings["peft"] = vars(bench_recipe.peft)
+                settings["attn_implementation"] = model.config._attn_implementation
         start = time.perf_counter()
         try:
             trainer.train()
@@ -377,10 +579,12 @@ def run_case(
     tokens = clock.tokens1 - clock.tokens0
     rate = tokens / seconds if seconds > 0 else 0.0
     context = data.attention_context(data.lengths(spec))
-    six_n, with_attention = spec.flops_per_token(context)
+    dense, with_attention = spec.flops_per_token(context, frozen=case.adapters)
     return {
         "case": case.name,
         "description": case.description,
+        "spec": spec.name,
+        "baseline": case.baseline,
         "strategy": ("ddp" if case.fast is None else strategy) if world > 1 else "single",
         "world_size": world,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
@@ -392,10 +596,41 @@ def run_case(
         "tokens_per_s": rate,
         "tokens_per_s_per_device": rate / world,
         "step_ms": 1000 * seconds / steps if steps else 0.0,
-        "mfu_6n": rate / world * six_n / PEAK_FLOPS,
+        # 6N FLOPs per token; 4N for a frozen base (BenchSpec.flops_per_token).
+        "mfu_6n": rate / world * dense / PEAK_FLOPS,
         "mfu_with_attention": rate / world * with_attention / PEAK_FLOPS,
         "peak_memory_gib": clock.peak_bytes / 2**30,
         "wall_seconds": total,
         "losses": losses,
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
+        "versions": _versions(),
     }
+
+
+def _peft_settings(model: Any, four_bit: bool) -> dict[str, Any]:
+    """What PEFT built: the adapter settings and how many parameters train."""
+    config = model.peft_config["default"]
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    dtypes = sorted({str(p.dtype) for p in model.parameters() if p.requires_grad})
+    return {
+        "r": config.r,
+        "alpha": config.lora_alpha,
+        "dropout": config.lora_dropout,
+        "target_modules": sorted(config.target_modules),
+        "four_bit": four_bit,
+        "trainable_parameters": trainable,
+        "trainable_dtypes": dtypes,
+    }
+
+
+def _versions() -> dict[str, str]:
+    """The training stack's versions; the optional packages only where installed."""
+    import importlib.metadata
+
+    names = ("torch", "transformers", "trl", "accelerate", "peft", "liger-kernel", "bitsandbytes")
+    found = {}
+    for name in names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found

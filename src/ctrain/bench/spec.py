@@ -53,19 +53,27 @@ class BenchSpec:
         layer = attn + mlp + 2 * self.hidden
         return 2 * self.vocab * self.hidden + self.layers * layer + self.hidden
 
-    def flops_per_token(self, attention_context: float) -> tuple[float, float]:
+    def flops_per_token(self, attention_context: float, frozen: bool = False) -> tuple[float, float]:
         """Training FLOPs per token: ``6N``, and ``6N`` plus causal attention over ``attention_context``.
+
+        ``frozen``: the weights take no gradient (LoRA's base), so the backward pass computes only
+        the gradients of the activations: ``4N`` instead of ``6N`` (the adapters' own FLOPs, under
+        1% at rank 16, are left out).
 
         The attention term is forward+backward of ``QK^T`` and ``PV`` with a causal mask:
         ``6 * layers * hidden * context``, where the context is the length-weighted mean document
         length (sum of squared lengths over sum of lengths), since packed documents only attend
         within themselves.
         """
-        six_n = 6.0 * self.parameters()
-        return six_n, six_n + 6.0 * self.layers * self.hidden * attention_context
+        dense = (4.0 if frozen else 6.0) * self.parameters()
+        return dense, dense + 6.0 * self.layers * self.hidden * attention_context
 
 
 FULL = BenchSpec()
+# The LoRA cases' base: Llama-3.1-8B's shape (8.03B parameters), random weights, same chats.
+LLAMA_8B = replace(
+    FULL, name="llama-3.1-8b", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256
+)
 TINY = replace(
     FULL,
     name="tiny",

@@ -95,10 +95,17 @@ def compare_losses(
     }
 
 
+def case_spec(case: Case, tiny: bool) -> BenchSpec:
+    """The model shape a case runs on: its own, or the tiny one that checks the code on a CPU."""
+    from ctrain.bench.spec import TINY
+
+    return TINY if tiny else case.spec
+
+
 def run_here(
     cases: list[Case],
-    spec: BenchSpec,
     *,
+    tiny: bool,
     device: str,
     warmup: int,
     steps: int,
@@ -109,8 +116,9 @@ def run_here(
     results = []
     for case in cases:
         ui.info(f"bench: {case.name}: {case.description}")
-        prof = profile / case.name if profile and case.fast is not None else None
+        prof = profile / case.name if profile else None
         try:
+            spec = case_spec(case, tiny)
             r = run_case(case, spec, device=device, warmup=warmup, steps=steps, strategy=strategy, profile_dir=prof)
         except Exception as exc:  # one failing case must not lose the others' numbers
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -169,14 +177,23 @@ def add_scaling(results: list[dict[str, Any]]) -> None:
         r["scaling_efficiency"] = r["tokens_per_s_per_device"] / base if multi else None
 
 
+def _ratio(rate: float, base: float | None, name: str) -> str:
+    if not base:
+        return "-"
+    ratio = rate / base
+    return f"{ratio:.1f}x {name}" if ratio >= 1 else f"{ratio:.2f}x {name}"
+
+
 def render(results: list[dict[str, Any]], losses: dict | None) -> str:
-    seeds = next((r["tokens_per_s"] for r in results if r["case"] == "seeds" and "error" not in r), None)
+    # Each case against its baseline (seeds for full fine-tuning, lora-trl-best for adapters), same size.
+    rates = {(r["case"], r["world_size"]): r["tokens_per_s"] for r in results if "error" not in r}
     rows = []
     for r in results:
         if "error" in r:
             rows.append([r["case"], "failed: " + r["error"][:80]] + [""] * 9)
             continue
         eff = r.get("scaling_efficiency")
+        baseline = r.get("baseline", "seeds")
         rows.append(
             [
                 r["case"],
@@ -184,7 +201,7 @@ def render(results: list[dict[str, Any]], losses: dict | None) -> str:
                 r["world_size"],
                 f"{r['tokens_per_s']:,.0f}",
                 f"{r['tokens_per_s_per_device']:,.0f}",
-                f"{r['tokens_per_s'] / seeds:.1f}x" if seeds else "-",
+                _ratio(r["tokens_per_s"], rates.get((baseline, r["world_size"])), baseline),
                 f"{100 * r['mfu_6n']:.1f}%",
                 f"{100 * r['mfu_with_attention']:.1f}%",
                 f"{r['peak_memory_gib']:.1f}",
@@ -192,7 +209,7 @@ def render(results: list[dict[str, Any]], losses: dict | None) -> str:
                 f"{100 * eff:.1f}%" if eff else "-",
             ]
         )
-    header = ["case", "strategy", "gpus", "tokens/s", "per gpu", "vs seeds", "mfu 6N", "mfu +attn", "peak GiB"]
+    header = ["case", "strategy", "gpus", "tokens/s", "per gpu", "vs baseline", "mfu 6N", "mfu +attn", "peak GiB"]
     text = ui.table([*header, "step ms", "scaling"], rows)
     if losses:
         text += (
@@ -226,9 +243,6 @@ def bench(
     attention_check: bool = True,
 ) -> str:
     """Run the benchmark as asked; returns the table, empty on ranks other than 0 (which write no JSON)."""
-    from ctrain.bench.spec import FULL, TINY
-
-    spec = TINY if tiny else FULL
     chosen = pick_cases(cases)
     bad = [s for s in strategies if s not in STRATEGIES]
     if bad:
@@ -237,12 +251,13 @@ def bench(
         raise ConfigError("--steps and --warmup must be at least 1")
     device = resolve_device(device)
     env = environment(device)
-    extra: dict[str, Any] = {"spec": vars(spec)}
+    specs = [case_spec(case, tiny) for case in chosen]
+    extra: dict[str, Any] = {"specs": {spec.name: vars(spec) for spec in specs}}
     if gpus:
         if device != "cuda":
             raise ConfigError("--gpus needs CUDA devices")
         if any(case.fast is None for case in chosen) and any(s != "ddp" for s in strategies):
-            raise ConfigError("the seeds case runs with DDP only; sweep the ctrain cases for other strategies")
+            raise ConfigError("only the fast-engine cases sweep strategies other than DDP")
         results = sweep(chosen, gpus, strategies, warmup=warmup, steps=steps, tiny=tiny, out=out, profile=profile)
     else:
         if device == "cuda" and attention_check and int(os.environ.get("RANK", "0")) == 0:
@@ -255,7 +270,13 @@ def bench(
             ui.info(f"bench: varlen attention vs reference: {extra['attention_check']}")
         strategy = strategies[0] if strategies else "ddp"
         results = run_here(
-            chosen, spec, device=device, warmup=warmup, steps=steps, strategy=strategy, profile=out if profile else None
+            chosen,
+            tiny=tiny,
+            device=device,
+            warmup=warmup,
+            steps=steps,
+            strategy=strategy,
+            profile=out if profile else None,
         )
     add_scaling(results)
     losses = compare_losses(results)
