@@ -306,14 +306,20 @@ def check_ctrain(ssh: Ssh, version: str) -> None:
         )
 
 
-def sync_project(ssh: Ssh, root: Path, *, emit: Callable[[str], None]) -> None:
-    """Send the project's files to PROJECT_DIR with rsync over the shared connection: only what
-    changed, never outputs, logs, images or secrets (:data:`SYNC_EXCLUDES`, and .gitignore);
-    nothing on the cluster is deleted."""
+def _project_dir(ssh: Ssh) -> str:
+    """The profile's ``project_dir``; a ConfigError that says where to set it when there is none."""
     directory = ssh.cluster.profile.project_dir
     if not directory:
         raise ConfigError(f"cluster {ssh.cluster.name}: set `project_dir` in {profiles_path()} (the project's "
                           "directory on the cluster's shared filesystem)")  # fmt: skip
+    return directory
+
+
+def sync_project(ssh: Ssh, root: Path, *, emit: Callable[[str], None]) -> None:
+    """Send the project's files to PROJECT_DIR with rsync over the shared connection: only what
+    changed, never outputs, logs, images or secrets (:data:`SYNC_EXCLUDES`, and .gitignore);
+    nothing on the cluster is deleted."""
+    directory = _project_dir(ssh)
     ssh.run(["mkdir", "-p", "--", directory])
     filters = [f"--exclude={pattern}" for pattern in SYNC_EXCLUDES]
     if (root / ".gitignore").is_file():
@@ -357,14 +363,19 @@ def send_unsent_paths(ssh: Ssh, paths: dict[str, str], root: Path, *, emit: Call
     relative one from PROJECT_DIR) is left as it is; one that looks like a secret is refused."""
     from ctrain.train.recipe import expand_path
 
-    directory = ssh.cluster.profile.project_dir
-    overrides = []
-    for key, raw in paths.items():
+    if not paths:
+        return []
+    directory = _project_dir(ssh)
+    found = {}
+    for key, raw in paths.items():  # all refused before any is sent
         local = expand_path(raw)
-        local = (local if local.is_absolute() else root / local).resolve()
+        found[key] = local = (local if local.is_absolute() else root / local).resolve()
         if any(fnmatch.fnmatch(part, name) for part in local.parts for name in SECRET_NAMES):
             raise ConfigError(f"{key} {raw} is where credentials are kept ({', '.join(SECRET_NAMES)}): it is not "
                               "sent to the cluster; name another path")  # fmt: skip
+    overrides = []
+    for key, raw in paths.items():
+        local = found[key]
         if raw.startswith("$") or (raw.startswith("~") and not raw.startswith("~/")):
             continue  # the cluster's environment or users decide what it names: its ctrain checks it there
         there = raw if raw.startswith(("/", "~")) else f"{directory}/{raw}"

@@ -285,9 +285,9 @@ def test_data_outside_the_project_is_sent_where_the_job_reads_it(
     (elsewhere / ".ssh" / "data.jsonl").write_text("{}\n")
     code, out, _ = _ctrain("submit", "--cluster", "fresh", "--dry-run", f"--image=images/{cpu_sif.name}",
                            "recipes/demo-addition.yaml", "data.source=../elsewhere/.ssh/data.jsonl")  # fmt: skip
-    assert code == 1 and re.search(r"^error: data.source ../elsewhere/.ssh/data.jsonl is where credentials are kept",
+    assert code == 2 and re.search(r"^error: data.source ../elsewhere/.ssh/data.jsonl is where credentials are kept",
                                    out, re.MULTILINE), out  # fmt: skip
-    assert not (there.parent / "data.jsonl").exists()
+    assert "project file(s) sent" not in out and not (there.parent / "data.jsonl").exists(), out  # nothing went
 
 
 def test_a_full_disk_on_the_cluster_is_found_before_the_image_is_sent(

@@ -205,14 +205,14 @@ def _submit_there(ctx: click.Context, cluster: object) -> int:
     ssh = remote.Ssh(cluster)
     remote.check_ctrain(ssh, __version__)
     root = project(ctx).root
-    remote.sync_project(ssh, root, emit=info)
-    extra: list[str] = []
+    extra: list[str] = []  # a refused path stops the trip before any file is sent
     if ctx.params.get("recipe"):
         recipe = Path(ctx.params["recipe"])
         recipe = recipe if recipe.is_absolute() else root / recipe
         if recipe.is_file():
             unsent = remote.unsent_paths(recipe, ctx.params.get("overrides", ()), root)
             extra = remote.send_unsent_paths(ssh, unsent, root, emit=info)
+    remote.sync_project(ssh, root, emit=info)
     command = [cluster.profile.ctrain, "submit", *_command_line(ctx, ("cluster_name",)), *extra]
     info(f"cluster {cluster.name}: {' '.join(command)} (in {cluster.profile.project_dir})")
     remote_command = f"cd {shlex.quote(cluster.profile.project_dir)} && {shlex.join(command)}"
