@@ -468,7 +468,7 @@ ctrain_sentinel_step() {
     [[ -f $log ]] || log=
     local code
     code="$(declare -p CTRAIN_PROJECT_DIR CTRAIN_PIDS CTRAIN_NNODES CTRAIN_MAX_REQUEUES CTRAIN_STEP_GRACE)
-$(declare -f ctrain_sentinel ctrain_requeue_without)
+$(declare -f ctrain_sentinel ctrain_requeue_without ctrain_kill_step)
 ctrain_sentinel \"\$@\""
     [[ -z $log ]] || exec >/dev/null 2>&1 # srun's own lines (the step's end) would only be noise
     exec srun --overlap --nodes=1 --ntasks=1 --exclude="$SLURMD_NODENAME" \
@@ -514,10 +514,7 @@ ctrain_sentinel() {
         "seen from $(uname -n))"
     # What is left of the training step goes at once (SIGKILL): a rank waiting on the lost node in a
     # collective would otherwise outlive the decision by up to KillWait seconds, or longer.
-    local step
-    if step=$(cat "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/step" 2>/dev/null); then
-        timeout --signal=KILL 30 scancel --signal=KILL "$SLURM_JOB_ID.$step" 2>/dev/null &
-    fi
+    ctrain_kill_step
     CTRAIN_REQUEUED=
     ctrain_requeue_without "$batch"
     if [[ -z $CTRAIN_REQUEUED ]]; then
@@ -540,12 +537,18 @@ ctrain_stop() {
 # srun, which would otherwise wait for the tasks of a node that does not.
 # scancel is not waited for: with a node gone it can take slurmctld's MessageTimeout to return.
 ctrain_end_step() {
+    ctrain_kill_step
+    sleep 2
+    kill -KILL "$CTRAIN_STEP_PID" 2>/dev/null
+}
+
+# ctrain_kill_step: SIGKILL, in the background, every process of the training step (its id is in
+# CTRAIN_PIDS/step) on the nodes that still answer.
+ctrain_kill_step() {
     local step
     if step=$(cat "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/step" 2>/dev/null); then
         timeout --signal=KILL 30 scancel --signal=KILL "$SLURM_JOB_ID.$step" 2>/dev/null &
     fi
-    sleep 2
-    kill -KILL "$CTRAIN_STEP_PID" 2>/dev/null
 }
 
 # ctrain_watchdog (in the background, beside the step): watch the ranks' progress from outside.
@@ -625,8 +628,8 @@ ctrain_forward() {
 }
 
 # ctrain_unsquash_dir: the job's own directory for the image Apptainer unpacks (--unsquash), on
-# every node: APPTAINER_TMPDIR=DIR/ctrain-unsquash-JOBID, DIR being APPTAINER_TMPDIR as set, else TMPDIR, else /tmp. Apptainer removes its copy when it exits,
-# but a run that is killed (a lost node, a hung rank, SIGKILL after Slurm's KillWait) cannot, and
+# every node: APPTAINER_TMPDIR=DIR/ctrain-unsquash-JOBID, DIR being APPTAINER_TMPDIR as set, else
+# TMPDIR, else /tmp. Apptainer removes its copy when it exits, but a run that is killed (a lost node, a hung rank, SIGKILL after Slurm's KillWait) cannot, and
 # each leftover holds the whole image (GBs) on the node's local disk. So each job first removes, on
 # its nodes, the directories the user's earlier jobs left there, unless Slurm says that job is still
 # running (a squeue that fails removes nothing).
@@ -642,7 +645,8 @@ done
 mkdir -p "$1/ctrain-unsquash-$2"'
 ctrain_unsquash_dir() {
     local tmp=${APPTAINER_TMPDIR:-${SINGULARITY_TMPDIR:-${TMPDIR:-/tmp}}} # the user's choice, if any, holds it
-    export APPTAINER_TMPDIR=$tmp/ctrain-unsquash-$SLURM_JOB_ID SINGULARITY_TMPDIR=$tmp/ctrain-unsquash-$SLURM_JOB_ID
+    export APPTAINER_TMPDIR=$tmp/ctrain-unsquash-$SLURM_JOB_ID
+    export SINGULARITY_TMPDIR=$APPTAINER_TMPDIR
     if ctrain_on_nodes "$CTRAIN_UNSQUASH_SWEEP" "$tmp" "$SLURM_JOB_ID"; then
         echo "ctrain: the image is unpacked on each node into $APPTAINER_TMPDIR (what ended jobs left there is removed)"
     else

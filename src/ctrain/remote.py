@@ -271,13 +271,13 @@ class Ssh:
 
 # --- the trip: project files and ctrain on the cluster ----------------------------------------------
 
-# Never sent: what the cluster makes or already has (outputs, logs, images, environments), version
-# control, and anything that looks like a secret. The project's .gitignore is honoured too.
 # Names of files and directories that hold credentials: never sent to a cluster.
 SECRET_NAMES = (
     ".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", ".netrc", ".git-credentials", "credentials",
     ".ssh", ".aws", ".docker",
 )  # fmt: skip
+# Never sent: what the cluster makes or already has (outputs, logs, images, environments), version
+# control, and anything that looks like a secret. The project's .gitignore is honoured too.
 SYNC_EXCLUDES = (
     ".git/", ".venv/", "venv/", "__pycache__/", ".ctrain/", "outputs/", "logs/", "images/", "*.sif", "*.sqsh",
     *SECRET_NAMES,

@@ -269,13 +269,15 @@ class Heartbeat(TrainerCallback):
         self.last = -math.inf
 
     def beat(self, step: int) -> None:
-        self.partial.write_text(f"{step}{self.tail}")
-        os.replace(self.partial, self.path)
+        self._write(str(step))
         self.last = time.monotonic()
 
     def done(self) -> None:
         """This rank has finished (the watchdog stops expecting steps from it)."""
-        self.partial.write_text(f"done{self.tail}")
+        self._write("done")
+
+    def _write(self, first: str) -> None:
+        self.partial.write_text(f"{first}{self.tail}")
         os.replace(self.partial, self.path)
 
     def _progress(self, step: int) -> None:
