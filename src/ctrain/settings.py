@@ -39,6 +39,10 @@ def _typename(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+# The spellings YAML 1.1 reads as each boolean.
+_YAML_BOOLS = {True: ("true", "yes", "on", "y"), False: ("false", "no", "off", "n")}
+
+
 def _convert(value: Any, tp: Any, where: str) -> Any:
     origin = get_origin(tp)
     if tp is Any:
@@ -61,6 +65,11 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         raise ConfigError(message, key=where)
     if origin is Literal:
         choices = get_args(tp)
+        if isinstance(value, bool):
+            # YAML reads a bare off/no/on/yes as a boolean: take it as the choice it spells.
+            spelled = [c for c in choices if isinstance(c, str) and c.lower() in _YAML_BOOLS[value]]
+            if len(spelled) == 1:
+                return spelled[0]
         if value not in choices:
             raise ConfigError(f"'{where}' is {value!r}; valid values: {', '.join(map(str, choices))}", key=where)
         return value

@@ -16,6 +16,7 @@ from ctrain.errors import ConfigError
 from ctrain.fast import (
     FastSettings,
     attention,
+    checkpoint_layers,
     compile_layers,
     decoder_layers,
     prepare_model,
@@ -164,6 +165,64 @@ def test_compiled_layers_share_one_graph_and_do_not_recompile():
     out.backward()
     assert counters["stats"]["unique_graphs"] == graphs, "a new batch shape recompiled the layers"
     assert out.item() == pytest.approx(eager(**second, use_cache=False).loss.item(), rel=1e-6)
+
+
+def saved_tensor_count(model: LlamaForCausalLM, batch: dict) -> tuple[int, torch.Tensor]:
+    """How many tensors the forward keeps for the backward, and the loss."""
+    count = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal count
+        count += 1
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(**batch, use_cache=False).loss
+    return count, loss
+
+
+@pytest.mark.parametrize("backend", [None, "aot_eager"])
+def test_checkpointed_layers_keep_less_and_compute_the_same(backend):
+    """Checkpointing in the fast path (inside each compiled layer) saves fewer tensors and gives the
+    same loss and gradients as keeping every activation."""
+    batch = packed_batch(random_examples(6, (19, 33, 7)))
+    plain, checkpointed = tiny_llama(), tiny_llama()
+    prepare_model(plain, FastSettings(compile="off"), "cpu")
+    if backend:
+        torch._dynamo.reset()
+        prepare_model(checkpointed, FastSettings(compile="off"), "cpu")
+        compile_layers(checkpointed, backend=backend)
+        checkpoint_layers(checkpointed)
+    else:
+        prepare_model(checkpointed, FastSettings(compile="off"), "cpu", checkpointing=True)
+    kept, loss = saved_tensor_count(plain, batch)
+    kept_checkpointed, loss_checkpointed = saved_tensor_count(checkpointed, batch)
+    assert kept_checkpointed < kept / 2, (kept_checkpointed, kept)
+    loss.backward()
+    loss_checkpointed.backward()
+    assert loss_checkpointed.item() == pytest.approx(loss.item(), rel=1e-6)
+    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert not sft_overrides(FastSettings(gradient_checkpointing=True), "cpu")["activation_checkpointing"]
+
+
+def test_checkpointed_adapters_get_the_same_gradients():
+    """LoRA on a frozen base, adapter dropout on: checkpointing redraws the same dropout mask and
+    gives the adapters the gradients they get without it."""
+    peft = pytest.importorskip("peft")
+    batch = packed_batch(random_examples(7, (21, 9, 30)))
+    config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.2, target_modules="all-linear")
+    grads = []
+    for checkpointing in (False, True):
+        model = peft.get_peft_model(tiny_llama(), config)
+        prepare_model(model, FastSettings(compile="off"), "cpu", checkpointing=checkpointing)
+        model.train()
+        torch.manual_seed(11)
+        model(**batch, use_cache=False).loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys() and any("layers.0." in n for n in grads[1])
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
 def test_fused_kernel_path_traces_into_one_graph_per_layer():

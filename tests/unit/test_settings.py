@@ -64,6 +64,25 @@ def test_literal_lists_valid_values() -> None:
         from_mapping(Outer, {"inner": {"mode": "c"}})
 
 
+@dataclass
+class Switch:
+    compile: Literal["auto", "layers", "off"] = "auto"
+
+
+def test_literal_choice_that_yaml_reads_as_a_boolean() -> None:
+    """``compile: off`` in a file or ``fast.compile=off`` on the command line: YAML makes it False."""
+    assert from_mapping(Switch, apply_overrides({}, ["compile=off"])).compile == "off"
+    assert from_mapping(Switch, load_yaml_text("compile: off\n")).compile == "off"
+    with pytest.raises(ConfigError, match="'compile' is True; valid values: auto, layers, off"):
+        from_mapping(Switch, {"compile": True})
+
+
+def load_yaml_text(text: str) -> dict:
+    import yaml
+
+    return yaml.safe_load(text)
+
+
 def test_validate_hook_runs() -> None:
     with pytest.raises(ConfigError, match="at most 100"):
         from_mapping(Outer, {"inner": {"size": 101}})

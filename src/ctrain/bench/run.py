@@ -69,8 +69,9 @@ class Case:
     # The model shape (``--tiny`` replaces it).
     spec: BenchSpec = FULL
     lora: Lora | None = None
-    # A file under recipes/ whose training and peft settings the case runs.
+    # A file under recipes/ whose training and peft settings the case runs, and overrides of its keys.
     recipe: str | None = None
+    overrides: tuple[str, ...] = ()
     # The case the table's ratio is taken against.
     baseline: str = "seeds"
 
@@ -155,7 +156,24 @@ CASES: dict[str, Case] = {
             recipe="llama-3.1-8b-lora.yaml",
             baseline="lora-trl-best",
             log_every_step=True,
-            description="8B LoRA: recipes/llama-3.1-8b-lora.yaml as ctrain train runs it (engine hf)",
+            description="8B LoRA: recipes/llama-3.1-8b-lora.yaml as ctrain train runs it (fast engine)",
+        ),
+        Case(
+            "lora-ctrain-hf",
+            spec=LLAMA_8B,
+            recipe="llama-3.1-8b-lora.yaml",
+            overrides=("training.engine=hf", "training.gradient_checkpointing=true"),
+            baseline="lora-trl-best",
+            log_every_step=True,
+            description="8B LoRA: the recipe under transformers' Trainer (engine hf, gradient checkpointing)",
+        ),
+        Case(
+            "qlora-ctrain",
+            spec=LLAMA_8B,
+            recipe="llama-3.1-8b-qlora.yaml",
+            baseline="qlora-trl",
+            log_every_step=True,
+            description="8B QLoRA: recipes/llama-3.1-8b-qlora.yaml as ctrain train runs it (fast engine)",
         ),
         Case(
             "qlora-trl",
@@ -402,7 +420,7 @@ def adapter_recipe(case: Case, spec: BenchSpec, max_steps: int) -> Any:
     from ctrain.train.recipe import DataSettings, LoggingSettings, load_recipe
 
     assert case.recipe is not None
-    shipped = load_recipe(resources.path("recipes", case.recipe))
+    shipped = load_recipe(resources.path("recipes", case.recipe), case.overrides)
     shipped.name = f"bench-{case.name}"
     shipped.seed = spec.seed
     shipped.data = DataSettings(source="bench", max_length=spec.max_length, packing=shipped.data.packing)
@@ -535,12 +553,10 @@ def run_case(
                 bench_recipe = recipe(case, spec, strategy, world, max_steps)
             layout = ctrain_trainer.plan(bench_recipe)
             if case.recipe is not None:
-                model = base_model(
-                    spec,
-                    layout.device_type,
-                    load_dtype(bench_recipe, layout.precision),
-                    recipe_attention(bench_recipe, layout.device_type, layout.precision),
-                )
+                attention = recipe_attention(bench_recipe, layout.device_type, layout.precision)
+                model = base_model(spec, layout.device_type, load_dtype(bench_recipe, layout.precision), attention)
+                if bench_recipe.peft.method == "qlora":
+                    model = four_bit_model(model, Path(tmp) / "base", attention)
                 model = add_adapters(bench_recipe, model)
             else:
                 torch.manual_seed(spec.seed)

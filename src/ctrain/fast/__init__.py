@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from ctrain.errors import ConfigError
 
-__all__ = ["FastSettings", "compile_layers", "decoder_layers", "prepare_model", "sft_overrides"]
+__all__ = ["FastSettings", "checkpoint_layers", "compile_layers", "decoder_layers", "prepare_model", "sft_overrides"]
 
 
 @dataclass
@@ -44,6 +44,7 @@ class FastSettings:
     # Packed tokens per device and step (rows of max_length); None keeps per_device_train_batch_size.
     # Below ~24k tokens a step of a 24-layer model is bound by CPU launch overhead on an H100.
     tokens_per_device: int | None = 32768
+    # Activation checkpointing of every decoder layer (also on with training.gradient_checkpointing).
     gradient_checkpointing: bool = False
     # Dtype of DDP's gradient all-reduce: fp32 (the gradients' own) or bf16 (half the bytes, for
     # slow links; each rank's gradient is rounded to bf16 before the sum).
@@ -97,7 +98,8 @@ def sft_overrides(settings: FastSettings, device_type: str) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     out: dict[str, Any] = {
-        checkpointing: settings.gradient_checkpointing,
+        # The fast path checkpoints inside each compiled layer itself (prepare_model).
+        checkpointing: False,
         "ddp_find_unused_parameters": False,
         "ddp_broadcast_buffers": False,
         "dataloader_pin_memory": device_type == "cuda",
@@ -124,6 +126,36 @@ def decoder_layers(model: Any) -> list[Any]:
     return layers
 
 
+def _checkpointed(forward: Any, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
+    """``forward`` (a decoder layer's, compiled or not) under activation checkpointing.
+
+    Re-entrant checkpointing: the forward runs without autograd and again, with it, in the
+    backward pass; both are graphs the compiler handles. Non-reentrant checkpointing, around
+    the compiled layer (transformers' own) or inside it, makes torch 2.11's partitioner fail on
+    GPUs (``Node ... was invalid, but is output``). The CUDA random state is restored for the
+    second run, so adapter dropout draws the same mask twice.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(lambda h, *a: forward(h, *a, **kwargs), hidden_states, *args, use_reentrant=True)
+
+
+def checkpoint_layers(model: Any) -> int:
+    """Recompute each decoder layer's activations in the backward pass; returns how many layers.
+
+    After :func:`compile_layers`: the wrapper stays outside the compiled graph. Re-entrant
+    checkpointing passes gradients only to inputs that need one, so the embeddings' output is
+    made to need one even when they are frozen (adapters).
+    """
+    import functools
+
+    layers = decoder_layers(model)
+    model.enable_input_require_grads()
+    for layer in layers:
+        layer.forward = functools.partial(_checkpointed, layer.forward)
+    return len(layers)
+
+
 def compile_layers(model: Any, backend: str = "inductor") -> int:
     """Compile each decoder layer's forward in place; returns how many.
 
@@ -143,8 +175,13 @@ def compile_layers(model: Any, backend: str = "inductor") -> int:
     return len(layers)
 
 
-def prepare_model(model: Any, settings: FastSettings, device_type: str) -> Any:
-    """Switch ``model`` to the fast path (before the trainer wraps it); returns it."""
+def prepare_model(model: Any, settings: FastSettings, device_type: str, checkpointing: bool = False) -> Any:
+    """Switch ``model`` to the fast path (before the trainer wraps it); returns it.
+
+    ``checkpointing`` (``training.gradient_checkpointing``) or ``fast.gradient_checkpointing``
+    recompute each layer's activations in the backward pass; the trainer's own checkpointing
+    stays off (:func:`sft_overrides`).
+    """
     settings.validate()
     if settings.attention == "varlen":
         from ctrain.fast.attention import register
@@ -154,4 +191,6 @@ def prepare_model(model: Any, settings: FastSettings, device_type: str) -> Any:
         model.set_attn_implementation(register())
     if settings.compiles(device_type):
         compile_layers(model)
+    if checkpointing or settings.gradient_checkpointing:
+        checkpoint_layers(model)
     return model

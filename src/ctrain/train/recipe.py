@@ -494,10 +494,6 @@ class Recipe:
                 "weights: set model.path (a local directory or hub name), or remove the peft section to train "
                 "every weight"
             )
-        if self.training.engine == "fast":
-            raise ConfigError(
-                f"training.engine: fast trains every weight; with peft.method: {method} use engine auto or hf"
-            )
         if method == "qlora" and (self.training.deepspeed or self.training.fsdp):
             sharding = "deepspeed" if self.training.deepspeed else "fsdp"
             raise ConfigError(

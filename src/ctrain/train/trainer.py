@@ -88,7 +88,6 @@ def plan(recipe: Recipe) -> Layout:
             and recipe.task == "sft"
             and packed_ok
             and not recipe.training.hf_speedups()
-            and not recipe.peft.enabled  # adapters train through PEFT under transformers' Trainer
         )
         engine = "fast" if fast_ok else "hf"
     # The fast path sizes micro-batches in tokens (fast.tokens_per_device): rows of max_length each.
@@ -244,7 +243,7 @@ def build_trainer(recipe: Recipe, layout: Layout, args: Any, model: Any, data: A
     if layout.engine == "fast":
         from ctrain.fast import prepare_model
 
-        model = prepare_model(model, recipe.fast, layout.device_type)
+        model = prepare_model(model, recipe.fast, layout.device_type, recipe.training.gradient_checkpointing)
     common = {
         "model": model,
         "args": args,
