@@ -108,6 +108,31 @@ def test_lora_preempted_and_resumed_matches_an_uninterrupted_run(base: Path, tmp
     assert json.loads((stopped / "final" / COMPLETE_MARKER).read_text())["step"] == 40
 
 
+def test_lora_on_the_fast_engine_with_checkpointing(base: Path, tmp_path: Path) -> None:
+    """The fast engine trains adapters too (padding-free batches, document-masked attention, every
+    layer recomputed in the backward pass): step for step the loss of transformers' Trainer on the
+    same batches, and only the adapter is saved."""
+    lora_recipe(tmp_path, base)
+    curves = {}
+    for engine, extra in (("hf", []), ("fast", ["fast.batching=padding_free", "training.gradient_checkpointing=true"])):
+        run = run_ctrain(
+            tmp_path, "train", "lora.yaml", f"training.engine={engine}", *extra, "training.max_steps=12",
+            f"training.output_dir=outputs/{engine}",
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-4000:]
+        assert f"engine {engine}," in run.stderr and "LoRA r=8 alpha=16" in run.stderr
+        (curves[engine],) = losses(tmp_path / f"outputs/{engine}").values()
+    assert sorted(curves["fast"]) == list(range(1, 13))
+    for step, loss in curves["hf"].items():
+        assert curves["fast"][step] == pytest.approx(loss, rel=1e-3), f"step {step}"
+    from safetensors.torch import load_file
+
+    trained = load_file(tmp_path / "outputs/fast/final/adapter_model.safetensors")
+    lora_b = [v for k, v in trained.items() if "lora_B" in k]
+    assert len(lora_b) == 14 and all(v.abs().max() > 0 for v in lora_b), "an adapter was not trained"
+    assert not (tmp_path / "outputs/fast/final/model.safetensors").exists()
+
+
 def test_lora_on_two_processes_merges_and_evaluates_either_form(base: Path, tmp_path: Path) -> None:
     lora_recipe(tmp_path, base)
     trained = run_ctrain(tmp_path, "train", "lora.yaml", "training.max_steps=20", "peft.merge=true", launcher=TORCHRUN)

@@ -143,9 +143,11 @@ def test_lora_cases_are_the_8b_shape_with_one_adapter_setting():
     from ctrain.train.recipe import load_recipe
 
     lora = [c for c in CASES.values() if c.adapters]
-    names = ["lora-seeds", "lora-trl-best", "lora-trl-checkpointed", "lora-ctrain", "qlora-trl"]
+    names = ["lora-seeds", "lora-trl-best", "lora-trl-checkpointed", "lora-ctrain", "lora-ctrain-hf", "qlora-trl",
+             "qlora-ctrain"]  # fmt: skip
     assert [c.name for c in lora] == names
-    assert all(c.spec is LLAMA_8B and c.baseline == "lora-trl-best" for c in lora)
+    assert all(c.spec is LLAMA_8B for c in lora)
+    assert {c.name: c.baseline for c in lora if c.baseline != "lora-trl-best"} == {"qlora-ctrain": "qlora-trl"}
     assert round(LLAMA_8B.parameters() / 1e9, 2) == 8.03
     # The recipe's all-linear picks the same seven projections the TRL cases name.
     shipped = load_recipe(resources.path("recipes", CASES["lora-ctrain"].recipe))
@@ -159,12 +161,12 @@ def test_lora_cases_train_on_a_cpu(tmp_path):
     pytest.importorskip("peft")
     out = tmp_path / "bench.json"
     args = ["bench", "--device", "cpu", "--tiny", "--warmup", "1", "--steps", "1", "--json", str(out)]
-    cases = "lora-seeds,lora-trl-best,lora-trl-checkpointed,lora-ctrain,qlora-trl"
+    cases = "lora-seeds,lora-trl-best,lora-trl-checkpointed,lora-ctrain,lora-ctrain-hf,qlora-trl,qlora-ctrain"
     result = CliRunner().invoke(main, [*args, "--cases", cases])
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     by_case = {r["case"]: r for r in doc["results"]}
-    for name in ("lora-seeds", "lora-trl-best", "lora-trl-checkpointed", "lora-ctrain"):
+    for name in ("lora-seeds", "lora-trl-best", "lora-trl-checkpointed", "lora-ctrain", "lora-ctrain-hf"):
         r = by_case[name]
         assert "error" not in r, r
         assert r["tokens_per_s"] > 0 and r["spec"] == "tiny" and len(r["losses"]) == 1 + 1 + 3
@@ -180,8 +182,12 @@ def test_lora_cases_train_on_a_cpu(tmp_path):
     assert best["settings"]["per_device_train_batch_size"] * best["settings"]["gradient_accumulation_steps"] == 9
     checkpointed = by_case["lora-trl-checkpointed"]["settings"]
     assert checkpointed["gradient_checkpointing"] is True and checkpointed["per_device_train_batch_size"] == 9
+    # On a CPU engine auto takes transformers' Trainer (the fast engine is for GPUs).
     assert ours["settings"]["engine"] == "hf" and ours["settings"]["recipe"] == "llama-3.1-8b-lora.yaml"
-    assert ours["settings"]["activation_checkpointing"] is True and ours["settings"]["packing"] is True
-    # QLoRA quantises with bitsandbytes on a GPU: on a CPU the case fails alone, saying so.
+    assert ours["settings"]["activation_checkpointing"] is False and ours["settings"]["packing"] is True
+    hf = by_case["lora-ctrain-hf"]["settings"]
+    assert hf["engine"] == "hf" and hf["activation_checkpointing"] is True
+    # QLoRA quantises with bitsandbytes on a GPU: on a CPU the cases fail alone, saying so.
     assert "needs a GPU" in by_case["qlora-trl"]["error"]
+    assert "needs a GPU" in by_case["qlora-ctrain"]["error"]
     assert "lora-trl-best" in result.output

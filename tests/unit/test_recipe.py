@@ -80,7 +80,6 @@ def test_overrides_apply_on_top_and_are_checked(tmp_path: Path) -> None:
         (["peft.target_modules=[]"], "peft.target_modules names no module"),
         (["peft.target_modules=[all-linear, q_proj]"], "all-linear stands alone"),
         (["peft.method=dora"], "'peft.method' is 'dora'; valid values: none, lora, qlora"),
-        (PRETRAINED + ["peft.method=lora", "training.engine=fast"], "training.engine: fast trains every weight"),
         (PRETRAINED + ["peft.method=qlora", "training.fsdp=true"], "does not combine with training.fsdp"),
         (PRETRAINED + ["peft.method=qlora", "model.dtype=float32"], "qlora computes in bfloat16"),
         (["eval.after_training=true", "data.eval_size=null"], "eval.after_training asks held-out examples: set "
@@ -326,3 +325,17 @@ def test_adapters_need_peft_and_qlora_a_gpu(tmp_path: Path) -> None:
         plan(recipe)
     lora = load_recipe(write(tmp_path, TINY_RECIPE), [*PRETRAINED, "peft.method=lora"])
     assert plan(lora).engine == "hf"
+
+
+def test_adapters_take_the_fast_engine_on_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """engine auto picks the fast path for LoRA SFT on a GPU, as for full fine-tuning."""
+    import torch
+
+    from ctrain.train.trainer import plan
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    lora = load_recipe(write(tmp_path, TINY_RECIPE), [*PRETRAINED, "peft.method=lora", "data.packing=true"])
+    assert (plan(lora).engine, plan(lora).precision) == ("fast", "bf16")
+    fixed = load_recipe(write(tmp_path, TINY_RECIPE), [*PRETRAINED, "peft.method=lora", "training.engine=fast"])
+    assert fixed.training.engine == "fast"

@@ -168,20 +168,20 @@ CASES: dict[str, Case] = {
             description="8B LoRA: the recipe under transformers' Trainer (engine hf, gradient checkpointing)",
         ),
         Case(
-            "qlora-ctrain",
-            spec=LLAMA_8B,
-            recipe="llama-3.1-8b-qlora.yaml",
-            baseline="qlora-trl",
-            log_every_step=True,
-            description="8B QLoRA: recipes/llama-3.1-8b-qlora.yaml as ctrain train runs it (fast engine)",
-        ),
-        Case(
             "qlora-trl",
             spec=LLAMA_8B,
             lora=Lora(tuned=True, four_bit=True, rows=9, checkpointing=True),
             baseline="lora-trl-best",
             log_every_step=True,
             description="8B QLoRA: lora-trl-checkpointed on an nf4 base",
+        ),
+        Case(
+            "qlora-ctrain",
+            spec=LLAMA_8B,
+            recipe="llama-3.1-8b-qlora.yaml",
+            baseline="qlora-trl",
+            log_every_step=True,
+            description="8B QLoRA: recipes/llama-3.1-8b-qlora.yaml as ctrain train runs it (fast engine)",
         ),
     )
 }
