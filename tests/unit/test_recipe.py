@@ -337,5 +337,7 @@ def test_adapters_take_the_fast_engine_on_a_gpu(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     lora = load_recipe(write(tmp_path, TINY_RECIPE), [*PRETRAINED, "peft.method=lora", "data.packing=true"])
     assert (plan(lora).engine, plan(lora).precision) == ("fast", "bf16")
+    sharded = load_recipe(write(tmp_path, TINY_RECIPE), [*PRETRAINED, "peft.method=lora", "training.fsdp=true"])
+    assert plan(sharded).engine == "hf"
     fixed = load_recipe(write(tmp_path, TINY_RECIPE), [*PRETRAINED, "peft.method=lora", "training.engine=fast"])
     assert fixed.training.engine == "fast"

@@ -88,6 +88,8 @@ def plan(recipe: Recipe) -> Layout:
             and recipe.task == "sft"
             and packed_ok
             and not recipe.training.hf_speedups()
+            # Adapters on a sharded base (FSDP, ZeRO) have been run under transformers' Trainer only.
+            and not (recipe.peft.enabled and (recipe.training.fsdp or recipe.training.deepspeed))
         )
         engine = "fast" if fast_ok else "hf"
     # The fast path sizes micro-batches in tokens (fast.tokens_per_device): rows of max_length each.
