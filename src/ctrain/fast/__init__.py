@@ -98,7 +98,7 @@ def sft_overrides(settings: FastSettings, device_type: str) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     out: dict[str, Any] = {
-        # The fast path checkpoints inside each compiled layer itself (prepare_model).
+        # The fast path checkpoints each decoder layer itself (prepare_model).
         checkpointing: False,
         "ddp_find_unused_parameters": False,
         "ddp_broadcast_buffers": False,

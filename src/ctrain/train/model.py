@@ -216,8 +216,9 @@ def add_adapters(recipe: Recipe, model: Any) -> Any:
     # Not PEFT's prepare_model_for_kbit_training: it upcasts the embeddings, the output head and
     # the norms to fp32 for fp16 training, +4 GB on an 8B model and an fp32 head, where ctrain's
     # QLoRA computes in bf16 (Recipe refuses float32) and its norms already compute in fp32.
-    if recipe.training.gradient_checkpointing or recipe.fast.gradient_checkpointing:
-        # The frozen embeddings give checkpointed layers no input that needs a gradient.
+    if recipe.training.gradient_checkpointing:
+        # The frozen embeddings give checkpointed layers no input that needs a gradient (the
+        # fast engine's fast.gradient_checkpointing: ctrain.fast.checkpoint_layers sees to it).
         model.enable_input_require_grads()
     config = LoraConfig(
         r=settings.r,
