@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -347,3 +349,54 @@ def test_attention_cost_of_packed_and_unpacked_rows():
     assert attention_cost(packed).tolist() == [25.0, 25.0]
     plain = datasets.Dataset.from_dict({"input_ids": [[1] * 7, [1] * 2]})
     assert attention_cost(plain).tolist() == [49.0, 4.0]
+
+
+def test_activation_memory_budget_makes_compiled_layers_keep_less(monkeypatch):
+    """fast.activation_memory_budget reaches the compiler's partitioner: a compiled layer keeps fewer
+    bytes for the backward pass at 0.1 than at 1.0, and computes the same loss."""
+    import torch._functorch.config as functorch_config
+
+    import ctrain.fast
+
+    monkeypatch.setattr(ctrain.fast, "compile_layers", lambda m: compile_layers(m, backend="aot_eager_decomp_partition"))
+    batch = packed_batch(random_examples(6, (19, 33, 7)))
+    kept = {}
+    with functorch_config.patch(activation_memory_budget=1.0):  # prepare_model sets it for the process
+        for budget in (1.0, 0.1):
+            kept[budget] = _kept_with_budget(budget, batch)
+    assert kept[0.1][0] < 0.9 * kept[1.0][0], kept
+    assert kept[0.1][1] == pytest.approx(kept[1.0][1], rel=1e-6)
+
+
+def _kept_with_budget(budget: float, batch: dict) -> tuple[int, float]:
+    """Bytes a compiled tiny Llama keeps for the backward pass under ``budget``, and its loss."""
+    import torch._functorch.config as functorch_config
+
+    torch._dynamo.reset()
+    model = tiny_llama()
+    prepare_model(model, FastSettings(compile="layers", activation_memory_budget=budget), "cpu")
+    assert functorch_config.activation_memory_budget == budget
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(**batch, use_cache=False).loss
+    return total, loss.item()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (FastSettings(activation_memory_budget=0.0), "must be in (0, 1]"),
+        (FastSettings(activation_memory_budget=1.5), "must be in (0, 1]"),
+        (FastSettings(activation_memory_budget=0.5, gradient_checkpointing=True), "set one of them"),
+        (FastSettings(activation_memory_budget=0.5, compile="off"), "needs compiled layers"),
+    ],
+)
+def test_activation_memory_budget_refuses_what_cannot_work(settings, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        prepare_model(tiny_llama(), settings, "cpu")

@@ -159,6 +159,15 @@ CASES: dict[str, Case] = {
             description="8B LoRA: recipes/llama-3.1-8b-lora.yaml as ctrain train runs it (fast engine)",
         ),
         Case(
+            "lora-ctrain-grouped",
+            spec=LLAMA_8B,
+            recipe="llama-3.1-8b-lora.yaml",
+            overrides=("fast.group_adapters=true",),
+            baseline="lora-trl-best",
+            log_every_step=True,
+            description="8B LoRA: lora-ctrain with the adapters of q/k/v and gate/up computed together",
+        ),
+        Case(
             "lora-ctrain-hf",
             spec=LLAMA_8B,
             recipe="llama-3.1-8b-lora.yaml",
@@ -182,6 +191,16 @@ CASES: dict[str, Case] = {
             baseline="qlora-trl",
             log_every_step=True,
             description="8B QLoRA: recipes/llama-3.1-8b-qlora.yaml as ctrain train runs it (fast engine)",
+        ),
+        Case(
+            "qlora-ctrain-budget",
+            spec=LLAMA_8B,
+            recipe="llama-3.1-8b-qlora.yaml",
+            overrides=("training.gradient_checkpointing=false", "fast.activation_memory_budget=0.1"),
+            baseline="qlora-trl",
+            log_every_step=True,
+            description="8B QLoRA: qlora-ctrain keeping 10% of each layer's activations instead of recomputing "
+            "whole layers (more memory, faster)",
         ),
     )
 }

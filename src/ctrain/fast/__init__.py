@@ -9,6 +9,7 @@ Trainer (checkpoints, resume, logging, DDP/FSDP all unchanged) and changes only:
 - attention: :mod:`ctrain.fast.attention`, document-masked so packed examples never see each other;
 - loss: TRL's fused LM head (chunked logits, never the full ``tokens x vocab`` fp32 tensor);
 - kernels: each decoder layer compiled with ``torch.compile`` (fused norms, RoPE, SwiGLU);
+- LoRA: adapters of projections that share an input computed together (:mod:`ctrain.fast.adapters`);
 - no gradient checkpointing, fused AdamW, bf16 autocast, DDP without unused-parameter search
   and with gradients as views of its buckets, data loader workers that keep the GPU fed;
 - steps without host syncs (:mod:`ctrain.fast.trainer`): metrics and token counts are summed on
@@ -46,6 +47,13 @@ class FastSettings:
     tokens_per_device: int | None = 32768
     # Activation checkpointing of every decoder layer (also on with training.gradient_checkpointing).
     gradient_checkpointing: bool = False
+    # LoRA: the adapters of projections that read one input (q/k/v, gate/up) share one dropout
+    # mask and one A matmul (ctrain.fast.adapters); false keeps PEFT's forward for each.
+    group_adapters: bool = False
+    # Fraction of each compiled layer's activations kept for the backward pass (0 < f <= 1); the
+    # compiler recomputes the rest, what is cheapest to recompute first. Between keeping all
+    # (None: the compiler's default, 1.0) and fast.gradient_checkpointing (whole layers recomputed).
+    activation_memory_budget: float | None = None
     # Dtype of DDP's gradient all-reduce: fp32 (the gradients' own) or bf16 (half the bytes, for
     # slow links; each rank's gradient is rounded to bf16 before the sum).
     gradient_reduce: Literal["fp32", "bf16"] = "fp32"
@@ -71,6 +79,14 @@ class FastSettings:
             raise ConfigError(f"fast.tokens_per_device must be positive, got {self.tokens_per_device}")
         if self.ddp_bucket_mb is not None and self.ddp_bucket_mb < 1:
             raise ConfigError(f"fast.ddp_bucket_mb must be at least 1, got {self.ddp_bucket_mb}")
+        budget = self.activation_memory_budget
+        if budget is not None and not 0 < budget <= 1:
+            raise ConfigError(f"fast.activation_memory_budget must be in (0, 1], got {budget}")
+        if budget is not None and self.gradient_checkpointing:
+            raise ConfigError(
+                "fast.activation_memory_budget and fast.gradient_checkpointing both choose what to recompute: "
+                "set one of them"
+            )
         if self.gc_every < 0:
             raise ConfigError(f"fast.gc_every must be >= 0 (0: Python's automatic collection), got {self.gc_every}")
 
@@ -189,6 +205,25 @@ def prepare_model(model: Any, settings: FastSettings, device_type: str, checkpoi
         if getattr(model.config, "attention_dropout", 0.0):
             raise ConfigError("fast.attention: varlen has no attention dropout; set the model's attention_dropout to 0")
         model.set_attn_implementation(register())
+    if settings.group_adapters:
+        from ctrain.fast.adapters import group_adapters
+
+        group_adapters(model)
+    if settings.activation_memory_budget is not None:
+        if checkpointing:
+            raise ConfigError(
+                "fast.activation_memory_budget and training.gradient_checkpointing both choose what to "
+                "recompute: set one of them"
+            )
+        if not settings.compiles(device_type):
+            raise ConfigError(
+                f"fast.activation_memory_budget needs compiled layers (fast.compile: {settings.compile} "
+                f"on {device_type} does not compile them)"
+            )
+        import torch._functorch.config as functorch_config
+
+        # Read when a layer's graph is split into forward and backward, at its first step.
+        functorch_config.activation_memory_budget = settings.activation_memory_budget
     if settings.compiles(device_type):
         compile_layers(model)
     if checkpointing or settings.gradient_checkpointing:
