@@ -101,3 +101,17 @@ def test_groups_fall_back_to_peft_where_they_are_not_plain_lora(state):
         else:
             expected, got = reference(**batch).loss, grouped(**batch).loss
     assert got.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_checkpointing_makes_the_embeddings_output_need_a_gradient_once():
+    """The frozen embeddings get one hook that makes their output need a gradient, whether
+    checkpointing was asked of the model before (add_adapters does) or only of the fast engine."""
+    from ctrain.fast import checkpoint_layers
+
+    for already in (False, True):
+        model = adapted()
+        if already:
+            model.enable_input_require_grads()
+        checkpoint_layers(model)
+        embeddings = model.get_input_embeddings()
+        assert len(embeddings._forward_hooks) == 1, (already, embeddings._forward_hooks)

@@ -166,7 +166,8 @@ def checkpoint_layers(model: Any) -> int:
     import functools
 
     layers = decoder_layers(model)
-    model.enable_input_require_grads()
+    if not getattr(model, "_require_grads_hooks", None):  # add_adapters may have done it already
+        model.enable_input_require_grads()
     for layer in layers:
         layer.forward = functools.partial(_checkpointed, layer.forward)
     return len(layers)
