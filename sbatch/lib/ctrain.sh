@@ -462,17 +462,32 @@ ctrain_alive() {
 # RUNNING with no trainer anywhere until Slurm declares the node dead (SlurmdTimeout), then wait,
 # requeued, for that node. The sentinel writes straight to the job's log: srun, which would carry
 # its output, ran on the lost node too.
+# The sentinel runs in a session of its own, no longer a child of its step's task (which waits for
+# it): when the batch host dies, slurmctld may SIGKILL every step whose srun ran there, the
+# sentinel's own step included, at once (seen on the testbed in about one run in four). Where Slurm
+# tracks a step's processes by parentage (proctrack/linuxproc, pgid) that kill does not reach the
+# sentinel; with proctrack/cgroup it does, and Slurm's own node-failure handling is left.
 ctrain_sentinel_step() {
     local log
     log=$(readlink -f /proc/$$/fd/1 2>/dev/null)
     [[ -f $log ]] || log=
     local code
     code="$(declare -p CTRAIN_PROJECT_DIR CTRAIN_PIDS CTRAIN_NNODES CTRAIN_MAX_REQUEUES CTRAIN_STEP_GRACE)
-$(declare -f ctrain_sentinel ctrain_requeue_without ctrain_kill_step)
+$(declare -f ctrain_sentinel ctrain_sentinel_current ctrain_requeue_without ctrain_kill_step)
 ctrain_sentinel \"\$@\""
     [[ -z $log ]] || exec >/dev/null 2>&1 # srun's own lines (the step's end) would only be noise
-    exec srun --overlap --nodes=1 --ntasks=1 --exclude="$SLURMD_NODENAME" \
-        bash -c "$code" ctrain-sentinel "$SLURMD_NODENAME" "$log"
+    # shellcheck disable=SC2016 # expanded by the step's shell
+    exec srun --overlap --nodes=1 --ntasks=1 --exclude="$SLURMD_NODENAME" bash -c '
+        pid=$( (setsid bash -c "$0" "$@" </dev/null >/dev/null 2>&1 & echo $!) )
+        while kill -0 "$pid" 2>/dev/null; do sleep 1; done' "$code" ctrain-sentinel "$SLURMD_NODENAME" "$log"
+}
+
+# ctrain_sentinel_current RESTARTS: whether the job is still RUNNING the run that started the
+# sentinel (not ended, not requeued since).
+ctrain_sentinel_current() {
+    local record
+    record=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) || return 1
+    [[ $record == *"JobState=RUNNING "* && $record == *" Restarts=$1 "* ]]
 }
 
 # ctrain_sentinel BATCH-HOST LOG: watch the batch host's heartbeat from another node. When it has
@@ -487,16 +502,19 @@ ctrain_sentinel \"\$@\""
 # seconds later (30 by default). A batch host that answers keeps its sentinel watching.
 ctrain_sentinel() {
     local batch=$1 log=$2 file=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/batch-alive beat last= seen=$SECONDS termed= why
+    local restarts=${SLURM_RESTART_COUNT:-0}
     [[ -z $log ]] || exec >>"$log" 2>&1
     trap 'termed=1' TERM
     while :; do
         sleep 1 &
         wait $!
+        # The batch script removes the directory when its run ends; a requeued run makes it anew.
+        [[ -d ${file%/*} ]] || return 0
         beat=$(cat "$file" 2>/dev/null)
         [[ $beat != stop ]] || return 0
         if [[ -n $termed ]]; then
             termed=
-            scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | grep -q 'JobState=RUNNING ' || return 0
+            ctrain_sentinel_current "$restarts" || return 0
             why="Slurm ended the sentinel's step, whose srun ran there,"
         elif [[ $beat != "$last" ]]; then
             last=$beat seen=$SECONDS
@@ -506,10 +524,12 @@ ctrain_sentinel() {
         else
             continue
         fi
+        ctrain_sentinel_current "$restarts" || return 0
         { timeout --signal=KILL 10 srun --overlap --nodes=1 --ntasks=1 --nodelist="$batch" true; } >/dev/null 2>&1 ||
             break
         last=$beat seen=$SECONDS # the batch host answers: only its heartbeat was late
     done
+    ctrain_sentinel_current "$restarts" || return 0 # the run ended while the batch host was asked
     echo "ctrain: failure: node lost: $batch, the batch host ($why and its slurmd does not answer;" \
         "seen from $(uname -n))"
     # What is left of the training step goes at once (SIGKILL): a rank waiting on the lost node in a

@@ -257,16 +257,21 @@ class Testbed:
         raise CtrainError(f"the testbed has no node {name!r} (nodes: {', '.join(n.name for n in self.nodes)})")
 
     def kill_node(self, name: str) -> int:
-        """Lose a node as a power cut or a kernel panic loses it: SIGKILL its slurmd and every process
-        in its network namespace (steps, containers, workers), nothing told first, Slurm included.
+        """Lose a node as a power cut or a kernel panic loses it: its slurmd and every process in its
+        network namespace (steps, containers, workers) stopped at once, then SIGKILLed, nothing told
+        first, Slurm included (:func:`ctrain.testbed.host.kill_netns_now`).
 
         Returns how many processes died. :meth:`start_node` brings the node back.
         """
         node = self._node(name)
         daemon = self._daemons(self._state()).get(f"slurmd-{name}")
-        if daemon is not None and host.is_ours(daemon, self.marker):
+        ours = daemon is not None and host.is_ours(daemon, self.marker)
+        if ours:
+            os.kill(daemon.pid, signal.SIGSTOP)
+        count = host.kill_netns_now(node.netns)
+        if ours and host.is_ours(daemon, self.marker):  # in the namespace, it is gone already
             os.kill(daemon.pid, signal.SIGKILL)
-        return host.kill_netns_now(node.netns)
+        return count
 
     def start_node(self, name: str, *, timeout: float = STARTUP_TIMEOUT) -> None:
         """Start a killed node's slurmd again and wait until Slurm can give it jobs; a node Slurm set

@@ -198,13 +198,24 @@ def kill_netns_processes(name: str, timeout: float = 2) -> int:
 
 
 def kill_netns_now(name: str, timeout: float = 5) -> int:
-    """SIGKILL every process in the namespace at once, again for any started meanwhile, until none is left.
+    """Stop every process in the namespace at once (SIGSTOP, again for any started meanwhile), then
+    SIGKILL them all, until none is left.
 
-    How a node is lost (power, kernel panic): nothing in it gets to clean up or say goodbye.
+    How a node is lost (power, kernel panic): nothing in it gets to clean up or say goodbye. Killed
+    one by one, the node's last live processes saw the others die and acted on it within the same
+    millisecond (a request from the lost node SIGKILLed the job's steps on the other nodes), which a
+    node that loses power cannot do; stopped first, none of them runs again.
     Returns how many processes were killed.
     """
-    killed: set[int] = set()
+    stopped: set[int] = set()
     deadline = time.monotonic() + timeout
+    while pids := [pid for pid in netns_pids(name) if pid not in stopped and _alive(pid)]:
+        if time.monotonic() > deadline:
+            raise CtrainError(f"process(es) {', '.join(map(str, pids))} in {name} still running after SIGSTOP")
+        for pid in pids:
+            _signal(pid, signal.SIGSTOP)
+        stopped.update(pids)
+    killed: set[int] = set()
     while pids := [pid for pid in netns_pids(name) if _alive(pid)]:
         if time.monotonic() > deadline:
             raise CtrainError(f"process(es) {', '.join(map(str, pids))} in {name} still alive after SIGKILL")
