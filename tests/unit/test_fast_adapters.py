@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ctrain.fast import FastSettings, compile_layers, decoder_layers, prepare_model
+from ctrain.fast import adapters
 from ctrain.fast.adapters import group_adapters
 from tests.unit.test_fast import packed_batch, random_examples, tiny_llama
 
@@ -39,7 +40,7 @@ def test_groups_are_q_k_v_and_gate_up_of_each_layer():
 
 
 @pytest.mark.parametrize("backend", [None, "aot_eager"])
-def test_grouped_adapters_compute_what_peft_computes(backend):
+def test_grouped_adapters_compute_what_peft_computes(backend, monkeypatch):
     """Without dropout the groups are PEFT's arithmetic: the same loss and adapter gradients, compiled
     or not; and no group holds a tensor once the forward is done."""
     batch = packed_batch(random_examples(8, (23, 11, 30)))
@@ -50,7 +51,12 @@ def test_grouped_adapters_compute_what_peft_computes(backend):
         torch._dynamo.reset()
         compile_layers(grouped, backend=backend)
     loss, grads = loss_and_grads(reference, batch)
+    computed = []
+    original = adapters._outputs
+    monkeypatch.setattr(adapters, "_outputs", lambda members, *a: computed.append(len(members)) or original(members, *a))
     loss_grouped, grads_grouped = loss_and_grads(grouped, batch)
+    if backend is None:  # every layer's q/k/v and gate/up went through their group
+        assert computed == [3, 2] * len(decoder_layers(grouped)), computed
     assert loss_grouped == pytest.approx(loss, rel=1e-6)
     assert grads.keys() == grads_grouped.keys() and len(grads) == 2 * 7 * 3
     for name, grad in grads.items():

@@ -86,9 +86,15 @@ def _adapter(members: list[Any]) -> str | None:
 
 
 def _parent_forward(cls: type) -> Any:
+    import inspect
+
+    # The shared input is the forward's first argument, passed by position or by name (transformers'
+    # decoder layers call self_attn(hidden_states=...), mlp(hidden_states)).
+    first = list(inspect.signature(cls.forward).parameters)[1]
+
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         """The groups' outputs for this call's input, handed to the members, then the module's own forward."""
-        x = args[0] if args else None
+        x = args[0] if args else kwargs.get(first)
         handed = []
         if x is not None:
             for names in self._ctrain_groups:
