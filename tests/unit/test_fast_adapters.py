@@ -121,3 +121,23 @@ def test_checkpointing_makes_the_embeddings_output_need_a_gradient_once():
         checkpoint_layers(model)
         embeddings = model.get_input_embeddings()
         assert len(embeddings._forward_hooks) == 1, (already, embeddings._forward_hooks)
+
+
+def test_grouped_layer_traces_into_one_graph_on_the_kernel_path():
+    """On the GPU kernel path (meta tensors stand in for CUDA), a layer with grouped adapters in
+    training mode compiles as one graph without breaks, as it does with PEFT's forward."""
+    with torch.device("meta"):
+        model = tiny_llama().to(torch.bfloat16)
+    model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules="all-linear"))
+    prepare_model(model, FastSettings(compile="off", group_adapters=True), "cpu")
+    model.train()
+    layer = decoder_layers(model)[0]
+    assert type(layer.self_attn).forward is not type(layer.self_attn).__mro__[1].forward, "not grouped"
+    t = 50
+    h = torch.randn(1, t, 64, device="meta", dtype=torch.bfloat16)
+    rope = torch.randn(1, t, 16, device="meta", dtype=torch.bfloat16)
+    cu = torch.zeros(4, dtype=torch.int32, device="meta")
+    explained = torch._dynamo.explain(layer.forward)(
+        h, position_embeddings=(rope, rope), cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=30, max_length_k=30
+    )
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
