@@ -514,7 +514,6 @@ ctrain_sentinel() {
         [[ $beat != stop ]] || return 0
         if [[ -n $termed ]]; then
             termed=
-            ctrain_sentinel_current "$restarts" || return 0
             why="Slurm ended the sentinel's step, whose srun ran there,"
         elif [[ $beat != "$last" ]]; then
             last=$beat seen=$SECONDS

@@ -8,7 +8,7 @@ import torch
 from ctrain.fast import FastSettings, compile_layers, decoder_layers, prepare_model
 from ctrain.fast import adapters
 from ctrain.fast.adapters import group_adapters
-from tests.unit.test_fast import packed_batch, random_examples, tiny_llama
+from tests.unit.test_fast import explain_on_the_kernel_path, packed_batch, random_examples, tiny_llama
 
 peft = pytest.importorskip("peft")
 
@@ -133,11 +133,5 @@ def test_grouped_layer_traces_into_one_graph_on_the_kernel_path():
     model.train()
     layer = decoder_layers(model)[0]
     assert type(layer.self_attn).forward is not type(layer.self_attn).__mro__[1].forward, "not grouped"
-    t = 50
-    h = torch.randn(1, t, 64, device="meta", dtype=torch.bfloat16)
-    rope = torch.randn(1, t, 16, device="meta", dtype=torch.bfloat16)
-    cu = torch.zeros(4, dtype=torch.int32, device="meta")
-    explained = torch._dynamo.explain(layer.forward)(
-        h, position_embeddings=(rope, rope), cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=30, max_length_k=30
-    )
+    explained = explain_on_the_kernel_path(layer)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons

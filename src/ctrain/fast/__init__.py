@@ -82,13 +82,23 @@ class FastSettings:
         budget = self.activation_memory_budget
         if budget is not None and not 0 < budget <= 1:
             raise ConfigError(f"fast.activation_memory_budget must be in (0, 1], got {budget}")
-        if budget is not None and self.gradient_checkpointing:
-            raise ConfigError(
-                "fast.activation_memory_budget and fast.gradient_checkpointing both choose what to recompute: "
-                "set one of them"
-            )
+        self.check_recompute()
         if self.gc_every < 0:
             raise ConfigError(f"fast.gc_every must be >= 0 (0: Python's automatic collection), got {self.gc_every}")
+
+    def check_recompute(self, training_checkpointing: bool = False) -> None:
+        """fast.activation_memory_budget and whole-layer checkpointing (fast.gradient_checkpointing, or
+        ``training_checkpointing``: training.gradient_checkpointing) both choose what to recompute."""
+        if self.activation_memory_budget is None:
+            return
+        for name, on in (
+            ("fast.gradient_checkpointing", self.gradient_checkpointing),
+            ("training.gradient_checkpointing", training_checkpointing),
+        ):
+            if on:
+                raise ConfigError(
+                    f"fast.activation_memory_budget and {name} both choose what to recompute: set one of them"
+                )
 
     def rows_per_device(self, max_length: int) -> int | None:
         """Micro-batch cap in rows of ``max_length`` tokens that ``tokens_per_device`` gives (None: no cap)."""
@@ -210,12 +220,8 @@ def prepare_model(model: Any, settings: FastSettings, device_type: str, checkpoi
         from ctrain.fast.adapters import group_adapters
 
         group_adapters(model)
+    settings.check_recompute(checkpointing)
     if settings.activation_memory_budget is not None:
-        if checkpointing:
-            raise ConfigError(
-                "fast.activation_memory_budget and training.gradient_checkpointing both choose what to "
-                "recompute: set one of them"
-            )
         if not settings.compiles(device_type):
             raise ConfigError(
                 f"fast.activation_memory_budget needs compiled layers (fast.compile: {settings.compile} "

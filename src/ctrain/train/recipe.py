@@ -476,11 +476,7 @@ class Recipe:
                     f"training.{name} is transformers' own speed-up and training.engine: fast already "
                     f"compiles its layers and fuses the loss: turn training.{name} off, or use engine hf"
                 )
-        if self.fast.activation_memory_budget is not None and self.training.gradient_checkpointing:
-            raise ConfigError(
-                "fast.activation_memory_budget and training.gradient_checkpointing both choose what to "
-                "recompute: set one of them"
-            )
+        self.fast.check_recompute(self.training.gradient_checkpointing)
         positions = self.model.config_overrides.get("max_position_embeddings")
         if "max_position_embeddings" in self.model.config_overrides and (
             not isinstance(positions, int) or isinstance(positions, bool) or positions < 1
