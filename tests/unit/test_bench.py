@@ -143,13 +143,13 @@ def test_lora_cases_are_the_8b_shape_with_one_adapter_setting():
     from ctrain.train.recipe import load_recipe
 
     lora = [c for c in CASES.values() if c.adapters]
-    names = ["lora-seeds", "lora-trl-best", "lora-trl-checkpointed", "lora-ctrain", "lora-ctrain-grouped",
-             "lora-ctrain-hf", "qlora-trl", "qlora-ctrain", "qlora-ctrain-budget"]  # fmt: skip
+    names = ["lora-seeds", "lora-trl-best", "lora-trl-checkpointed", "lora-ctrain", "lora-ctrain-ungrouped",
+             "lora-ctrain-hf", "qlora-trl", "qlora-ctrain", "qlora-ctrain-checkpointed"]  # fmt: skip
     assert [c.name for c in lora] == names
     assert all(c.spec is LLAMA_8B for c in lora)
     assert {c.name: c.baseline for c in lora if c.baseline != "lora-trl-best"} == {
         "qlora-ctrain": "qlora-trl",
-        "qlora-ctrain-budget": "qlora-trl",
+        "qlora-ctrain-checkpointed": "qlora-trl",
     }
     assert round(LLAMA_8B.parameters() / 1e9, 2) == 8.03
     # The recipe's all-linear picks the same seven projections the TRL cases name.
@@ -164,12 +164,12 @@ def test_lora_cases_train_on_a_cpu(tmp_path):
     pytest.importorskip("peft")
     out = tmp_path / "bench.json"
     args = ["bench", "--device", "cpu", "--tiny", "--warmup", "1", "--steps", "1", "--json", str(out)]
-    cases = "lora-seeds,lora-trl-best,lora-trl-checkpointed,lora-ctrain,lora-ctrain-grouped,lora-ctrain-hf,qlora-trl,qlora-ctrain"
+    cases = "lora-seeds,lora-trl-best,lora-trl-checkpointed,lora-ctrain,lora-ctrain-ungrouped,lora-ctrain-hf,qlora-trl,qlora-ctrain"
     result = CliRunner().invoke(main, [*args, "--cases", cases])
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     by_case = {r["case"]: r for r in doc["results"]}
-    for name in ("lora-seeds", "lora-trl-best", "lora-trl-checkpointed", "lora-ctrain", "lora-ctrain-grouped",
+    for name in ("lora-seeds", "lora-trl-best", "lora-trl-checkpointed", "lora-ctrain", "lora-ctrain-ungrouped",
                  "lora-ctrain-hf"):  # fmt: skip
         r = by_case[name]
         assert "error" not in r, r

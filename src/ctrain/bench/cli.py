@@ -22,7 +22,7 @@ def _ints(value: str | None) -> list[int] | None:
     help="Comma-separated cases: seeds, ctrain-same-batches, ctrain, ctrain-16k, ctrain-eager, "
     "ctrain-sync, ctrain-unbalanced, ctrain-bucket25, ctrain-bucket200, ctrain-bf16-reduce, ctrain-no-allreduce; "
     "LoRA on a Llama-3.1-8B shape: lora-seeds, lora-trl-best, lora-trl-checkpointed, lora-ctrain, "
-    "lora-ctrain-grouped, lora-ctrain-hf, qlora-trl, qlora-ctrain, qlora-ctrain-budget.",
+    "lora-ctrain-ungrouped, lora-ctrain-hf, qlora-trl, qlora-ctrain, qlora-ctrain-checkpointed.",
 )
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--tiny", is_flag=True, help="A tiny model and data set: checks the code in about a minute on a CPU.")

@@ -159,13 +159,13 @@ CASES: dict[str, Case] = {
             description="8B LoRA: recipes/llama-3.1-8b-lora.yaml as ctrain train runs it (fast engine)",
         ),
         Case(
-            "lora-ctrain-grouped",
+            "lora-ctrain-ungrouped",
             spec=LLAMA_8B,
             recipe="llama-3.1-8b-lora.yaml",
-            overrides=("fast.group_adapters=true",),
+            overrides=("fast.group_adapters=false",),
             baseline="lora-trl-best",
             log_every_step=True,
-            description="8B LoRA: lora-ctrain with the adapters of q/k/v and gate/up computed together",
+            description="8B LoRA: lora-ctrain with PEFT's forward for every adapter (no q/k/v, gate/up groups)",
         ),
         Case(
             "lora-ctrain-hf",
@@ -193,14 +193,17 @@ CASES: dict[str, Case] = {
             description="8B QLoRA: recipes/llama-3.1-8b-qlora.yaml as ctrain train runs it (fast engine)",
         ),
         Case(
-            "qlora-ctrain-budget",
+            "qlora-ctrain-checkpointed",
             spec=LLAMA_8B,
             recipe="llama-3.1-8b-qlora.yaml",
-            overrides=("training.gradient_checkpointing=false", "fast.activation_memory_budget=0.1"),
+            overrides=(
+                "fast.activation_memory_budget=null",
+                "training.gradient_checkpointing=true",
+                "training.max_per_device_batch_size=8",
+            ),
             baseline="qlora-trl",
             log_every_step=True,
-            description="8B QLoRA: qlora-ctrain keeping 10% of each layer's activations instead of recomputing "
-            "whole layers (more memory, faster)",
+            description="8B QLoRA: qlora-ctrain recomputing whole layers, 8 rows (~16k tokens) per micro-batch",
         ),
     )
 }
