@@ -393,6 +393,22 @@ def _kept_with_budget(budget: float, batch: dict) -> tuple[int, float]:
     return total, loss.item()
 
 
+def test_activation_memory_budget_makes_dropout_recomputable_on_cuda():
+    """On CUDA the budget also lets the compiler draw dropout masks again from their seed instead
+    of keeping them; on a CPU (no Philox generator for it) that stays off."""
+    import torch._functorch.config as functorch_config
+
+    settings = FastSettings(compile="layers", activation_memory_budget=0.5)
+    with functorch_config.patch(activation_memory_budget=1.0, functionalize_rng_ops=False):
+        prepare_model(tiny_llama(), settings, "cpu")
+        assert functorch_config.functionalize_rng_ops is False
+        prepare_model(tiny_llama(), FastSettings(compile="layers"), "cuda")
+        assert functorch_config.functionalize_rng_ops is False, "only with a budget"
+        prepare_model(tiny_llama(), settings, "cuda")
+        assert functorch_config.functionalize_rng_ops is True
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [

@@ -39,6 +39,15 @@ def test_groups_are_q_k_v_and_gate_up_of_each_layer():
     assert group_adapters(tiny_llama()) == 0, "a model without adapters has nothing to group"
 
 
+def test_the_fast_engine_groups_adapters_unless_told_not_to():
+    grouped, plain = adapted(), adapted()
+    prepare_model(grouped, FastSettings(compile="off"), "cpu")
+    prepare_model(plain, FastSettings(compile="off", group_adapters=False), "cpu")
+    attention = [m for m in grouped.modules() if type(m).__name__ == "LlamaAttention"]
+    assert attention and all(m._ctrain_groups == (("q_proj", "k_proj", "v_proj"),) for m in attention)
+    assert not any(hasattr(m, "_ctrain_groups") for m in plain.modules())
+
+
 @pytest.mark.parametrize("backend", [None, "aot_eager"])
 def test_grouped_adapters_compute_what_peft_computes(backend, monkeypatch):
     """Without dropout the groups are PEFT's arithmetic: the same loss and adapter gradients, compiled
