@@ -74,6 +74,13 @@ def test_overrides_apply_on_top_and_are_checked(tmp_path: Path) -> None:
         (["fast.activation_memory_budget=0"], r"fast.activation_memory_budget must be in \(0, 1\], got 0"),
         (["fast.activation_memory_budget=0.2", "training.gradient_checkpointing=true"],
          "fast.activation_memory_budget and training.gradient_checkpointing both choose what to recompute"),
+        (["data.packing=true", "fast.activation_memory_budget=0.2", "training.engine=hf"],
+         "fast.activation_memory_budget is a setting of the fast engine, and training.engine is hf: .* "
+         "set training.gradient_checkpointing: true instead"),
+        (["fast.activation_memory_budget=0.2"], "the fast engine, and data.packing is off"),
+        (["data.packing=true", "fast.activation_memory_budget=0.2", "task=clm"], "the fast engine, and task clm"),
+        (PRETRAINED + ["peft.method=lora", "data.packing=true", "training.fsdp=true", "fast.activation_memory_budget=0.2"],
+         "the fast engine, and adapters on a sharded base"),
         (["training.deepspeed=ds.json", "training.fsdp=true"], "at most one of training.deepspeed and training.fsdp"),
         (["peft.method=lora"], "peft.method: lora adapts a pretrained model, and model.config makes a new one"),
         (["peft.merge=true"], "peft.merge folds trained adapters into the model: set peft.method"),
@@ -328,6 +335,9 @@ def test_adapters_need_peft_and_qlora_a_gpu(tmp_path: Path) -> None:
         plan(recipe)
     lora = load_recipe(write(tmp_path, TINY_RECIPE), [*PRETRAINED, "peft.method=lora"])
     assert plan(lora).engine == "hf"
+    budget = load_recipe(write(tmp_path, TINY_RECIPE), ["data.packing=true", "fast.activation_memory_budget=0.3"])
+    with pytest.raises(ConfigError, match=r"needs the fast engine, which trains on GPUs, and this process has none \(cpu\)"):
+        plan(budget)
 
 
 def test_adapters_take_the_fast_engine_on_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

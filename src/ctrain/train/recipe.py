@@ -425,6 +425,22 @@ class Recipe:
     #: The file the recipe was read from (set by :func:`load_recipe`, not a key).
     path: Path | None = field(default=None, init=False, compare=False)
 
+    def hf_engine_reason(self) -> str | None:
+        """Why this recipe trains under transformers' Trainer on any device (None: ``training.engine:
+        auto`` picks the fast engine where there is a GPU)."""
+        training = self.training
+        if training.engine != "auto":
+            return "training.engine is hf" if training.engine == "hf" else None
+        if self.task != "sft":
+            return f"task {self.task} trains under transformers' Trainer"
+        if not self.data.packing and self.fast.batching == "packed":
+            return "data.packing is off (the fast engine packs, or set fast.batching)"
+        for name in training.hf_speedups():
+            return f"training.{name} is transformers' own speed-up"
+        if self.peft.enabled and (training.fsdp or training.deepspeed):
+            return "adapters on a sharded base (training.fsdp, training.deepspeed) train under transformers' Trainer"
+        return None
+
     def validate(self) -> None:
         if self.model.path is None and self.model.config is None:
             raise ConfigError(f"the recipe names no model: {MINIMAL_RECIPE}", key="model")
@@ -477,6 +493,12 @@ class Recipe:
                     f"compiles its layers and fuses the loss: turn training.{name} off, or use engine hf"
                 )
         self.fast.check_recompute(self.training.gradient_checkpointing)
+        reason = self.hf_engine_reason()
+        if self.fast.activation_memory_budget is not None and reason:
+            raise ConfigError(
+                f"fast.activation_memory_budget is a setting of the fast engine, and {reason}: without it "
+                "nothing would be recomputed; set training.gradient_checkpointing: true instead"
+            )
         positions = self.model.config_overrides.get("max_position_embeddings")
         if "max_position_embeddings" in self.model.config_overrides and (
             not isinstance(positions, int) or isinstance(positions, bool) or positions < 1

@@ -82,16 +82,7 @@ def plan(recipe: Recipe) -> Layout:
     if engine == "auto":
         # The fast path: SFT on a GPU, with the batches it is built for (packed unless told otherwise),
         # unless the recipe asks for transformers' own speed-ups instead (whole-model compile, Liger).
-        packed_ok = recipe.data.packing or recipe.fast.batching != "packed"
-        fast_ok = (
-            device_type == "cuda"
-            and recipe.task == "sft"
-            and packed_ok
-            and not recipe.training.hf_speedups()
-            # Adapters on a sharded base (FSDP, ZeRO) have been run under transformers' Trainer only.
-            and not (recipe.peft.enabled and (recipe.training.fsdp or recipe.training.deepspeed))
-        )
-        engine = "fast" if fast_ok else "hf"
+        engine = "fast" if device_type == "cuda" and recipe.hf_engine_reason() is None else "hf"
     # The fast path sizes micro-batches in tokens (fast.tokens_per_device): rows of max_length each.
     cap = recipe.fast.rows_per_device(recipe.data.max_length) if engine == "fast" else None
     per_device, accumulation = batch_layout(recipe.training, world, cap=cap)
@@ -103,6 +94,12 @@ def plan(recipe: Recipe) -> Layout:
         raise ConfigError("fast.batching: packed needs data.packing: true (or set fast.batching: padded)")
     if recipe.peft.enabled:
         _check_peft(recipe, device_type)
+    if engine == "hf" and recipe.fast.activation_memory_budget is not None:
+        # The budget stands in for checkpointing: under transformers' Trainer it would run out of memory.
+        raise ConfigError(
+            f"fast.activation_memory_budget needs the fast engine, which trains on GPUs, and this process has "
+            f"none ({device_type}): remove it and set training.gradient_checkpointing: true to train here"
+        )
     from transformers.training_args import OptimizerNames
 
     optimizers = [o.value for o in OptimizerNames]
