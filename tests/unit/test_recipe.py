@@ -76,7 +76,7 @@ def test_overrides_apply_on_top_and_are_checked(tmp_path: Path) -> None:
          "fast.activation_memory_budget and training.gradient_checkpointing both choose what to recompute"),
         (["data.packing=true", "fast.activation_memory_budget=0.2", "training.engine=hf"],
          "fast.activation_memory_budget is a setting of the fast engine, and training.engine is hf: .* "
-         "set training.gradient_checkpointing: true instead"),
+         r"remove it \(or set it to null\) and set training.gradient_checkpointing: true"),
         (["fast.activation_memory_budget=0.2"], "the fast engine, and data.packing is off"),
         (["data.packing=true", "fast.activation_memory_budget=0.2", "task=clm"], "the fast engine, and task clm"),
         (PRETRAINED + ["peft.method=lora", "data.packing=true", "training.fsdp=true", "fast.activation_memory_budget=0.2"],

@@ -496,8 +496,8 @@ class Recipe:
         reason = self.hf_engine_reason()
         if self.fast.activation_memory_budget is not None and reason:
             raise ConfigError(
-                f"fast.activation_memory_budget is a setting of the fast engine, and {reason}: without it "
-                "nothing would be recomputed; set training.gradient_checkpointing: true instead"
+                f"fast.activation_memory_budget is a setting of the fast engine, and {reason}: nothing would be "
+                "recomputed; remove it (or set it to null) and set training.gradient_checkpointing: true"
             )
         positions = self.model.config_overrides.get("max_position_embeddings")
         if "max_position_embeddings" in self.model.config_overrides and (
