@@ -5,7 +5,7 @@ what to keep is the same as on a GPU, except attention, which runs uncompiled on
 fp32 copies (flash attention on a GPU keeps q, k, v and its output in bf16). Used in
 docs/benchmarks.md to see what adapter dropout and fast.group_adapters cost in memory:
 
-    PYTHONPATH=src .venv/bin/python scripts/saved-activations.py [--ungrouped] [--dropout P] [--tokens T]
+    PYTHONPATH=src .venv/bin/python scripts/saved-activations.py [--ungrouped] [--dropout P] [--tokens T] [--budget F]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--ungrouped", action="store_true", help="PEFT's forward for every adapter")
     parser.add_argument("--dropout", type=float, default=0.05)
     parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--budget", type=float, help="fast.activation_memory_budget (CPU cost model, not the GPU's)")
     args = parser.parse_args()
     config = LlamaConfig(
         hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
@@ -34,7 +35,8 @@ def main() -> None:
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=args.dropout, target_modules="all-linear", task_type="CAUSAL_LM")
     model = get_peft_model(model, lora)
-    prepare_model(model, FastSettings(compile="layers", group_adapters=not args.ungrouped), "cpu")
+    settings = FastSettings(compile="layers", group_adapters=not args.ungrouped, activation_memory_budget=args.budget)
+    prepare_model(model, settings, "cpu")
     weights = {p.data_ptr() for p in model.parameters()}
     layer = decoder_layers(model)[0]
     inside = [False]
@@ -59,7 +61,8 @@ def main() -> None:
     for x in kept.values():
         by_kind[f"{str(x.dtype).removeprefix('torch.')} x {x.shape[-1] if x.dim() else 1}"] += x.untyped_storage().nbytes()
     total = sum(by_kind.values())
-    print(f"{'ungrouped' if args.ungrouped else 'grouped'}, dropout {args.dropout}: {total / t / 1024:.1f} KiB a token")
+    budget = f", budget {args.budget}" if args.budget else ""
+    print(f"{'ungrouped' if args.ungrouped else 'grouped'}, dropout {args.dropout}{budget}: {total / t / 1024:.1f} KiB a token")
     for kind, size in by_kind.most_common():
         print(f"  {kind:>18}: {size / t / 1024:6.1f} KiB a token")
 
