@@ -165,10 +165,19 @@ def heartbeats(project: Project, job_id: str) -> dict[int, tuple[int, str, int]]
     return beats
 
 
-def training(project: Project, job_id: str, past: int = 5) -> dict[int, tuple[int, str, int]]:
-    """Wait until all 4 ranks have finished step ``past``; their heartbeats."""
-    wait_until(f"4 ranks past step {past}", lambda: len(beats := heartbeats(project, job_id)) == 4
-               and min(step for step, _, _ in beats.values()) >= past, JOB_TIMEOUT, every=0.5)  # fmt: skip
+def training(project: Project, job_id: str, past: int = 5, earlier: frozenset[int] = frozenset()
+             ) -> dict[int, tuple[int, str, int]]:  # fmt: skip
+    """Wait until all 4 ranks of this run have finished step ``past``; their heartbeats. ``earlier``:
+    the PIDs of an earlier run of the job, whose heartbeats a retry finds until its batch script
+    clears them (that happens after the retry has logged its start)."""
+
+    def ready() -> bool:
+        beats = heartbeats(project, job_id)
+        return (len(beats) == 4 and min(step for step, _, _ in beats.values()) >= past
+                and not {pid for _, _, pid in beats.values()} & earlier)  # fmt: skip
+
+    wait_until(f"4 ranks past step {past}", ready, JOB_TIMEOUT, every=0.5,
+               detail=lambda: str(heartbeats(project, job_id)))  # fmt: skip
     return heartbeats(project, job_id)
 
 
@@ -183,6 +192,7 @@ def test_killed_rank_on_a_live_node_is_retried_once(sbatch_project: Project, cpu
     project = sbatch_project
     job_id = submit(project, cpu_sif, "rank", "training.max_steps=5000", "training.logging_steps=5",
                     "training.save_steps=100000")  # fmt: skip
+    earlier: frozenset[int] = frozenset()
     for restart in (0, 1):
         if restart:
             requeued = wait_until("the requeue", lambda: restarts(project, job_id) == 1, 120, every=0.5)
@@ -190,8 +200,10 @@ def test_killed_rank_on_a_live_node_is_retried_once(sbatch_project: Project, cpu
             project.testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"],
                                   check=False)  # fmt: skip
             wait_until("the retry to start", lambda: project.log(job_id).count("ctrain: job ") == 2, JOB_TIMEOUT)
-        _, node, pid = training(project, job_id)[3]
-        others = [p for _, _, p in heartbeats(project, job_id).values() if p != pid]
+        beats = training(project, job_id, earlier=earlier)
+        _, node, pid = beats[3]
+        others = [p for _, _, p in beats.values() if p != pid]
+        earlier = frozenset(p for _, _, p in beats.values())
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         gone = wait_until("the other ranks to end", lambda: not any(alive(p) for p in others), 60)
