@@ -83,12 +83,14 @@ def test_overrides_apply_on_top_and_are_checked(tmp_path: Path) -> None:
          "the fast engine, and adapters on a sharded base"),
         (["training.deepspeed=ds.json", "training.fsdp=true"], "at most one of training.deepspeed and training.fsdp"),
         (["peft.method=lora"], "peft.method: lora adapts a pretrained model, and model.config makes a new one"),
-        (["peft.merge=true"], "peft.merge folds trained adapters into the model: set peft.method"),
-        (["peft.r=0"], "peft.r is 0; the adapter rank must be at least 1"),
-        (["peft.alpha=0"], "peft.alpha is 0.0; it must be positive"),
-        (["peft.dropout=1"], "peft.dropout is 1.0; it must be at least 0 and below 1"),
-        (["peft.target_modules=[]"], "peft.target_modules names no module"),
-        (["peft.target_modules=[all-linear, q_proj]"], "all-linear stands alone"),
+        (["peft.method=none", "peft.merge=true"], "peft.merge folds trained adapters into the model: set peft.method"),
+        (["peft.method=lora", "peft.r=0"], "peft.r is 0; the adapter rank must be at least 1"),
+        (["peft.method=lora", "peft.alpha=0"], "peft.alpha is 0.0; it must be positive"),
+        (["peft.method=lora", "peft.dropout=1"], "peft.dropout is 1.0; it must be at least 0 and below 1"),
+        (["peft.method=lora", "peft.target_modules=[]"], "peft.target_modules names no module"),
+        (["peft.method=lora", "peft.target_modules=[all-linear, q_proj]"], "all-linear stands alone"),
+        (["peft.r=8"], r"override 'peft.r=8': peft.method is not set: lora .* or none \(train every weight"),
+        (["peft={}"], "peft.method is not set"),
         (["peft.method=dora"], "'peft.method' is 'dora'; valid values: none, lora, qlora"),
         (PRETRAINED + ["peft.method=qlora", "training.fsdp=true"], "does not combine with training.fsdp"),
         (PRETRAINED + ["peft.method=qlora", "model.dtype=float32"], "qlora computes in bfloat16"),
@@ -101,6 +103,18 @@ def test_impossible_settings_are_one_clear_error(tmp_path: Path, overrides: list
     path = write(tmp_path, TINY_RECIPE)
     with pytest.raises(ConfigError, match=message):
         load_recipe(path, overrides)
+
+
+def test_a_peft_section_must_say_its_method(tmp_path: Path) -> None:
+    """Adapter settings without ``method`` would train every weight of the base (a full fine-tune that
+    may not fit, found out in the queue): refused, at the section's line. No section trains every weight."""
+    assert load_recipe(write(tmp_path, TINY_RECIPE)).peft.method == "none"
+    text = TINY_RECIPE + "peft:\n  r: 16\n  alpha: 32\n  target_modules: all-linear\n"
+    line = text.splitlines().index("peft:") + 1
+    with pytest.raises(ConfigError, match=rf"r.yaml line {line}: peft.method is not set: lora "):
+        load_recipe(write(tmp_path, text))
+    assert not load_recipe(write(tmp_path, text), ["peft.method=none"]).peft.enabled
+    assert load_recipe(write(tmp_path, text.replace("  r: 16\n", "  method: none\n  r: 16\n"))).peft.method == "none"
 
 
 def test_from_scratch_needs_a_tokenizer(tmp_path: Path) -> None:

@@ -295,7 +295,9 @@ class PeftSettings:
     """
 
     #: ``none``: train every weight; ``lora``: adapters on a frozen base; ``qlora``: the same, base in 4 bits.
-    method: Literal["none", "lora", "qlora"] = "none"
+    #: A recipe without a ``peft`` section has ``none``; a written section must say which (None: not said),
+    #: since a section of adapter settings without it would train every weight of the base.
+    method: Literal["none", "lora", "qlora"] | None = None
     #: Adapter rank.
     r: int = 16
     #: LoRA alpha: the adapter's output is scaled by ``alpha / r``.
@@ -311,9 +313,15 @@ class PeftSettings:
 
     @property
     def enabled(self) -> bool:
-        return self.method != "none"
+        return self.method not in (None, "none")
 
     def validate(self) -> None:
+        if self.method is None:
+            raise ConfigError(
+                "peft.method is not set: lora (adapters on the frozen base), qlora (the same, base in 4 bits, GPU) "
+                "or none (train every weight; or remove the peft section)",
+                key="peft",
+            )
         if self.r < 1:
             raise ConfigError(f"peft.r is {self.r}; the adapter rank must be at least 1 (8 to 64 is usual)")
         if self.alpha <= 0:
@@ -421,7 +429,7 @@ class Recipe:
     #: Switches of the fast engine (``training.engine: fast``).
     fast: FastSettings = field(default_factory=FastSettings)
     #: LoRA/QLoRA adapters instead of full training.
-    peft: PeftSettings = field(default_factory=PeftSettings)
+    peft: PeftSettings = field(default_factory=lambda: PeftSettings(method="none"))
     #: The file the recipe was read from (set by :func:`load_recipe`, not a key).
     path: Path | None = field(default=None, init=False, compare=False)
 
