@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -129,6 +130,9 @@ def test_tiny_cpu_smoke(tmp_path):
     doc = json.loads(out.read_text())
     assert [r["case"] for r in doc["results"]] == ["seeds", "ctrain-same-batches", "ctrain"]
     assert all(r["tokens_per_s"] > 0 and r["measured_tokens"] > 0 for r in doc["results"])
+    # Each case ran in a fresh process of its own, none in this one.
+    processes = [r["process"] for r in doc["results"]]
+    assert len(set(processes)) == 3 and os.getpid() not in processes
     # Same model init, same batches, float32 on a CPU: the kernels change nothing.
     assert doc["loss_check"]["steps"] == 1 + 2 + 3
     assert doc["loss_check"]["max_abs_diff"] < 1e-4

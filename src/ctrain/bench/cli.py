@@ -50,6 +50,7 @@ def _ints(value: str | None) -> list[int] | None:
     help="Write the JSON here instead of OUT/bench.json.",
 )
 @click.option("--profile", is_flag=True, help="Profile 3 steps of each case after timing (OUT/CASE/).")
+@click.option("--no-attention-check", is_flag=True, hidden=True, help="Skip the varlen attention check (workers).")
 def bench(
     cases: str,
     device: str,
@@ -61,6 +62,7 @@ def bench(
     out: Path,
     json_path: Path | None,
     profile: bool,
+    no_attention_check: bool,
 ) -> None:
     """Measure training throughput: TRL with the seeds' settings against ctrain's fast path.
 
@@ -87,6 +89,7 @@ def bench(
         json_path=json_path,
         out=out,
         profile=profile,
+        attention_check=not no_attention_check,
     )
     if table:
         click.echo(table)

@@ -639,6 +639,7 @@ def run_case(
         "mfu_with_attention": rate / world * with_attention / PEAK_FLOPS,
         "peak_memory_gib": clock.peak_bytes / 2**30,
         "wall_seconds": total,
+        "process": os.getpid(),  # each case its own (ctrain.bench.suite)
         "losses": losses,
         "versions": _versions(),
     }

@@ -1,10 +1,11 @@
 """``ctrain bench``: run the cases, compare the loss curves, sweep GPU counts, print a table, write JSON.
 
-One GPU: the cases run one after another in this process (the seeds' settings first). Several
-GPUs: each count and strategy is its own ``torchrun`` of ``ctrain bench`` (one process per GPU)
-that runs the chosen cases one after another, and whose rank 0 writes a JSON file that this
-process collects; the table adds weak-scaling efficiency, per-device throughput at N devices
-over that of the same case at one.
+Every case runs in a fresh process of its own, one after another: a ``ctrain bench`` of that one
+case (for a sweep over GPU counts, a ``torchrun`` of it, one process per GPU) whose rank 0 writes a
+JSON file that this process collects. A case changes process-wide state that must not reach the
+next one: Liger's kernels replace transformers' Llama classes, the fast engine sets the
+compiler's memory budget. One case asked for alone runs in this process. The table adds
+weak-scaling efficiency, per-device throughput at N devices over that of the same case at one.
 """
 
 from __future__ import annotations
@@ -131,6 +132,81 @@ def run_here(
     return results
 
 
+def _worker(
+    case: Case,
+    *,
+    warmup: int,
+    steps: int,
+    tiny: bool,
+    device: str,
+    json_path: Path,
+    out: Path,
+    profile: bool,
+    strategy: str = "ddp",
+    attention_check: bool = False,
+) -> list[str]:
+    """``ctrain bench`` arguments that run ``case`` alone and write its JSON to ``json_path``."""
+    args = ["-m", "ctrain", "bench", "--cases", case.name, "--warmup", str(warmup), "--steps", str(steps)]
+    args += ["--strategy", strategy, "--json", str(json_path), "--device", device, "--out", str(out)]
+    args += (["--tiny"] if tiny else []) + (["--profile"] if profile else [])
+    return args + ([] if attention_check else ["--no-attention-check"])
+
+
+def _collect(
+    case: Case, launcher: list[str], worker: list[str], json_path: Path, label: str, env: dict[str, str]
+) -> dict[str, Any]:
+    """Run one worker and read back what it wrote; a worker that dies leaves an error row instead."""
+    json_path.unlink(missing_ok=True)
+    try:
+        proc.stream([*launcher, *worker], prefix=f"[{label}] ", env=env)
+    except CommandError as exc:  # keep the other cases' numbers
+        last = [line for line in exc.stderr.splitlines() if line.strip()]
+        error = f"its process failed (exit {exc.returncode}): {last[-1] if last else 'no output'}"
+        return {"results": [{"case": case.name, "error": error}]}
+    return json.loads(json_path.read_text())
+
+
+def _one_gpu(device: str) -> dict[str, str]:
+    """Environment of a one-GPU worker: one process seeing several GPUs would get nn.DataParallel,
+    which TRL refuses."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    if device == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    return env
+
+
+def run_isolated(
+    cases: list[Case],
+    *,
+    tiny: bool,
+    device: str,
+    warmup: int,
+    steps: int,
+    out: Path,
+    profile: bool,
+    extra: dict[str, Any],
+    attention_check: bool = True,
+) -> list[dict[str, Any]]:
+    """Each case in a fresh process of its own, one after another (see the module's docstring).
+
+    The first process also checks the varlen attention against the reference, so this process
+    never holds the GPU; its finding goes into ``extra``.
+    """
+    results: list[dict[str, Any]] = []
+    for i, case in enumerate(cases):
+        path = out / "cases" / f"{case.name}.json"
+        check = attention_check and i == 0
+        worker = _worker(
+            case, warmup=warmup, steps=steps, tiny=tiny, device=device, json_path=path, out=out, profile=profile,
+            attention_check=check,
+        )  # fmt: skip
+        doc = _collect(case, [sys.executable], worker, path, case.name, _one_gpu(device))
+        if check and "attention_check" in doc:
+            extra["attention_check"] = doc["attention_check"]
+        results.extend(doc["results"])
+    return results
+
+
 def sweep(
     cases: list[Case],
     gpus: list[int],
@@ -142,28 +218,30 @@ def sweep(
     out: Path,
     profile: bool = False,
 ) -> list[dict[str, Any]]:
-    """Weak scaling: one ``torchrun`` (or plain process for 1 GPU) per GPU count and strategy, running every case."""
+    """Weak scaling: one ``torchrun`` (or plain process for 1 GPU) per GPU count, strategy and case."""
     results: list[dict[str, Any]] = []
-    names = ",".join(case.name for case in cases)
     for n in gpus:
         for strategy in strategies if n > 1 else ["ddp"]:
             label = f"{n}gpu-{strategy if n > 1 else 'single'}"
-            path = out / f"{label}.json"
-            worker = ["-m", "ctrain", "bench", "--cases", names, "--warmup", str(warmup), "--steps", str(steps)]
-            worker += ["--strategy", strategy, "--json", str(path), "--device", "cuda", "--out", str(out / label)]
-            worker += (["--tiny"] if tiny else []) + (["--profile"] if profile else [])
             launcher = [sys.executable] if n == 1 else [sys.executable, "-m", "torch.distributed.run"]
             launcher += [] if n == 1 else ["--standalone", f"--nproc_per_node={n}"]
-            ui.info(f"bench: {label}")
-            env = {"PYTHONUNBUFFERED": "1"}
-            if n == 1:  # one process seeing several GPUs would get nn.DataParallel, which TRL refuses
-                env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
-            try:
-                proc.stream([*launcher, *worker], prefix=f"[{label}] ", env=env)
-            except CommandError as exc:  # keep the other counts' numbers
-                results.extend({"case": c.name, "world_size": n, "error": str(exc).splitlines()[0]} for c in cases)
-                continue
-            results.extend(json.loads(path.read_text())["results"])
+            env = _one_gpu("cuda") if n == 1 else {"PYTHONUNBUFFERED": "1"}
+            for case in cases:
+                ui.info(f"bench: {label}: {case.name}")
+                path = out / label / f"{case.name}.json"
+                worker = _worker(
+                    case,
+                    warmup=warmup,
+                    steps=steps,
+                    tiny=tiny,
+                    device="cuda",
+                    json_path=path,
+                    out=out / label,
+                    profile=profile,
+                    strategy=strategy,
+                )
+                doc = _collect(case, launcher, worker, path, f"{label} {case.name}", env)
+                results.extend({"world_size": n, **row} for row in doc["results"])
     return results
 
 
@@ -259,6 +337,18 @@ def bench(
         if any(case.fast is None for case in chosen) and any(s != "ddp" for s in strategies):
             raise ConfigError("only the fast-engine cases sweep strategies other than DDP")
         results = sweep(chosen, gpus, strategies, warmup=warmup, steps=steps, tiny=tiny, out=out, profile=profile)
+    elif len(chosen) > 1:
+        results = run_isolated(
+            chosen,
+            tiny=tiny,
+            device=device,
+            warmup=warmup,
+            steps=steps,
+            out=out,
+            profile=profile,
+            extra=extra,
+            attention_check=attention_check,
+        )
     else:
         if device == "cuda" and attention_check and int(os.environ.get("RANK", "0")) == 0:
             from ctrain.fast.attention import self_check
