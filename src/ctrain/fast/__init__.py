@@ -10,6 +10,7 @@ Trainer (checkpoints, resume, logging, DDP/FSDP all unchanged) and changes only:
 - loss: TRL's fused LM head (chunked logits, never the full ``tokens x vocab`` fp32 tensor);
 - kernels: each decoder layer compiled with ``torch.compile`` (fused norms, RoPE, SwiGLU);
 - LoRA: adapters of projections that share an input computed together (:mod:`ctrain.fast.adapters`);
+- QLoRA: the 4-bit base weights dequantised inside the compiled layers (:mod:`ctrain.fast.nf4`);
 - no gradient checkpointing, fused AdamW, bf16 autocast, DDP without unused-parameter search
   and with gradients as views of its buckets, data loader workers that keep the GPU fed;
 - steps without host syncs (:mod:`ctrain.fast.trainer`): metrics and token counts are summed on
@@ -51,6 +52,12 @@ class FastSettings:
     # mask and one A matmul (ctrain.fast.adapters): 4% faster and 9 GiB less on an 8B model
     # (docs/benchmarks.md); false keeps PEFT's forward for each.
     group_adapters: bool = True
+    # QLoRA: the compiled layers dequantise the 4-bit base weights themselves (ctrain.fast.nf4: one
+    # fused kernel a projection, no Python per call) instead of calling bitsandbytes for each
+    # projection; false keeps bitsandbytes' forward. Only where the layers compile and recompute
+    # (an activation_memory_budget below 1, or checkpointing): otherwise the compiler would keep
+    # every dequantised weight for the backward pass.
+    inline_4bit: bool = True
     # Fraction of each compiled layer's activations kept for the backward pass (0 < f <= 1); the
     # compiler recomputes the rest, what is cheapest to recompute first. Between keeping all
     # (None: the compiler's default, 1.0) and fast.gradient_checkpointing (whole layers recomputed).
@@ -237,6 +244,11 @@ def prepare_model(model: Any, settings: FastSettings, device_type: str, checkpoi
             # compiler may recompute them rather than keep a byte per element of every adapter input.
             functorch_config.functionalize_rng_ops = True
     if settings.compiles(device_type):
+        budget = settings.activation_memory_budget
+        if settings.inline_4bit and (checkpointing or settings.gradient_checkpointing or (budget or 1) < 1):
+            from ctrain.fast.nf4 import inline_4bit
+
+            inline_4bit(model)
         compile_layers(model)
     if checkpointing or settings.gradient_checkpointing:
         checkpoint_layers(model)
