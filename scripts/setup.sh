@@ -20,6 +20,9 @@ fi
 .venv/bin/pip install -q -c containers/constraints.txt -e ".[train,test,aws]"
 # deepspeed's sdist imports torch while building, so it builds against the torch installed above.
 .venv/bin/pip install -q -c containers/constraints.txt --no-build-isolation deepspeed
+# bitsandbytes (QLoRA) beside the environment, not in it: tests/qlora puts it on its path
+# (scripts/test.sh). Its import pulls in torch's compiler, ~4 s on every ctrain start.
+.venv/bin/pip install -q -c containers/constraints.txt --no-deps --upgrade --target .venv/qlora bitsandbytes
 
 if [ "$(id -u)" = 0 ]; then
     if [ "$#" -eq 0 ]; then set -- testbed apptainer image registry push cluster; fi

@@ -93,7 +93,7 @@ def test_loss_check_pairs_steps_and_measures_noise():
     assert check["max_abs_diff"] == pytest.approx(0.1) and check["mean_abs_diff"] == pytest.approx(0.2 / 3)
     assert check["reference_step_noise"] == pytest.approx(0.25)  # step changes -1.0 and -0.5
     assert compare_losses([seeds]) is None
-    assert "5.0x" in render([seeds, fast], check)
+    assert "5.00x" in render([seeds, fast], check)
 
 
 def test_kernel_summary_counts_busy_time_once():
@@ -120,9 +120,10 @@ def test_gpus_sweep_needs_cuda():
     assert result.exit_code != 0 and "needs CUDA" in result.output
 
 
-def test_tiny_cpu_smoke(tmp_path):
+def test_tiny_cpu_smoke(tmp_path, monkeypatch):
     """The whole bench on a CPU: seeds vs ctrain, same-batch loss check, table and JSON."""
     pytest.importorskip("trl")
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "bench.json"
     args = ["bench", "--device", "cpu", "--tiny", "--warmup", "1", "--steps", "2", "--json", str(out)]
     result = CliRunner().invoke(main, [*args, "--cases", "seeds,ctrain-same-batches,ctrain"])
@@ -133,6 +134,7 @@ def test_tiny_cpu_smoke(tmp_path):
     # Each case ran in a fresh process of its own, none in this one.
     processes = [r["process"] for r in doc["results"]]
     assert len(set(processes)) == 3 and os.getpid() not in processes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"], "only the JSON asked for is written"
     # Same model init, same batches, float32 on a CPU: the kernels change nothing.
     assert doc["loss_check"]["steps"] == 1 + 2 + 3
     assert doc["loss_check"]["max_abs_diff"] < 1e-4

@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -193,17 +194,18 @@ def run_isolated(
     never holds the GPU; its finding goes into ``extra``.
     """
     results: list[dict[str, Any]] = []
-    for i, case in enumerate(cases):
-        path = out / "cases" / f"{case.name}.json"
-        check = attention_check and i == 0
-        worker = _worker(
-            case, warmup=warmup, steps=steps, tiny=tiny, device=device, json_path=path, out=out, profile=profile,
-            attention_check=check,
-        )  # fmt: skip
-        doc = _collect(case, [sys.executable], worker, path, case.name, _one_gpu(device))
-        if check and "attention_check" in doc:
-            extra["attention_check"] = doc["attention_check"]
-        results.extend(doc["results"])
+    with tempfile.TemporaryDirectory(prefix="ctrain-bench-") as tmp:  # each worker's JSON, read back here
+        for i, case in enumerate(cases):
+            path = Path(tmp) / f"{case.name}.json"
+            check = attention_check and i == 0
+            worker = _worker(
+                case, warmup=warmup, steps=steps, tiny=tiny, device=device, json_path=path, out=out,
+                profile=profile, attention_check=check,
+            )  # fmt: skip
+            doc = _collect(case, [sys.executable], worker, path, case.name, _one_gpu(device))
+            if check and "attention_check" in doc:
+                extra["attention_check"] = doc["attention_check"]
+            results.extend(doc["results"])
     return results
 
 
