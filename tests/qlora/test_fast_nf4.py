@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ctrain.fast import FastSettings, prepare_model
-from ctrain.fast.nf4 import dequantize, inline_4bit
+from ctrain.fast.nf4 import dequantized, inline_4bit
 from tests.unit.test_fast import packed_batch, random_examples, tiny_llama
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -57,18 +57,7 @@ def test_dequantised_weight_is_bitsandbytes_own_bit_for_bit(nested, shape):
     x = torch.randn(9, shape[1], dtype=torch.bfloat16)
     expected = layer(x)
     assert inline_4bit(layer) == 1
-    ours = dequantize(
-        layer._ctrain_packed,
-        layer._ctrain_absmax,
-        layer._ctrain_code,
-        layer._ctrain_blocksize,
-        layer._ctrain_shape,
-        torch.bfloat16,
-        layer._ctrain_absmax_code,
-        layer._ctrain_absmax_scale,
-        layer._ctrain_absmax_offset,
-        layer._ctrain_absmax_blocksize,
-    )
+    ours = dequantized(layer, torch.bfloat16)
     assert ours.dtype == reference.dtype and torch.equal(ours, reference)
     assert torch.equal(layer(x), expected)
     assert isinstance(layer, bnb.nn.Linear4bit) and inline_4bit(layer) == 0, "once is enough"

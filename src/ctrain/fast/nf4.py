@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["dequantize", "inline_4bit"]
+__all__ = ["dequantize", "dequantized", "inline_4bit"]
 
 # One subclass per class swapped in (see ctrain.fast.adapters: the class carries the forward, so
 # every layer shares one compiled graph).
@@ -64,31 +64,32 @@ def dequantize(
     return values.reshape(shape).to(dtype)
 
 
-def _forward(cls: type) -> Any:
-    def forward(self: Any, x: Any) -> Any:
-        """bitsandbytes' ``Linear4bit.forward`` (compute dtype, bias cast, output back in the input's
-        dtype) with the dequantisation written out for the compiler."""
-        import torch.nn.functional as F
+def dequantized(module: Any, dtype: Any) -> Any:
+    """The weight of a ``Linear4bit`` that :func:`inline_4bit` prepared, in ``dtype``."""
+    return dequantize(
+        module._ctrain_packed,
+        module._ctrain_absmax,
+        module._ctrain_code,
+        module._ctrain_blocksize,
+        module._ctrain_shape,
+        dtype,
+        module._ctrain_absmax_code,
+        module._ctrain_absmax_scale,
+        module._ctrain_absmax_offset,
+        module._ctrain_absmax_blocksize,
+    )
 
-        dtype = x.dtype
-        if self.compute_dtype is not None:
-            x = x.to(self.compute_dtype)
-        weight = dequantize(
-            self._ctrain_packed,
-            self._ctrain_absmax,
-            self._ctrain_code,
-            self._ctrain_blocksize,
-            self._ctrain_shape,
-            x.dtype,
-            self._ctrain_absmax_code,
-            self._ctrain_absmax_scale,
-            self._ctrain_absmax_offset,
-            self._ctrain_absmax_blocksize,
-        )
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, weight, bias).to(dtype)
 
-    return forward
+def _forward(self: Any, x: Any) -> Any:
+    """bitsandbytes' ``Linear4bit.forward`` (compute dtype, bias cast, output back in the input's
+    dtype) with the dequantisation written out for the compiler."""
+    import torch.nn.functional as F
+
+    dtype = x.dtype
+    if self.compute_dtype is not None:
+        x = x.to(self.compute_dtype)
+    bias = None if self.bias is None else self.bias.to(x.dtype)
+    return F.linear(x, dequantized(self, x.dtype), bias).to(dtype)
 
 
 def _tensors(module: Any) -> dict[str, Any] | None:
@@ -143,7 +144,7 @@ def inline_4bit(model: Any) -> int:
             module.register_buffer(f"_ctrain_{name}", tensors[name], persistent=False)
         cls = type(module)
         if cls not in _SUBCLASSES:
-            _SUBCLASSES[cls] = type(cls.__name__, (cls,), {"forward": _forward(cls), "__module__": cls.__module__})
+            _SUBCLASSES[cls] = type(cls.__name__, (cls,), {"forward": _forward, "__module__": cls.__module__})
         module.__class__ = _SUBCLASSES[cls]
         count += 1
     return count
