@@ -206,7 +206,8 @@ def test_push_and_submit_from_a_laptop_project(testbed, clusters: Path, cpu_sif:
     """The trip from a laptop: the image to the cluster's images_dir (then, unchanged, not again),
     the project's files to PROJECT_DIR (never secrets, outputs, images or ignored files), and a
     2-node demo job queued there by the cluster's ctrain, its log followed to the end, where the trained
-    model's accuracy on held-out problems must pass the demo's bar."""
+    model's accuracy on held-out problems is printed. The job trains 40 steps: the trip is under
+    test here; the demo's bar is the quickstart's (test_quickstart.py)."""
     project = _laptop_project(tmp_path)
     monkeypatch.chdir(project)
     cluster = remote.resolve("fresh")
@@ -221,7 +222,8 @@ def test_push_and_submit_from_a_laptop_project(testbed, clusters: Path, cpu_sif:
     print(f"remote | ctrain push --cluster (597 MB SIF): first {first:.1f} s, unchanged {again:.2f} s")
 
     code, out, took = _ctrain("submit", "--cluster", "fresh", "--nodes", "2", f"--image=images/{cpu_sif.name}",
-                              "recipes/demo-addition.yaml", "eval.after_training=true")  # fmt: skip
+                              "recipes/demo-addition.yaml", "eval.after_training=true",
+                              "training.max_steps=40")  # fmt: skip
     assert code == 0, out
     job_id = re.search(r"^(\d+)$", out, re.MULTILINE).group(1)
     print(f"remote | ctrain submit --cluster (checks, project sent, job queued): {took:.1f} s")
@@ -231,12 +233,14 @@ def test_push_and_submit_from_a_laptop_project(testbed, clusters: Path, cpu_sif:
     assert (there / "recipes" / "demo-addition.yaml").is_file() and (there / "ctrain.yaml").is_file()
     for never in (".env", "outputs/old", "scratch", "images/local.sif"):
         assert not (there / never).exists(), never
-    # Followed from the laptop to the end: the demo trains on 2 nodes and its log ends with the score.
+    # Followed from the laptop to the end: the demo trains on 2 nodes and its log ends with the score
+    # of the 40-step model (about 0: the bar is for the full 800 steps).
     code, out, took = _ctrain("logs", "-f", "--cluster", "fresh", job_id)
     assert code == 0 and "on 2 node(s)" in out, out[-4000:]
     assert f"job {job_id}: COMPLETED" in out, out[-4000:]
     scores = re.findall(r"accuracy: ([0-9.]+) \((\d+)/(\d+) exact\) \S*demo-addition/final", out)
-    assert scores and float(scores[-1][0]) >= 0.9, out[-4000:]
+    assert scores and int(scores[-1][2]) == 500, out[-4000:]
+    assert re.search(r"step \d+/40, loss", out), out[-4000:]
     print(f"remote | ctrain logs -f --cluster (the 2-node demo to its end, accuracy {scores[-1][0]}): {took:.1f} s")
 
     code, out, _ = _ctrain("submit", "--cluster", "fresh", "--dry-run", f"--image=images/{cpu_sif.name}",

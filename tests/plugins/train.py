@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from ctrain.testbed import Testbed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,14 +66,38 @@ def train_env(tmp: Path) -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class Quickstart:
+    """What ``scripts/quickstart.sh`` did: its process, whether it left the testbed up, and
+    ``work``, which holds a copy of the model it trained (``outputs/demo-addition``)."""
+
+    result: subprocess.CompletedProcess[str]
+    testbed_up: bool
+    work: Path
+
+
 @pytest.fixture(scope="session")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def quickstart(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Quickstart:
+    """The README's first command, run once as a user runs it: the demo trained to its bar on 2
+    nodes x 2 processes of the testbed. The tests that need a trained demo model read a copy of
+    it (the testbed's shared directory belongs to its job user), so the demo trains once."""
+    result = subprocess.run(
+        [REPO / "scripts" / "quickstart.sh"], capture_output=True, text=True, timeout=2400, check=False
+    )
+    work = tmp_path_factory.mktemp("demo")
+    trained = testbed.shared_dir / "demo" / "outputs" / "demo-addition"
+    if result.returncode == 0:
+        shutil.copytree(trained, work / "outputs" / "demo-addition", ignore=shutil.ignore_patterns("checkpoint-*"))
+    return Quickstart(result, testbed.is_up(), work)
+
+
+@pytest.fixture(scope="session")
+def demo_run(quickstart: Quickstart) -> Path:
     """The demo recipe trained once, as the README runs it (``outputs/demo-addition`` in the
     returned directory); the tests that read it must not change it."""
-    work = tmp_path_factory.mktemp("demo")
-    result = run_ctrain(work, "train", str(REPO / "recipes/demo-addition.yaml"), timeout=1500)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return work
+    result = quickstart.result
+    assert result.returncode == 0, f"the quickstart failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return quickstart.work
 
 
 @pytest.fixture

@@ -486,7 +486,7 @@ def test_exit_process_runs_exit_handlers_flushes_and_keeps_the_code(tmp_path: Pa
     program = (
         "import atexit, logging, sys\n"
         "from pathlib import Path\n"
-        "from ctrain.train.callbacks import exit_process\n"
+        "from ctrain.train.logs import exit_process\n"
         f"atexit.register(lambda: Path({str(marker)!r}).write_text('yes'))\n"
         "logging.basicConfig(stream=sys.stderr)\n"
         "logging.getLogger('t').warning('logged line')\n"

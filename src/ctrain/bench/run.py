@@ -35,6 +35,8 @@ from ctrain.fast import FastSettings
 # on all seven projections of every layer, which is what ``all-linear`` picks on a Llama.
 LORA_R, LORA_ALPHA, LORA_DROPOUT = 16, 32, 0.05
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Why a QLoRA case cannot run on a CPU (said by the parent, before any process starts, and by run_case).
+FOUR_BIT_NEEDS_GPU = "quantises the base with bitsandbytes, which needs a GPU"
 
 
 @dataclass(frozen=True)
@@ -543,7 +545,7 @@ def run_case(
                 model = LlamaForCausalLM(spec.model_config())
             else:
                 if case.lora.four_bit and not cuda:
-                    raise CtrainError(f"{case.name} quantises the base with bitsandbytes, which needs a GPU")
+                    raise CtrainError(f"{case.name} {FOUR_BIT_NEEDS_GPU}")
                 settings = lora_args(case, spec, device, max_steps, tmp)
                 attention = best_attention(device) if case.lora.tuned else "sdpa"
                 model = base_model(spec, device, torch.bfloat16 if cuda else torch.float32, attention)

@@ -70,27 +70,6 @@ def close_process_group() -> None:
         dist.destroy_process_group()
 
 
-def exit_process(code: int) -> None:
-    """Exit with CODE once Python's own exit work is done, skipping the C++ teardown after it.
-
-    Even with the process group destroyed, a thread that torch's C++ side started (gloo, the
-    store client) can still be joinable when static destructors run; the process then aborts
-    with SIGABRT and a finished run is reported as failed. Everything a run leaves is on disk by
-    now, so atexit handlers (loggers, trackers) run and streams flush, then the process ends.
-    """
-    import atexit
-    import sys
-
-    atexit._run_exitfuncs()
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
 def peak_tflops(configured: float | None) -> float | None:
     """The recipe's ``training.peak_tflops``, else the datasheet value of this GPU; None on CPU or unknown GPUs."""
     if configured is not None:

@@ -45,7 +45,7 @@ def train(recipe: Path, overrides: tuple[str, ...], check: bool, world_size: int
             click.echo(f"note: {note}")
         click.echo(f"recipe {recipe} is valid")
         return
-    from ctrain.train.callbacks import exit_process
+    from ctrain.train.logs import exit_process
     from ctrain.train.trainer import run
 
     exit_process(run(loaded))  # type: ignore[arg-type]
