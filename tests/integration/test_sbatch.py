@@ -163,10 +163,11 @@ def test_launcher_on_two_nodes(launcher: str, project: Project, cpu_sif: Path) -
 
 
 def test_time_limit_warning_requeues_and_resumes(project: Project, cpu_sif: Path) -> None:
-    # Long enough (under a minute on 2 cores) to be warned mid-run; saves only when warned.
+    # Long enough (under a minute on 2 cores) to be warned mid-run; saves only when warned. One
+    # process per node: the warning goes to each node's launcher, however many processes it runs.
     steps = ("training.max_steps=150", "training.logging_steps=10", "training.save_steps=1000",
              "training.output_dir=/outputs/requeue")  # fmt: skip
-    job_id = project.sbatch("--ntasks-per-node=2", "--job-name=requeue", "sbatch/apptainer_multinode.sbatch", DEMO,
+    job_id = project.sbatch("--ntasks-per-node=1", "--job-name=requeue", "sbatch/apptainer_multinode.sbatch", DEMO,
                             *steps, env={"IMAGE": str(cpu_sif)})  # fmt: skip
     project.wait_for_log(job_id, r"step [1-9]\d+/150, loss", timeout=JOB_TIMEOUT)
     # What `#SBATCH --signal=B:USR1@300` does near the time limit: USR1 to the batch shell only.

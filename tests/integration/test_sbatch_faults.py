@@ -1,4 +1,5 @@
-"""Faults delivered the way a cluster delivers them, to 2-node Apptainer jobs on the testbed.
+"""Faults delivered the way a cluster delivers them, to 2-node Apptainer jobs on the testbed (one
+training process per node).
 
 - Slurm's TERM (``scontrol requeue``, as preemption and ``scancel`` send it), twice in one job:
   each time a complete checkpoint at the step the ranks were at, no Bus error (the image stays
@@ -37,6 +38,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures
 DEMO = "recipes/demo-addition.yaml"
 JOB_TIMEOUT = 900
 HANG_BUDGET = 20  # CTRAIN_HANG_TIMEOUT for the hang test, seconds (the default is 600)
+# One training process per node: every fault here is a node's or a launcher's, and on 2 shared cores
+# each process's start (the training stack's import) is most of what these jobs cost.
+PER_NODE = 1
+RANKS = 2 * PER_NODE
+LAST = RANKS - 1  # the last rank, on node2: the one stopped or killed
 
 
 def report(what: str, value: str) -> None:
@@ -59,8 +65,8 @@ def restarts(project: Project, job_id: str) -> int:
 
 
 def submit(project: Project, image: Path, name: str, *overrides: str, env: dict[str, str] | None = None) -> str:
-    return project.sbatch("--ntasks-per-node=2", f"--job-name={name}", "sbatch/apptainer_multinode.sbatch", DEMO,
-                          *overrides, f"training.output_dir=/outputs/{name}",
+    return project.sbatch(f"--ntasks-per-node={PER_NODE}", f"--job-name={name}", "sbatch/apptainer_multinode.sbatch",
+                          DEMO, *overrides, f"training.output_dir=/outputs/{name}",
                           env={"IMAGE": str(image), **(env or {})})  # fmt: skip
 
 
@@ -127,12 +133,12 @@ def test_stopped_rank_is_caught_within_the_budget(sbatch_project: Project, cpu_s
     project = sbatch_project
     job_id = submit(project, cpu_sif, "hang", "training.max_steps=5000", "training.logging_steps=5",
                     "training.save_steps=100000", env={"CTRAIN_HANG_TIMEOUT": str(HANG_BUDGET)})  # fmt: skip
-    beat = project.path / ".ctrain" / job_id / "heartbeat" / "rank-3"
+    beat = project.path / ".ctrain" / job_id / "heartbeat" / f"rank-{LAST}"
 
     def beating_past_step_5() -> bool:
         return beat.is_file() and int(beat.read_text().split()[0] or 0) >= 5
 
-    wait_until("rank 3's heartbeat", beating_past_step_5, JOB_TIMEOUT, every=0.5)
+    wait_until(f"rank {LAST}'s heartbeat", beating_past_step_5, JOB_TIMEOUT, every=0.5)
     _, host, pid = beat.read_text().split()
     os.kill(int(pid), signal.SIGSTOP)
     stopped = time.monotonic()
@@ -140,19 +146,20 @@ def test_stopped_rank_is_caught_within_the_budget(sbatch_project: Project, cpu_s
     ended = wait_until("the requeue", lambda: restarts(project, job_id) == 1, 120, every=0.5)
     project.testbed.slurm.run(["scancel", job_id], check=False)
     log = project.log(job_id)
-    line = re.search(rf"^ctrain: hang: rank 3 on {host} \(pid {pid}\): last step (\d+), no progress for (\d+)s, "
+    line = re.search(rf"^ctrain: hang: rank {LAST} on {host} \(pid {pid}\): last step (\d+), no progress for (\d+)s, "
                      r"process state (\S+)$", log, re.MULTILINE)  # fmt: skip
     assert line, log[-6000:]
     assert line.group(3).startswith("T"), line.group(0)  # stopped, and said so
-    assert f"ctrain: hang: not running (stopped, stuck in the kernel, or gone): rank 3 on {host}\n" in log
+    assert f"ctrain: hang: not running (stopped, stuck in the kernel, or gone): rank {LAST} on {host}\n" in log
     assert int(line.group(2)) > HANG_BUDGET
     assert "ctrain: failure: a rank stopped making progress (the 'hang:' lines above)" in log
     assert f"ctrain: requeueing job {job_id} once (restart 1)" in log
     # The rank's last heartbeat came just before the stop: detection takes the budget, plus at most
     # a poll (budget / 10) and the time to ask the nodes for their processes' states.
     assert HANG_BUDGET - 2 <= caught - stopped <= HANG_BUDGET + 15, caught - stopped
-    report("SIGSTOP of rank 3: to the hang report", f"{caught - stopped:.1f} s (CTRAIN_HANG_TIMEOUT={HANG_BUDGET})")
-    report("SIGSTOP of rank 3: to the requeue", f"{ended - stopped:.1f} s")
+    report(f"SIGSTOP of rank {LAST}: to the hang report",
+           f"{caught - stopped:.1f} s (CTRAIN_HANG_TIMEOUT={HANG_BUDGET})")  # fmt: skip
+    report(f"SIGSTOP of rank {LAST}: to the requeue", f"{ended - stopped:.1f} s")
 
 
 def heartbeats(project: Project, job_id: str) -> dict[int, tuple[int, str, int]]:
@@ -167,16 +174,16 @@ def heartbeats(project: Project, job_id: str) -> dict[int, tuple[int, str, int]]
 
 def training(project: Project, job_id: str, past: int = 5, earlier: frozenset[int] = frozenset()
              ) -> dict[int, tuple[int, str, int]]:  # fmt: skip
-    """Wait until all 4 ranks of this run have finished step ``past``; their heartbeats. ``earlier``:
+    """Wait until all ranks of this run have finished step ``past``; their heartbeats. ``earlier``:
     the PIDs of an earlier run of the job, whose heartbeats a retry finds until its batch script
     clears them (that happens after the retry has logged its start)."""
 
     def ready() -> bool:
         beats = heartbeats(project, job_id)
-        return (len(beats) == 4 and min(step for step, _, _ in beats.values()) >= past
+        return (len(beats) == RANKS and min(step for step, _, _ in beats.values()) >= past
                 and not {pid for _, _, pid in beats.values()} & earlier)  # fmt: skip
 
-    wait_until(f"4 ranks past step {past}", ready, JOB_TIMEOUT, every=0.5,
+    wait_until(f"{RANKS} ranks past step {past}", ready, JOB_TIMEOUT, every=0.5,
                detail=lambda: str(heartbeats(project, job_id)))  # fmt: skip
     return heartbeats(project, job_id)
 
@@ -196,20 +203,20 @@ def test_killed_rank_on_a_live_node_is_retried_once(sbatch_project: Project, cpu
     for restart in (0, 1):
         if restart:
             requeued = wait_until("the requeue", lambda: restarts(project, job_id) == 1, 120, every=0.5)
-            report("SIGKILL of rank 3 (run 1): to the requeue", f"{requeued - killed:.1f} s")
+            report(f"SIGKILL of rank {LAST} (run 1): to the requeue", f"{requeued - killed:.1f} s")
             project.testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"],
                                   check=False)  # fmt: skip
             wait_until("the retry to start", lambda: project.log(job_id).count("ctrain: job ") == 2, JOB_TIMEOUT)
         beats = training(project, job_id, earlier=earlier)
-        _, node, pid = beats[3]
+        _, node, pid = beats[LAST]
         others = [p for _, _, p in beats.values() if p != pid]
         earlier = frozenset(p for _, _, p in beats.values())
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         gone = wait_until("the other ranks to end", lambda: not any(alive(p) for p in others), 60)
         ended = wait_until("the step's end", lambda: project.log(job_id).count("step exited with") == restart + 1, 60)
-        report(f"SIGKILL of rank 3 on {node} (run {restart + 1}): to the last rank gone", f"{gone - killed:.1f} s")
-        report(f"SIGKILL of rank 3 on {node} (run {restart + 1}): to the step's end", f"{ended - killed:.1f} s")
+        report(f"SIGKILL of rank {LAST} on {node} (run {restart + 1}): to the last rank gone", f"{gone - killed:.1f} s")
+        report(f"SIGKILL of rank {LAST} on {node} (run {restart + 1}): to the step's end", f"{ended - killed:.1f} s")
         assert ended - killed <= 60
     state = project.testbed.wait(job_id, timeout=120)
     log = project.log(job_id)
@@ -239,7 +246,7 @@ def test_lost_node_ends_the_step_within_a_minute(sbatch_project: Project, cpu_si
     beats = training(project, job_id)
     survivors = [pid for _, node, pid in beats.values() if node == "node1"]
     launcher = int((project.path / ".ctrain" / job_id / "node1.pid").read_text())
-    assert len(survivors) == 2, beats
+    assert len(survivors) == PER_NODE, beats
     try:
         count = testbed.kill_node("node2")
         killed = time.monotonic()
@@ -275,7 +282,7 @@ def test_lost_batch_host_is_decided_from_another_node(sbatch_project: Project, c
                     "training.save_steps=100000")  # fmt: skip
     beats = training(project, job_id)
     survivors = [pid for _, node, pid in beats.values() if node == "node2"]
-    assert len(survivors) == 2 and testbed.slurm.job(job_id).where == "node[1-2]", beats
+    assert len(survivors) == PER_NODE and testbed.slurm.job(job_id).where == "node[1-2]", beats
     try:
         count = testbed.kill_node("node1")
         killed = time.monotonic()
