@@ -35,8 +35,6 @@ from ctrain.fast import FastSettings
 # on all seven projections of every layer, which is what ``all-linear`` picks on a Llama.
 LORA_R, LORA_ALPHA, LORA_DROPOUT = 16, 32, 0.05
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# Why a QLoRA case cannot run on a CPU (said by the parent, before any process starts, and by run_case).
-FOUR_BIT_NEEDS_GPU = "quantises the base with bitsandbytes, which needs a GPU"
 
 
 @dataclass(frozen=True)
@@ -81,6 +79,14 @@ class Case:
     def adapters(self) -> bool:
         """Whether the base is frozen and only adapters train."""
         return self.lora is not None or self.recipe is not None
+
+
+def cannot_run(case: Case, cuda: bool) -> str | None:
+    """Why ``case`` cannot run on this device, or None: said by ``ctrain bench`` before it starts a
+    process for the case, and by :func:`run_case` when called directly."""
+    if case.lora is not None and case.lora.four_bit and not cuda:
+        return f"{case.name} quantises the base with bitsandbytes, which needs a GPU"
+    return None
 
 
 CASES: dict[str, Case] = {
@@ -544,8 +550,8 @@ def run_case(
                 torch.manual_seed(spec.seed)
                 model = LlamaForCausalLM(spec.model_config())
             else:
-                if case.lora.four_bit and not cuda:
-                    raise CtrainError(f"{case.name} {FOUR_BIT_NEEDS_GPU}")
+                if (why := cannot_run(case, cuda)) is not None:
+                    raise CtrainError(why)
                 settings = lora_args(case, spec, device, max_steps, tmp)
                 attention = best_attention(device) if case.lora.tuned else "sdpa"
                 model = base_model(spec, device, torch.bfloat16 if cuda else torch.float32, attention)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrain import proc, ui
-from ctrain.bench.run import CASES, FOUR_BIT_NEEDS_GPU, STRATEGIES, Case, run_case
+from ctrain.bench.run import CASES, STRATEGIES, Case, cannot_run, run_case
 from ctrain.bench.spec import BenchSpec
 from ctrain.errors import CommandError, ConfigError, CtrainError
 
@@ -196,9 +196,9 @@ def run_isolated(
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ctrain-bench-") as tmp:  # each worker's JSON, read back here
         for case in cases:
-            if case.lora is not None and case.lora.four_bit and device != "cuda":  # known here: no process for it
-                results.append({"case": case.name, "error": f"{case.name} {FOUR_BIT_NEEDS_GPU}"})
-                ui.info(f"bench: {case.name} not run: {results[-1]['error']}")
+            if (why := cannot_run(case, device == "cuda")) is not None:  # known here: no process for it
+                results.append({"case": case.name, "error": why})
+                ui.info(f"bench: {case.name} not run: {why}")
                 continue
             path = Path(tmp) / f"{case.name}.json"
             check, attention_check = attention_check, False
