@@ -12,12 +12,14 @@ cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "clean-slate.sh must run as root" >&2; exit 1; }
 
 .venv/bin/ctrain testbed down
-# What the testbed's jobs left in /tmp: Apptainer unpacks an image there for each `exec --unsquash`
-# (about 2 GB for the CPU image) and cannot remove it when the run is killed (the fault tests kill
-# runs on purpose). Removed while the job user still exists to own them.
-if id ctrain >/dev/null 2>&1; then
-    find /tmp /var/tmp -maxdepth 1 -user ctrain -name 'rootfs-*' -exec rm -rf -- {} +
-fi
+# What the testbed's jobs left in /tmp: the job user's image cache (each image unpacked once, about
+# 2 GB for the CPU image; docs/sbatch.md), and what Apptainer's own --unsquash leaves when a run is
+# killed. Unpacked images have read-only directories: made writable first.
+for dir in /tmp/ctrain-images-* /tmp/ctrain-unsquash-* /tmp/rootfs-* /var/tmp/rootfs-*; do
+    [ -e "$dir" ] || continue
+    chmod -R u+rwX -- "$dir" 2>/dev/null || true
+    rm -rf -- "$dir"
+done
 .venv/bin/ctrain testbed down --purge
 
 images=${CTRAIN_TEST_IMAGES:-/var/tmp/ctrain-test}

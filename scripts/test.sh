@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
 # Set up everything and run the whole test suite: unit tests, then integration tests against
 # real tools (a Slurm testbed, Apptainer, buildah, a local registry). Run as root.
-# Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -k recipe).
+#   scripts/test.sh           the whole suite (what CI runs)
+#   scripts/test.sh --quick   unit tests and one job on the testbed: the edit-test loop (minutes)
+#   scripts/test.sh ARGS      pytest ARGS (e.g. scripts/test.sh tests/unit -k recipe)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 # A missing prerequisite fails the run instead of skipping tests.
 export CTRAIN_STRICT=1
-# Fast unit tests first, so a broken build fails in minutes; then the integration tests. QLoRA's
-# 4-bit layers are tested in a process of their own with bitsandbytes (.venv/qlora, scripts/setup.sh)
-# on its path, so that the other tests run as they would without it.
-if [ "$#" -eq 0 ]; then
+# Two pytest-xdist workers: the tests that use the testbed run in one of them, in order (one
+# xdist group, tests/conftest.py), while the other runs the rest, so the testbed's waiting (Slurm,
+# grace periods, fault timers) overlaps with the tests that compute.
+PARALLEL=(-n 2 --dist loadgroup)
+# QLoRA's 4-bit layers are tested in a process of their own with bitsandbytes (.venv/qlora,
+# scripts/setup.sh) on its path, so that the other tests run as they would without it.
+if [ "${1:-}" = --quick ]; then
+    shift
+    set -- "${PARALLEL[@]}" tests/unit "tests/integration/test_sbatch.py::test_single_node_apptainer" --durations=10 "$@"
+elif [ "$#" -eq 0 ]; then
     PYTHONPATH=.venv/qlora .venv/bin/python -m pytest tests/qlora
-    set -- tests/unit tests/integration --durations=20
+    set -- "${PARALLEL[@]}" tests/unit tests/integration --durations=30
 fi
 exec .venv/bin/python -m pytest "$@"

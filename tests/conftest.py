@@ -17,6 +17,20 @@ pytest_plugins = [
 
 STRICT = bool(os.environ.get("CTRAIN_STRICT") or os.environ.get("CI"))
 
+# The testbed is one machine-wide cluster: every test that submits to it, stops it or reads what a
+# job on it made runs in one pytest-xdist group (one worker, in collection order), beside the tests
+# that need no testbed (scripts/test.sh runs two workers). These fixtures mark such a test.
+TESTBED_FIXTURES = frozenset({"testbed", "tb", "quickstart", "demo_run", "sbatch_project", "login_host",
+                              "pyxis_double", "demo_image"})  # fmt: skip
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the tests that use the testbed in one xdist group (see TESTBED_FIXTURES)."""
+    for item in items:
+        if TESTBED_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("testbed"))
+
 
 def need(condition: bool, what: str) -> None:
     """Skip when a prerequisite is missing, except in CI/strict mode, where that is a failure."""

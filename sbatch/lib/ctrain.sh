@@ -46,6 +46,8 @@ ctrain_settings() {
     : "${CTRAIN_HANG_TIMEOUT:=600}"              # seconds without a finished step before a rank counts as hung; 0: off
     : "${CTRAIN_STEP_GRACE:=10}"                 # seconds the other nodes get to end after one node's launcher failed
     : "${CTRAIN_APPTAINER_UNSQUASH:=1}"          # 1: run a SIF from a node-local copy (see ctrain_container_apptainer)
+    : "${CTRAIN_IMAGE_CACHE:=${APPTAINER_TMPDIR:-${TMPDIR:-/tmp}}/ctrain-images-$(id -u)}" # node-local unpacked images
+    : "${CTRAIN_IMAGE_CACHE_GB:=50}"             # the cache's size limit on each node, in GiB
     : "${CTRAIN_DRY_RUN:=0}"                     # 1: print the commands instead of running them
 
     # Files are given relative to the project directory; the containers need absolute paths
@@ -165,8 +167,18 @@ ctrain_container_apptainer() {
     # Unprivileged Apptainer serves a SIF's files through squashfuse, a process of the step: Slurm's
     # TERM (scancel, scontrol requeue, preemption) ends it with the workers, whose next read of the
     # image then dies of SIGBUS mid-checkpoint. Unpacked to a node-local directory first (what
-    # enroot does for pyxis), the image has no process that a TERM can end.
-    [[ $CTRAIN_APPTAINER_UNSQUASH != 1 || -d $CTRAIN_IMAGE ]] || CTRAIN_CONTAINER+=(--unsquash)
+    # enroot does for pyxis), the image has no process that a TERM can end. An image file is
+    # unpacked once per node into the image cache (ctrain_image_cache) and every later job there
+    # runs that copy. A registry reference runs as Apptainer pulls it, through squashfuse.
+    CTRAIN_IMAGE_ENTRY=
+    if [[ $CTRAIN_APPTAINER_UNSQUASH == 1 ]] && ctrain_image_is_file "$CTRAIN_IMAGE" && [[ ! -d $CTRAIN_IMAGE ]]; then
+        CTRAIN_IMAGE_ENTRY=$CTRAIN_IMAGE_CACHE/$(ctrain_image_key "$CTRAIN_IMAGE")
+        # The task holds the entry while it runs, so that no other job evicts it (CTRAIN_IMAGE_HOLD).
+        CTRAIN_CONTAINER=(sh -c "$CTRAIN_IMAGE_HOLD" ctrain-image "$CTRAIN_IMAGE_ENTRY" "${CTRAIN_CONTAINER[@]}")
+    elif [[ $CTRAIN_APPTAINER_UNSQUASH == 1 && $CTRAIN_IMAGE == *://* ]]; then
+        echo "ctrain: note: $CTRAIN_IMAGE runs through squashfuse, which a TERM ends before the workers" \
+            "checkpoint; pull it once to a file (apptainer pull images/NAME.sif $CTRAIN_IMAGE) to run it cached" >&2
+    fi
     # GPUs only when Slurm gave the job some: --nv on a CPU node only prints warnings.
     [[ ${SLURM_GPUS_ON_NODE:-0} -eq 0 ]] || CTRAIN_CONTAINER+=(--nv)
     [[ $CTRAIN_MOUNT_HOME == 1 ]] || CTRAIN_CONTAINER+=(--no-home)
@@ -174,7 +186,8 @@ ctrain_container_apptainer() {
     for mount in "${CTRAIN_MOUNT_LIST[@]}"; do
         CTRAIN_CONTAINER+=(--bind "$mount")
     done
-    CTRAIN_CONTAINER+=(--pwd "$CTRAIN_WORKDIR" "$CTRAIN_IMAGE")
+    local run=${CTRAIN_IMAGE_ENTRY:+$CTRAIN_IMAGE_ENTRY/rootfs}
+    CTRAIN_CONTAINER+=(--pwd "$CTRAIN_WORKDIR" "${run:-$CTRAIN_IMAGE}")
     # Host variables reach the container, but the image's own values win unless set this way.
     local name
     for name in "${CTRAIN_FORCED_ENV[@]}"; do
@@ -332,7 +345,7 @@ ctrain_run() {
     export CTRAIN_HEARTBEATS=$CTRAIN_PIDS/heartbeat # each rank's progress, written by the trainer
     rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_PIDS" # what a killed run of this job left
     mkdir -p "$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS"
-    [[ " ${CTRAIN_CONTAINER[*]} " != *" --unsquash "* ]] || ctrain_unsquash_dir
+    [[ -z $CTRAIN_IMAGE_ENTRY ]] || ctrain_image_cache
     "${CTRAIN_SRUN[@]}" &
     CTRAIN_STEP_PID=$!
     local watchdog= guard alive= sentinel=
@@ -646,31 +659,91 @@ ctrain_forward() {
     ctrain_on_nodes 'pkill -"$2" -P "$(cat "$1/$(uname -n).pid")"' "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS" "$1"
 }
 
-# ctrain_unsquash_dir: the job's own directory for the image Apptainer unpacks (--unsquash), on
-# every node: APPTAINER_TMPDIR=DIR/ctrain-unsquash-JOBID, DIR being APPTAINER_TMPDIR as set, else
-# TMPDIR, else /tmp. Apptainer removes its copy when it exits, but a run that is killed (a lost node, a hung rank, SIGKILL after Slurm's KillWait) cannot, and
-# each leftover holds the whole image (GBs) on the node's local disk. So each job first removes, on
-# its nodes, the directories the user's earlier jobs left there, unless Slurm says that job is still
-# running (a squeue that fails removes nothing).
-CTRAIN_UNSQUASH_SWEEP='for dir in "$1"/ctrain-unsquash-*; do
-    [ -d "$dir" ] && [ -O "$dir" ] || continue
-    job=${dir##*-}
-    [ "$job" != "$2" ] || continue
-    state=$(squeue --noheader --jobs="$job" --format=%t 2>&1)
-    case $?:$state in
-    0: | 0:PD | 0:CD | 0:CA | 0:F | 0:TO | 0:NF | 0:OOM | 0:DL | 0:PR | 0:BF | 1:*"Invalid job id"*) rm -rf "$dir" 2>/dev/null ;;
-    esac
-done
-mkdir -p "$1/ctrain-unsquash-$2"'
-ctrain_unsquash_dir() {
-    local tmp=${APPTAINER_TMPDIR:-${SINGULARITY_TMPDIR:-${TMPDIR:-/tmp}}} # the user's choice, if any, holds it
-    export APPTAINER_TMPDIR=$tmp/ctrain-unsquash-$SLURM_JOB_ID
-    export SINGULARITY_TMPDIR=$APPTAINER_TMPDIR
-    if ctrain_on_nodes "$CTRAIN_UNSQUASH_SWEEP" "$tmp" "$SLURM_JOB_ID"; then
-        echo "ctrain: the image is unpacked on each node into $APPTAINER_TMPDIR (what ended jobs left there is removed)"
-    else
-        echo "ctrain: warning: could not prepare $APPTAINER_TMPDIR on every node (above); Apptainer may fail to unpack the image"
+# --- image cache (Apptainer) ---------------------------------------------------------------------
+#
+# An image file is unpacked once per node, into CTRAIN_IMAGE_CACHE/KEY/rootfs, and every later job
+# and requeue on that node runs that directory: no squashfuse process for Slurm's TERM to end, and no
+# unpacking or deleting of GBs at each start and end. One entry (docs/sbatch.md lists the files):
+#   rootfs/    the unpacked image          image     the file it came from
+#   complete   written last: an entry without it is half-unpacked, never run, and removed
+#   used       touched at each job's start (least recently used entries are evicted first)
+#   size-kib   the unpacked size
+# `lock` (the cache's) lets one job at a time unpack or evict on a node; each running task holds a
+# shared lock on its entry's `complete` (CTRAIN_IMAGE_HOLD), and an entry so held is never evicted.
+# `ctrain cache` lists and clears the entries of the node it runs on.
+
+# ctrain_image_key IMAGE: the image's cache key: its size and first 64 KiB (a SIF's header holds the
+# unique ID and modification time its build gave it), hashed. It reads 64 KiB, not the whole image,
+# from the shared filesystem; "unread" when the file cannot be read (dry runs).
+ctrain_image_key() {
+    local size
+    size=$(stat -L -c %s "$1" 2>/dev/null) && [[ -r $1 ]] || { echo unread; return; }
+    { echo "$size"; head -c 65536 "$1"; } | sha256sum | cut -c1-16
+}
+
+# On each node (ctrain_on_nodes): $1 cache, $2 image, $3 key, $4 size limit in GiB. Unpacks the
+# image unless complete, marks it used, then evicts the least recently used entries that no task
+# holds and that no job started in the last 10 minutes, until the cache fits the limit.
+CTRAIN_IMAGE_PREPARE='cache=$1 image=$2 key=$3 limit_kib=$(($4 * 1048576)) node=$(uname -n)
+remove() { chmod -R u+rwX "$1" 2>/dev/null; rm -rf "$1"; } # unpacked images have read-only directories
+umask 077
+mkdir -p "$cache" && exec 8>>"$cache/lock" && flock 8 || exit 1
+entry=$cache/$key
+if [ -e "$entry/complete" ]; then
+    echo "ctrain: $node: the image is cached in $entry"
+else
+    remove "$entry"
+    mkdir "$entry" || exit 1
+    start=$(date +%s)
+    apptainer=apptainer
+    command -v apptainer >/dev/null || apptainer=singularity
+    if ! "$apptainer" build --force --sandbox "$entry/rootfs" "$image" >"$entry/unpack.log" 2>&1; then
+        echo "ctrain: $node: could not unpack $image into $entry: $(tail -n 3 "$entry/unpack.log")" >&2
+        remove "$entry"
+        exit 1
     fi
+    du -sk "$entry/rootfs" | cut -f1 >"$entry/size-kib"
+    printf "%s\n" "$image" >"$entry/image"
+    rm -f "$entry/unpack.log"
+    : >"$entry/complete"
+    echo "ctrain: $node: unpacked $image into $entry in $(($(date +%s) - start)) s (kept for later jobs)"
+fi
+touch "$entry/used"
+total=0
+for dir in "$cache"/*/; do
+    dir=${dir%/}
+    [ -d "$dir" ] || continue
+    [ -e "$dir/complete" ] || { [ "$dir" = "$entry" ] || remove "$dir"; continue; }
+    total=$((total + $(cat "$dir/size-kib" 2>/dev/null || echo 0)))
+done
+[ "$total" -gt "$limit_kib" ] || exit 0
+ls -1dtr "$cache"/*/used | while IFS= read -r used; do
+    dir=${used%/used}
+    [ "$total" -gt "$limit_kib" ] || break
+    [ "$dir" != "$entry" ] && [ -z "$(find "$used" -mmin -10)" ] || continue
+    size=$(cat "$dir/size-kib" 2>/dev/null || echo 0) name=$(cat "$dir/image" 2>/dev/null)
+    if flock -n -x "$dir/complete" sh -c "chmod -R u+rwX \"\$0\" 2>/dev/null; rm -rf \"\$0\"" "$dir"; then
+        total=$((total - size))
+        echo "ctrain: $node: evicted $name ($((size / 1024)) MiB) from the image cache"
+    fi
+done'
+
+# What each srun task runs before Apptainer ($1 the entry, then Apptainer's words): a shared lock on
+# the entry for as long as the container runs (the descriptor passes to Apptainer through exec), so
+# that no other job evicts it; an entry evicted while this job started is named, not run.
+CTRAIN_IMAGE_HOLD='[ -e "$1/complete" ] && command exec 9<"$1/complete" && flock -s 9 && [ -e "$1/complete" ] || {
+    echo "ctrain: $(uname -n): the cached image $1 is gone (removed while the job started); submit again" >&2
+    exit 1
+}
+shift
+exec "$@"'
+
+# ctrain_image_cache: the image unpacked and current in the cache of every node of the job.
+ctrain_image_cache() {
+    ctrain_on_nodes "$CTRAIN_IMAGE_PREPARE" "$CTRAIN_IMAGE_CACHE" "$CTRAIN_IMAGE" \
+        "${CTRAIN_IMAGE_ENTRY##*/}" "$CTRAIN_IMAGE_CACHE_GB" ||
+        ctrain_die "the image could not be made ready on every node (above); CTRAIN_IMAGE_CACHE=$CTRAIN_IMAGE_CACHE" \
+            "must be on node-local disk with room for the unpacked image"
 }
 
 # ctrain_on_nodes SCRIPT ARG...: run `sh -c SCRIPT` once on every node of the step, on the host,

@@ -7,8 +7,11 @@ requeue runs are short (a few steps each). Every job costs about a minute of sta
 
 from __future__ import annotations
 
+import os
+import pwd
 import re
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,35 +71,67 @@ def project(sbatch_project: Project) -> Project:
 # --- the demo on 2 nodes x 2 processes, with plain sbatch ------------------------------------------
 
 
-# What killed runs left on the nodes' disk: an unpacked image of a job Slurm no longer knows (the
-# user's: removed when the next job starts) and one of another user (kept).
-LEFTOVERS = {"ctrain-unsquash-999999": "user", "ctrain-unsquash-999998": "root"}
+# What earlier jobs left in the job user's image cache (/tmp: the nodes' local disk, one machine's):
+# a half-unpacked image (its job was killed while unpacking), and two images of 40 GiB each by
+# their records, last used hours ago, the older one held by a running task. With the demo's image the
+# cache is over its 50 GiB: the job skips the held one, evicts the other, and stops there.
+GIB_KIB = 1024 * 1024
+PLANTED = {"0000000000000000": None, "1111111111111111": 40 * GIB_KIB, "2222222222222222": 40 * GIB_KIB}
+
+
+def plant_cache(cache: Path, project: Project) -> subprocess.Popen[bytes]:
+    """Write :data:`PLANTED` into ``cache``; the process that holds the third entry, as a task does."""
+    for age, (key, size) in enumerate(PLANTED.items()):
+        entry = cache / key
+        (entry / "rootfs" / "usr").mkdir(parents=True, exist_ok=True)
+        (entry / "image").write_text(f"/images/planted-{key[0]}.sif\n")
+        if size is not None:
+            (entry / "size-kib").write_text(f"{size}\n")
+            (entry / "complete").write_text("")
+            (entry / "used").write_text("")
+            os.utime(entry / "used", (time.time() - 3600 * (2 + age),) * 2)  # the held one is the oldest
+    project.own(cache)
+    subprocess.run(["chmod", "-R", "go-rwx", str(cache)], check=True)
+    return subprocess.Popen(["flock", "-s", str(cache / "2222222222222222" / "complete"), "sleep", "3600"])
 
 
 @pytest.fixture(scope="module")
 def demo(project: Project, cpu_sif: Path) -> Iterator[tuple[str, str]]:
     """`sbatch sbatch/apptainer_multinode.sbatch` of the demo recipe, as a user types it: job id, log.
-    Before it, :data:`LEFTOVERS` are planted in /tmp (the nodes' local disk: one machine's)."""
-    for name, owner in LEFTOVERS.items():
-        leftover = Path("/tmp") / name / "rootfs-123" / "usr"
-        leftover.mkdir(parents=True, exist_ok=True)
-        if owner == "user":
-            project.own(Path("/tmp") / name)
-    job_id = project.sbatch(
-        "--ntasks-per-node=2", "sbatch/apptainer_multinode.sbatch", DEMO, *DEMO_STEPS, env={"IMAGE": str(cpu_sif)}
-    )
-    yield job_id, finish(project, job_id)
-    for name in [*LEFTOVERS, f"ctrain-unsquash-{job_id}"]:
-        shutil.rmtree(Path("/tmp") / name, ignore_errors=True)
+    Before it, :data:`PLANTED` entries are put in the job user's image cache."""
+    cache = Path("/tmp") / f"ctrain-images-{pwd.getpwnam(project.testbed.user).pw_uid}"
+    holder = plant_cache(cache, project)
+    try:
+        job_id = project.sbatch(
+            "--ntasks-per-node=2", "sbatch/apptainer_multinode.sbatch", DEMO, *DEMO_STEPS, env={"IMAGE": str(cpu_sif)}
+        )
+        yield job_id, finish(project, job_id)
+    finally:
+        holder.kill()
+        holder.wait()
+        for key in PLANTED:
+            shutil.rmtree(cache / key, ignore_errors=True)
 
 
-def test_each_job_unpacks_into_its_own_directory_and_removes_what_ended_jobs_left(demo: tuple[str, str]) -> None:
+def test_the_image_runs_from_the_node_cache_which_stays_bounded(demo: tuple[str, str], cpu_sif: Path,
+                                                                project: Project) -> None:  # fmt: skip
     job_id, log = demo
-    own = Path("/tmp") / f"ctrain-unsquash-{job_id}"
-    assert f"ctrain: the image is unpacked on each node into {own} (what ended jobs left there is removed)" in log
-    assert own.is_dir() and not any(own.iterdir()), list(own.iterdir())  # Apptainer removed its copy at the end
-    assert not (Path("/tmp") / "ctrain-unsquash-999999").exists()  # the user's, of a job Slurm does not know
-    assert (Path("/tmp") / "ctrain-unsquash-999998" / "rootfs-123").is_dir()  # another user's: not ours to remove
+    cache = Path("/tmp") / f"ctrain-images-{pwd.getpwnam(project.testbed.user).pw_uid}"
+    entries = set(re.findall(rf"^ctrain: node\d: (?:unpacked {re.escape(str(cpu_sif))} into|the image is cached in) "
+                             rf"({re.escape(str(cache))}/[0-9a-f]{{16}})", log, re.MULTILINE))  # fmt: skip
+    assert len(entries) == 1, log[:6000]  # both nodes, one entry (their /tmp is one directory here)
+    entry = Path(entries.pop())
+    assert f"ctrain-image {entry} apptainer exec " in log and f" {entry}/rootfs sh -c " in log
+    assert (entry / "complete").is_file() and (entry / "rootfs" / "usr" / "bin").is_dir()
+    assert (entry / "image").read_text() == f"{cpu_sif}\n"
+    assert not (cache / "0000000000000000").exists()  # half-unpacked: removed
+    assert not (cache / "1111111111111111").exists()  # least recently used, not held: evicted
+    assert "evicted /images/planted-1.sif (40960 MiB) from the image cache" in log
+    assert (cache / "2222222222222222" / "complete").is_file()  # held by a running task: kept
+    listed = CliRunner().invoke(main, ["cache", "list", "--dir", str(cache)])
+    assert listed.exit_code == 0, listed.output
+    assert re.search(rf"^{entry.name} .* ready .* {re.escape(str(cpu_sif))}$", listed.output, re.MULTILINE), listed.output
+    assert re.search(r"^2222222222222222 +40\.00 GiB +in use ", listed.output, re.MULTILINE), listed.output
 
 
 def test_demo_trains_across_two_nodes(demo: tuple[str, str]) -> None:
@@ -187,6 +222,7 @@ def test_time_limit_warning_requeues_and_resumes(project: Project, cpu_sif: Path
     assert "step exited with" in first and "after SIGUSR1" in first
     assert "Bus error" not in first  # the image's files stayed (squashfuse not signalled)
     assert "restart 1 on 2 node(s)" in second
+    assert re.search(r"^ctrain: node\d: the image is cached in ", second, re.MULTILINE)  # not unpacked again
     assert f"resuming from /outputs/requeue/checkpoint-{stopped} " in second
     resumed_steps = [int(n) for n in re.findall(r"step (\d+)/150, loss", second)]
     assert resumed_steps and min(resumed_steps) > stopped, resumed_steps  # it went on, it did not start over

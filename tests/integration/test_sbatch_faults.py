@@ -111,7 +111,11 @@ def test_slurm_term_twice_checkpoints_at_the_signalled_step_and_resumes(sbatch_p
     assert state == "COMPLETED", f"job {job_id} ended {state}:\n{log[-6000:]}"
     runs = log.split("ctrain: job ")[1:]
     assert len(runs) == 3, log[-6000:]
-    assert "apptainer exec --unsquash " in runs[0]
+    # Each run starts from the image unpacked on the nodes' disk, the requeued ones without unpacking again.
+    assert re.search(r"ctrain-image /\S+/ctrain-images-\d+/[0-9a-f]{16} apptainer exec ", runs[0]), runs[0][:3000]
+    for run in runs[1:]:
+        assert re.search(r"^ctrain: node\d: the image is cached in ", run, re.MULTILINE), run[:3000]
+        assert " unpacked " not in run
     assert "Bus error" not in log  # the image stayed readable through both TERMs
     for number, (run, after) in enumerate(itertools.pairwise(runs), 1):
         stopped = int(re.search(r"preemption \(SIGTERM\): saving a complete checkpoint at step (\d+)", run).group(1))

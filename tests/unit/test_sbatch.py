@@ -150,7 +150,7 @@ def test_accelerate_machine_rank_per_node(slurm_conf: Path, tmp_path: Path) -> N
     assert launch[:3] == ["accelerate", "launch", "--multi_gpu"]
     assert {"--num_machines=2", "--num_processes=4", "--main_process_ip=gpu001", "--rdzv_backend=c10d"} <= set(launch)
     # The per-node part: the task script inserts the node's own rank, here run as node 1 would.
-    task = words[words.index("-c") + 1]
+    task = words[words.index("ctrain-task") - 1]
     shown = subprocess.run(["sh", "-c", task.replace('"$@" &', "true &"), "ctrain-task", *launch], cwd=tmp_path,
                            env={"SLURM_NODEID": "1", "PATH": os.environ["PATH"], "CTRAIN_PIDS": "."},
                            capture_output=True, text=True, check=True)  # fmt: skip
@@ -161,7 +161,7 @@ def test_task_script_drops_hook_variables_records_pid_ignores_usr1(slurm_conf: P
     """enroot's PyTorch hook sets RANK/WORLD_SIZE/MASTER_* per task; the task script drops them,
     leaves the launcher's PID where the time-limit warning finds it, and makes USR1 harmless to it."""
     words = srun_words(dry_run("pyxis_multinode", env=allocation(2), slurm_conf=slurm_conf).stdout)
-    task = words[words.index("-c") + 1]
+    task = words[words.index("ctrain-task") - 1]
     hook = {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "gpu001", "MASTER_PORT": "61000"}
     launcher = 'kill -USR1 $$; sleep 0.2; env; echo "pid $$"'  # a USR1 it did not ignore would end it first
     (tmp_path / "pids").mkdir()
@@ -180,12 +180,17 @@ def test_task_script_drops_hook_variables_records_pid_ignores_usr1(slurm_conf: P
 def test_apptainer_mounts_env_and_home(slurm_conf: Path) -> None:
     env = {**allocation(1, gpus=0), "CTRAIN_DATA": "data", "CTRAIN_MOUNTS": "/scratch:/scratch,/ro:/ro:ro",
            "IMAGE": "images/x.sif", "FOO": "bar", "CTRAIN_CONTAINER_ENV": "FOO"}  # fmt: skip
-    words = srun_words(dry_run("apptainer", env=env, slurm_conf=slurm_conf).stdout)
+    shown = dry_run("apptainer", env=env, slurm_conf=slurm_conf).stdout
+    words = srun_words(shown)
     binds = [words[i + 1] for i, w in enumerate(words) if w == "--bind"]
     assert binds == ["/project:/workspace", "/home/alice/.cache/huggingface:/hf_home", "/project/outputs:/outputs",
                      "/project/data:/data:ro", "/scratch:/scratch", "/ro:/ro:ro"]  # fmt: skip
     assert "--no-home" in words and words[words.index("--pwd") + 1] == "/workspace"
-    assert "/project/images/x.sif" in words
+    # The image runs from this node's cache (CTRAIN_IMAGE_CACHE; named by the file's contents, which
+    # a dry run without the file cannot read), held by the task while it runs.
+    assert "ctrain: apptainer image /project/images/x.sif," in shown
+    entry = words[words.index("ctrain-image") + 1]
+    assert entry == "/tmp/ctrain-images-0/unread" and words[words.index("--pwd") + 2] == f"{entry}/rootfs"
     on = srun_words(dry_run("apptainer", env={**env, "CTRAIN_MOUNT_HOME": "1"}, slurm_conf=slurm_conf).stdout)
     assert "--no-home" not in on
 
@@ -346,7 +351,7 @@ def test_first_node_hosts_the_store_until_every_launcher_is_done(slurm_conf: Pat
     still in torchrun's exit barrier when the first one exits can still reach it (pytorch#69520).
     Two nodes' tasks, run here as their nodes would, with a launcher that talks to the store."""
     words = srun_words(dry_run("apptainer_multinode", env=allocation(2), slurm_conf=slurm_conf).stdout)
-    task = words[words.index("-c") + 1]
+    task = words[words.index("ctrain-task") - 1]
     assert "--rdzv-conf=is_host=false" in words
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

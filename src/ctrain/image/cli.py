@@ -156,3 +156,43 @@ def push(
     for pushed in run_push(project(ctx), registry=registry, oras=oras, remote=remote, formats=formats, ref=ref,
                            files=files, ssh_options=ssh_options):  # fmt: skip
         click.echo(f"pushed: {pushed.what} {pushed.where}")
+
+
+@click.group()
+def cache() -> None:
+    """The images the Apptainer jobs unpacked on this node (CTRAIN_IMAGE_CACHE, docs/sbatch.md).
+
+    Run it where the jobs ran (on a cluster: srun --nodes=N --ntasks-per-node=1 ctrain cache list).
+    """
+
+
+_DIR = click.option("--dir", "directory", type=click.Path(path_type=Path),
+                    help="The cache directory (default: as the sbatch scripts choose it for this user).")  # fmt: skip
+
+
+@cache.command("list")
+@_DIR
+def cache_list(directory: Path | None) -> None:
+    """One line per unpacked image, least recently used first."""
+    from ctrain.image import cache as image_cache
+
+    where = image_cache.check_dir(directory or image_cache.default_dir())
+    found = image_cache.entries(where)
+    for entry in found:
+        click.echo(image_cache.describe(entry))
+    click.echo(f"{len(found)} image(s) in {where}", err=True)
+
+
+@cache.command("clear")
+@_DIR
+def cache_clear(directory: Path | None) -> None:
+    """Remove every unpacked image that no running job uses; the next job unpacks it again."""
+    from ctrain.image import cache as image_cache
+
+    where = image_cache.check_dir(directory or image_cache.default_dir())
+    removed, kept = image_cache.clear(where)
+    for entry in removed:
+        click.echo(f"removed {entry.key} ({entry.image or '-'})")
+    for entry in kept:
+        click.echo(f"kept {entry.key}: in use by a running job ({entry.image or '-'})")
+    click.echo(f"{len(removed)} removed, {len(kept)} in use, in {where}", err=True)

@@ -316,8 +316,13 @@ def ensure_user(name: str) -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(name)
     except KeyError:
-        proc.run(["useradd", "--create-home", "--shell", "/bin/bash", "--comment", "ctrain testbed job user", name])
-        return pwd.getpwnam(name)
+        pass
+    made = proc.run(["useradd", "--create-home", "--shell", "/bin/bash", "--comment", "ctrain testbed job user", name],
+                    check=False)  # fmt: skip
+    try:
+        return pwd.getpwnam(name)  # made here, or by another process at the same moment
+    except KeyError:
+        raise CtrainError(f"could not create the user {name}: {made.stderr.strip()}") from None
 
 
 def unreachable_dirs(path: Path) -> list[Path]:
