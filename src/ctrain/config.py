@@ -26,7 +26,37 @@ CONFIG_NAME = "ctrain.yaml"
 # are written into the job script) and HOST:CONTAINER[:ro|rw] bind mounts.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|CREDENTIAL", re.IGNORECASE)
-_MOUNT = re.compile(r"[^:,]+:/[^:,]*(?::(?:ro|rw))?")
+_MOUNT = re.compile(r"[^:,\x00-\x1f\x7f]+:/[^:,\x00-\x1f\x7f]*(?::(?:ro|rw))?")
+# What an #SBATCH line's value may hold: what Slurm's names, lists, constraints, sizes and times are
+# made of. Never whitespace, quotes, $, `, ;, <, >, \ or control characters: sbatch splits the line
+# at whitespace, and a newline would end it and start a command of the job script.
+_DIRECTIVE_VALUE = re.compile(r"[A-Za-z0-9_.,:@+%&|!()\[\]*=/~^{}-]+")
+_DIRECTIVE_CHARS = "letters, digits and _.,:@+%&|!()[]*=/~^{}-"
+_SBATCH_ARG = re.compile(r"--?([A-Za-z][A-Za-z0-9-]*)(?:=(.*))?", re.DOTALL)
+# sbatch options whose value is an #SBATCH line's (slurm.KEY -> the option).
+DIRECTIVE_FIELDS = {"job_name": "job-name", "partition": "partition", "account": "account", "qos": "qos",
+                    "time": "time", "mem": "mem", "constraint": "constraint"}  # fmt: skip
+# Paths and words that reach the job script as quoted shell (exports, arguments): any text but
+# control characters, which no file name needs and which would make the script lie when shown.
+_SHELL_FIELDS = ("script", "image", "deepspeed_config", "accelerate_config", "data", "hf_cache", "outputs", "recipe")
+# Mounted as SRC:DST in a comma-separated list: neither separator may be in the host path.
+_MOUNT_SOURCES = ("data", "hf_cache", "outputs")
+
+
+def control_problem(value: str) -> str | None:
+    """Why ``value`` cannot go into a job script as written (a control character), else None."""
+    for char in value:
+        if ord(char) < 32 or ord(char) == 127:
+            return f"contains a control character ({char!r})"
+    return None
+
+
+def directive_problem(value: str) -> str | None:
+    """Why ``value`` cannot be the value of an ``#SBATCH --option=VALUE`` line, else None."""
+    if _DIRECTIVE_VALUE.fullmatch(value):
+        return None
+    bad = next((char for char in value if not _DIRECTIVE_VALUE.fullmatch(char)), "")
+    return f"contains {bad!r}; an sbatch option's value here may hold {_DIRECTIVE_CHARS} only" if bad else "is empty"
 
 
 @dataclass
@@ -219,6 +249,23 @@ class SlurmConfig:
 
     def validate(self) -> None:
         """Relations between settings that are wrong before anything is run."""
+        for name, option in DIRECTIVE_FIELDS.items():
+            value = getattr(self, name)
+            problem = None if value is None else directive_problem(value)
+            if problem:
+                raise ConfigError(f"slurm.{name} (--{option}) {shorten(value)!r} {problem}")
+        for name in (*_SHELL_FIELDS, *(f"mounts[{i}]" for i in range(len(self.mounts)))):
+            value = self.mounts[int(name[7:-1])] if name.startswith("mounts[") else getattr(self, name)
+            problem = None if value is None else control_problem(str(value))
+            if problem:
+                raise ConfigError(f"slurm.{name} {shorten(str(value))!r} {problem}")
+        for name in _MOUNT_SOURCES:
+            value = getattr(self, name)
+            if value is not None and ("," in str(value) or ":" in str(value)):
+                raise ConfigError(
+                    f"slurm.{name} {shorten(str(value))!r} contains ',' or ':', which separate the container's mounts: "
+                    "use a path without them (a symbolic link to it will do)"
+                )
         for name in (
             "nodes",
             "gpus_per_node",
@@ -235,7 +282,10 @@ class SlurmConfig:
         if self.signal_lead is not None and self.signal_lead > 65535:
             raise ConfigError(f"slurm.signal_lead is {self.signal_lead}s; Slurm allows at most 65535")
         if self.time:
-            time_seconds(self.time)
+            try:
+                time_seconds(self.time)
+            except ConfigError as exc:
+                raise ConfigError(f"slurm.{exc}") from None
         if self.gpus_per_node and self.ntasks_per_node:
             raise ConfigError(
                 "slurm.gpus_per_node and slurm.ntasks_per_node are both set: with GPUs the scripts start one "
@@ -254,8 +304,16 @@ class SlurmConfig:
                     "log in once (`huggingface-cli login` stores the token in the mounted HF cache)"
                 )
         for arg in self.sbatch_args:
-            if not arg.startswith("-"):
-                raise ConfigError(f"slurm.sbatch_args entry {arg!r} must be an sbatch option like --qos=high")
+            match = _SBATCH_ARG.fullmatch(arg)
+            if not match:
+                raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r} must be an sbatch option like --qos=high")
+            problem = None if match.group(2) is None else directive_problem(match.group(2))
+            if problem:
+                raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r}: its value {problem}")
+        for name, value in self.env.items():
+            problem = control_problem(value)
+            if problem:
+                raise ConfigError(f"slurm.env: the value of {name} {problem}: write it on one line")
         if self.job_name is not None:
             problem = name_problem(self.job_name)
             if problem:

@@ -308,3 +308,29 @@ def test_a_login_node_without_slurm_is_named(clusters: Path) -> None:
     code, out, _ = _ctrain("status", "--cluster", "noslurm")
     said = r"^error: cluster noslurm: \S+ has no `squeue`: is it the cluster's login node"
     assert code == 1 and re.search(said, out), out
+
+
+def test_remote_paths_never_pass_through_the_login_shell(login_host: LoginHost, sbatch_project, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A project_dir with a space and `$(...)`, sent with RSYNC_OLD_ARGS=1 in the user's environment
+    (how rsync before 3.2.4 passes remote paths: through the login shell): the files arrive in
+    exactly that directory and nothing runs on the login node."""
+    canary = Path("/tmp") / f"ctrain-rsync-canary-{time.monotonic_ns()}"
+    odd = Path(sbatch_project.testbed.shared_dir) / f"odd project $(touch {canary}) `touch {canary}`"
+    path = tmp_path / "clusters.yaml"
+    path.write_text(yaml.safe_dump({"clusters": {"odd": login_host.profile(project_dir=str(odd))}}))
+    project = tmp_path / "project"
+    (project / "recipes").mkdir(parents=True)
+    (project / "recipes" / "r.yaml").write_text("task: sft\n")
+    monkeypatch.setenv("RSYNC_OLD_ARGS", "1")
+    before = set(odd.parent.iterdir())
+    ssh = remote.Ssh(remote.resolve("odd", path))
+    try:
+        said: list[str] = []
+        remote.sync_project(ssh, project, emit=said.append)
+    finally:
+        ssh.close()
+    assert (odd / "recipes" / "r.yaml").read_text() == "task: sft\n", said
+    assert not canary.exists(), said  # nothing ran on the login node
+    assert set(odd.parent.iterdir()) - before == {odd}, said  # and nothing went anywhere else
+    shutil.rmtree(odd, ignore_errors=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 from ctrain import proc, resources, slurm
 from ctrain.config import ProjectConfig, SlurmConfig
 from ctrain.errors import ConfigError, CtrainError
+from ctrain.files import shorten
 from ctrain.image import reference
 from ctrain.settings import override
 
@@ -354,6 +355,12 @@ def prepare(
     runtime = script_runtime(template)
     env = settings_env(c, config, project, runtime)
     recipe_arg = recipe or (str(c.recipe) if c.recipe else None)
+    from ctrain.config import control_problem
+
+    for item in [*([recipe] if recipe else []), *overrides]:
+        problem = control_problem(item)
+        if problem:
+            raise ConfigError(f"the argument {shorten(item)!r} {problem}: a recipe path or key=value override is one line")
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override {item!r} must look like key=value (e.g. training.max_steps=100)")
