@@ -202,6 +202,7 @@ def to_mapping(obj: Any) -> Any:
 
 # A settings file larger than this is not one (a data set or a model named by mistake).
 MAX_SETTINGS_BYTES = 4 * 2**20
+MAX_OVERRIDE_CHARS = 64 * 2**10
 _DOTTED = re.compile(r"\b[a-z_]+(?:\.[a-z_][a-z0-9_]*)+\b")
 _PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
 
@@ -253,9 +254,9 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
-def _yaml_error(path: Path, exc: yaml.YAMLError) -> ConfigError:
+def _yaml_error(path: Path | str, exc: yaml.YAMLError) -> ConfigError:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+    problem = _cut(getattr(exc, "problem", None) or str(exc).strip().splitlines()[0])
     context = getattr(exc, "context", None)
     where = f"{path} line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(path)
     start = getattr(exc, "context_mark", None)
@@ -267,39 +268,83 @@ def _yaml_error(path: Path, exc: yaml.YAMLError) -> ConfigError:
     return ConfigError(f"{where}: not valid YAML: {detail}")
 
 
-def _check_duplicates(node: yaml.Node | None, path: Path) -> None:
-    """YAML keeps the last of two equal keys without a word; a setting written twice is a mistake."""
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
-        for key, value in node.value:
-            if isinstance(key, yaml.ScalarNode) and key.value != "<<":
-                line = key.start_mark.line + 1
-                if key.value in seen:
-                    raise ConfigError(
-                        f"{path} line {line}: '{key.value}' is set twice (also on line {seen[key.value]}): keep one"
-                    )
-                seen[key.value] = line
-            _check_duplicates(value, path)
-    elif isinstance(node, yaml.SequenceNode):
-        for item in node.value:
-            _check_duplicates(item, path)
+# What a settings document may cost once its aliases are expanded, and how deep it may nest: far
+# more than any recipe, config or profile needs, far less than an alias bomb ("billion laughs").
+MAX_YAML_VALUES = 100_000
+MAX_YAML_DEPTH = 64
+
+
+def bounded(node: yaml.Node | None, where: str) -> None:
+    """Refuse a document that expands to more than MAX_YAML_VALUES values or nests deeper than
+    MAX_YAML_DEPTH, and a setting written twice (YAML keeps the last of two equal keys without a
+    word). Each node is visited once, however many aliases point at it."""
+    sizes: dict[int, int] = {}
+
+    def visit(node: yaml.Node, depth: int) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if depth > MAX_YAML_DEPTH:
+            line = node.start_mark.line + 1
+            raise ConfigError(f"{where} line {line}: nested more than {MAX_YAML_DEPTH} levels deep: no setting needs that")
+        sizes[id(node)] = 1  # an alias of itself (a cycle) counts once
+        size = 1
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value != "<<":
+                    line = key.start_mark.line + 1
+                    if key.value in seen:
+                        raise ConfigError(
+                            f"{where} line {line}: '{_cut(key.value)}' is set twice (also on line {seen[key.value]}): "
+                            "keep one"
+                        )
+                    seen[key.value] = line
+                size += visit(key, depth + 1) + visit(value, depth + 1)
+        elif isinstance(node, yaml.SequenceNode):
+            size += sum(visit(item, depth + 1) for item in node.value)
+        if size > MAX_YAML_VALUES:
+            raise ConfigError(
+                f"{where}: expands to more than {MAX_YAML_VALUES:,} values (YAML aliases repeat what they point at): "
+                "write the settings out"
+            )
+        sizes[id(node)] = size
+        return size
+
+    if node is not None:
+        visit(node, 0)
+
+
+def _cut(text: str, limit: int = 80) -> str:
+    """``text`` cut to a readable length for a message."""
+    return text if len(text) <= limit else f"{text[: limit - 20]}...{text[-12:]} ({len(text):,} characters)"
+
+
+def parse_yaml(text: str, where: str) -> tuple[yaml.Node | None, Any]:
+    """One YAML document: its node graph (for line numbers) and its value, within the bounds above;
+    a ConfigError naming ``where`` for anything YAML or the bounds refuse."""
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as exc:  # the reader refuses control characters (NUL) at once
+        raise ConfigError(f"{where}: not valid YAML: {_cut(str(exc).splitlines()[0])}") from None
+    try:
+        node = loader.get_single_node()
+        bounded(node, where)
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as exc:
+        raise _yaml_error(where, exc) from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deep to read (more than {MAX_YAML_DEPTH} levels)") from None
+    except (TypeError, ValueError) as exc:  # unhashable keys
+        raise ConfigError(f"{where}: not usable YAML: {_cut(str(exc))}") from None
+    finally:
+        loader.dispose()
+    return node, data
 
 
 def read_settings(path: str | Path) -> SettingsFile:
     """Read a YAML mapping; every error names the file, and the line where YAML knows it."""
     path = Path(path)
-    text = _read_text(path)
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        _check_duplicates(node, path)
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.YAMLError as exc:
-        raise _yaml_error(path, exc) from None
-    except (TypeError, ValueError, RecursionError) as exc:  # unhashable keys, deep aliases
-        raise ConfigError(f"{path}: not usable YAML: {exc}") from None
-    finally:
-        loader.dispose()
+    node, data = parse_yaml(_read_text(path), str(path))
     if data is None:
         return SettingsFile(path, {}, node)
     if not isinstance(data, dict):
@@ -349,9 +394,13 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} must look like key=value (e.g. training.max_steps=100)")
+        if len(item) > MAX_OVERRIDE_CHARS:
+            raise ConfigError(f"override {_cut(item)!r} is longer than {MAX_OVERRIDE_CHARS:,} characters")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
+            value = parse_yaml(raw, f"override {_cut(item)!r}")[1] if raw.strip() else ""
+        except ConfigError as exc:
+            if "not valid YAML" not in str(exc):
+                raise
             value = raw
         node = data
         parts = key.strip().split(".")
@@ -372,11 +421,13 @@ def field_names(cls: type) -> list[str]:
 __all__ = [
     "SettingsFile",
     "apply_overrides",
+    "bounded",
     "build",
     "field_names",
     "from_mapping",
     "load_yaml",
     "override",
+    "parse_yaml",
     "read_settings",
     "to_mapping",
 ]

@@ -16,6 +16,13 @@ import pytest
 from tests.badinput import Case, run_case
 from tests.conftest import need
 
+
+# Nine lists, each of nine aliases of the one before: 9**9 (387 million) values once expanded.
+_ANCHORS = ["a", *(f"l{i}" for i in range(1, 9))]
+ALIAS_BOMB = "[&a [x, x, x, x, x, x, x, x, x]" + "".join(
+    f", &{name} [{', '.join(['*' + before] * 9)}]" for before, name in zip(_ANCHORS, _ANCHORS[1:])
+) + "]\n"
+
 RECIPE = """\
 model:
   config: llama
@@ -173,6 +180,19 @@ CASES = [
                                                        "max_steps"], setup(recipe=edit("max_steps", "max_step"))),
     Case("recipe-key-twice", ["train", "r.yaml"], ["r.yaml", "line 14", "twice", "line 13"],
          setup(recipe=RECIPE.replace("logging:", "  max_steps: 3\nlogging:"))),
+    # YAML that costs more than it says: aliases that expand a billion-fold, NUL bytes, deep nesting
+    Case("recipe-alias-bomb", ["train", "--check", "r.yaml"], ["r.yaml", "more than 100,000 values", "aliases"],
+         setup(recipe=RECIPE + "x: " + ALIAS_BOMB)),
+    Case("override-alias-bomb", ["train", "--check", "r.yaml", f"model.x={ALIAS_BOMB}"],
+         ["override 'model.x=", "characters)'", "more than 100,000 values"], setup()),
+    Case("override-huge", ["train", "--check", "r.yaml", "model.x=" + "x" * 100_000],
+         ["override 'model.x=", "(100,008 characters)'", "longer than 65,536 characters"], setup()),
+    Case("recipe-nul-byte", ["train", "--check", "r.yaml"], ["r.yaml", "not valid YAML", "#x0000"],
+         setup(recipe=RECIPE.replace("model:", "model:\0", 1))),
+    Case("recipe-nested-too-deep", ["train", "--check", "r.yaml"], ["r.yaml", "line 16", "more than 64 levels"],
+         setup(recipe=RECIPE + "x: " + "[" * 300 + "]" * 300 + "\n")),
+    Case("ctrain-yaml-alias-bomb", [*SUBMIT, "--dry-run", "r.yaml"], ["ctrain.yaml", "more than 100,000 values"],
+         setup(files={"ctrain.yaml": "slurm:\n  nodes: 1\nx: " + ALIAS_BOMB})),
     Case("recipe-is-a-directory", ["train", "recipes.d"], ["recipes.d", "directory"], setup(dirs=("recipes.d",))),
     Case("recipe-missing", ["prepare", "nope.yaml"], ["nope.yaml", "does not exist"], setup()),
     Case("recipe-is-data", ["train", "data.jsonl"], ["data.jsonl", "YAML"], setup()),

@@ -25,6 +25,7 @@ from ctrain import proc
 from ctrain.cluster import setup as cluster_setup
 from ctrain.cluster.efa import EFA_INSTANCE_TYPES
 from ctrain.errors import ConfigError, CtrainError, ParseError
+from ctrain.settings import MAX_SETTINGS_BYTES, bounded
 
 OFFLINE_CHECK = Path(__file__).with_name("_offline_check.py")
 SCHEMA = "ParallelCluster schema"
@@ -266,6 +267,9 @@ def read(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"{path} does not exist: `ctrain cluster init` writes it")
     try:
+        size = path.stat().st_size
+        if size > MAX_SETTINGS_BYTES:
+            raise ConfigError(f"{path} is {size / 2**20:.0f} MiB, far larger than a ParallelCluster config: is it the right file?")
         data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
@@ -279,7 +283,11 @@ def read(path: Path) -> dict[str, Any]:
     stream = io.StringIO(text)
     stream.name = path.name  # PyYAML names it in its messages
     try:
+        bounded(yaml.compose(stream), str(path))  # aliases expanded and nesting within bounds
+        stream.seek(0)
         config = yaml.safe_load(stream)
+    except RecursionError:
+        raise ConfigError(f"{path} is nested too deep to be a ParallelCluster config: {INIT}") from None
     except yaml.YAMLError as exc:
         detail = "\n".join(f"  {line}" for line in str(exc).splitlines())
         raise ConfigError(f"{path} is not valid YAML (fix it, or {INIT}):\n{detail}") from None
