@@ -11,6 +11,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -92,7 +93,8 @@ def plant_cache(cache: Path, project: Project) -> subprocess.Popen[bytes]:
             os.utime(entry / "used", (time.time() - 3600 * (2 + age),) * 2)  # the held one is the oldest
     project.own(cache)
     subprocess.run(["chmod", "-R", "go-rwx", str(cache)], check=True)
-    return subprocess.Popen(["flock", "-s", str(cache / "2222222222222222" / "complete"), "sleep", "3600"])
+    return subprocess.Popen(["flock", "-s", str(cache / "2222222222222222" / "complete"), "sleep", "3600"],
+                            start_new_session=True)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,7 @@ def demo(project: Project, cpu_sif: Path) -> Iterator[tuple[str, str]]:
         )
         yield job_id, finish(project, job_id)
     finally:
-        holder.kill()
+        os.killpg(holder.pid, signal.SIGKILL)  # flock and its sleep
         holder.wait()
         for key in PLANTED:
             shutil.rmtree(cache / key, ignore_errors=True)

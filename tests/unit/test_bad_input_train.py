@@ -79,6 +79,19 @@ def setup(**kwargs: object) -> Callable[[Path], None]:
     return functools.partial(project, **kwargs)  # type: ignore[arg-type]
 
 
+def special(kind: str) -> Callable[[Path], None]:
+    """A project with a named pipe (pipe.jsonl) or a symbolic link to itself (loop.jsonl) in it."""
+
+    def make(tmp: Path) -> None:
+        project(tmp)
+        if kind == "fifo":
+            os.mkfifo(tmp / "pipe.jsonl")
+        else:
+            (tmp / "loop.jsonl").symlink_to("loop.jsonl")
+
+    return make
+
+
 def edit(old: str, new: str) -> str:
     assert old in RECIPE, old
     return RECIPE.replace(old, new)
@@ -162,6 +175,17 @@ CASES = [
          setup(files={"outputs/r/prepared/ctrain-prepared.json": "{half"})),
     Case("datasets-cache-read-only", ["prepare", "r.yaml"], ["HF_DATASETS_CACHE", "read-only"],
          setup(dirs=("hf",)), env={"HF_DATASETS_CACHE": "hf/datasets"}, read_only=["hf"]),
+    # data that costs more than it says: a line of megabytes, a pipe, a device, a symbolic link loop
+    Case("data-line-of-megabytes", ["train", "r.yaml"], ["data.jsonl line 2 (row 2)", "longer than 1 MiB",
+                                                         "split it"],
+         setup(data=lines([CHAT, {"text": "x" * 3 * 2**20}, CHAT]))),
+    Case("data-source-fifo", ["train", "--check", "r.yaml", "data.source=pipe.jsonl"], ["pipe.jsonl",
+                                                                                       "not a regular file"],
+         special("fifo")),
+    Case("data-source-device", ["train", "r.yaml", "data.source=/dev/zero"], ["/dev/zero", "not a regular file"],
+         setup()),
+    Case("data-source-link-loop", ["train", "--check", "r.yaml", "data.source=loop.jsonl"],
+         ["loop.jsonl", "symbolic link that leads nowhere"], special("loop")),
     Case("data-source-missing", ["prepare", "r.yaml", "data.source=nope.jsonl"], ["nope.jsonl", "does not exist"],
          setup()),
     # 2. recipes that are not YAML mappings of known keys of the right types
@@ -425,3 +449,16 @@ def test_config_overrides_that_make_no_valid_config(tmp_path: Path) -> None:
     recipe = load_recipe(tmp_path / "r.yaml", ["model.config_overrides.num_attention_heads=3"])
     with pytest.raises(ConfigError, match=r"do not make a valid llama config: .*not a multiple of .* heads \(3\)"):
         load_config(recipe)
+
+
+def test_a_glob_through_a_link_loop_reads_each_file_once(tmp_path: Path) -> None:
+    """`data/**/*.jsonl` with data/sub -> data: glob names the file 41 times; it is read once."""
+    from ctrain.train.recipe import DataSettings
+    from ctrain.train.sources import resolve_source
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.jsonl").write_text(lines([CHAT]))
+    (tmp_path / "data" / "sub").symlink_to("../data")
+    (tmp_path / "data" / "also.jsonl").symlink_to("a.jsonl")
+    source = resolve_source(DataSettings(source=str(tmp_path / "data" / "**" / "*.jsonl")))
+    assert source.files == (tmp_path / "data" / "a.jsonl",)

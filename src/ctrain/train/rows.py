@@ -116,10 +116,33 @@ def row_problem(row: Any, kind: str, recipe: Recipe) -> str | None:
 # --- local files, as text -------------------------------------------------------------------------
 
 
+# The longest row a data file may hold: this many bytes per token of data.max_length, at least
+# MIN_ROW_BYTES. A training row holds a few bytes a token, so a longer line is no row but a file's
+# mistake, and reading it whole (a 200 MB line) would take the memory the training needs.
+ROW_BYTES_PER_TOKEN = 1024
+MIN_ROW_BYTES = 2**20
+# A .json file is one array, parsed whole: above this size it must be JSON Lines, read row by row.
+MAX_JSON_ARRAY_BYTES = 256 * 2**20
+
+
+def row_limit(recipe: Recipe) -> int:
+    """The most bytes one row of a data file may take (see ROW_BYTES_PER_TOKEN)."""
+    return max(MIN_ROW_BYTES, recipe.data.max_length * ROW_BYTES_PER_TOKEN)
+
+
+def _lines(handle: Any, limit: int) -> Iterator[tuple[int, bytes]]:
+    """(number, line) of a binary file, each read in at most ``limit`` + 1 bytes; a longer line
+    comes back cut at that length (no newline at its end, and not the file's last bytes)."""
+    number = 0
+    while raw := handle.readline(limit + 1):
+        number += 1
+        yield number, raw
+
+
 def bad_utf8_line(path: Path) -> tuple[int, int] | None:
     """(line, byte) of the first bytes in ``path`` that are not UTF-8, or None."""
     with path.open("rb") as handle:
-        for number, raw in enumerate(handle, 1):
+        for number, raw in _lines(handle, MIN_ROW_BYTES):
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -136,14 +159,19 @@ def _not_utf8(path: Path) -> ConfigError:
 Rows = Iterator[tuple[str, Any, int]]  # (where, row, bytes read)
 
 
-def _json_lines(path: Path) -> Rows:
+def _json_lines(path: Path, limit: int) -> Rows:
     with path.open("rb") as handle:
         row = 0
-        for number, raw in enumerate(handle, 1):
+        for number, raw in _lines(handle, limit):
             if not raw.strip():
                 continue
             row += 1
             where = f"line {number} (row {row})"
+            if len(raw) > limit:
+                raise ConfigError(
+                    f"data.source: {path} {where} is longer than {limit / 2**20:.0f} MiB, far more text than one row "
+                    "of data.max_length tokens holds: split it into rows, or drop it"
+                )
             try:
                 text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as exc:
@@ -164,6 +192,11 @@ def _json_lines(path: Path) -> Rows:
 
 
 def _json_array(path: Path) -> Rows:
+    if path.stat().st_size > MAX_JSON_ARRAY_BYTES:
+        raise ConfigError(
+            f"data.source: {path} is one JSON array of {path.stat().st_size / 2**20:.0f} MiB, which is read whole: "
+            f"above {MAX_JSON_ARRAY_BYTES // 2**20} MiB write it as JSON Lines (.jsonl, one row per line)"
+        )
     try:
         rows = json.loads(path.read_bytes().decode("utf-8-sig"))
     except UnicodeDecodeError:
@@ -177,13 +210,14 @@ def _json_array(path: Path) -> Rows:
         yield f"row {number}", row, size if number == 1 else 0
 
 
-def json_rows(path: Path) -> Rows:
-    """Rows of a JSON file: one array of objects, or JSON Lines (what datasets' json loader reads)."""
+def json_rows(path: Path, limit: int = 64 * MIN_ROW_BYTES) -> Rows:
+    """Rows of a JSON file: one array of objects, or JSON Lines (what datasets' json loader reads),
+    none longer than ``limit`` bytes."""
     with path.open("rb") as handle:
         head = handle.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
     if not head:
         raise ConfigError(f"data.source: {path} is empty")
-    return _json_array(path) if head.startswith(b"[") else _json_lines(path)
+    return _json_array(path) if head.startswith(b"[") else _json_lines(path, limit)
 
 
 def csv_rows(path: Path) -> Rows:
@@ -269,7 +303,7 @@ def scan_files(source: Source, kind: str, recipe: Recipe, budget: int | None = S
             continue
         if source.format not in ("json", "csv"):
             return True
-        rows = json_rows(path) if source.format == "json" else csv_rows(path)
+        rows = json_rows(path, row_limit(recipe)) if source.format == "json" else csv_rows(path)
         for where, row, size in rows:
             problem = row_problem(row, kind, recipe)
             if problem:

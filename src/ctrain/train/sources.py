@@ -8,6 +8,8 @@ import glob
 import json
 import os
 import re
+import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -47,11 +49,17 @@ def resolve_source(data: DataSettings) -> Source:
         return Source("hub", raw)
     path = expand_path(raw)
     if _GLOB.search(str(path)):
-        files = tuple(sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file()))
+        files = _once(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
         if not files:
             raise ConfigError(f"data.source: no files match {raw} (relative paths are relative to {Path.cwd()})")
         return Source("files", raw, _file_format(files, data), files)
+    if os.path.lexists(path) and not path.exists():
+        raise ConfigError(f"data.source: {raw} is a symbolic link that leads nowhere (a loop, or a missing target)")
     if path.exists():
+        if not path.is_dir() and not stat.S_ISREG(path.stat().st_mode):
+            raise ConfigError(
+                f"data.source: {raw} is not a regular file (a pipe or a device reads without end): give a data file"
+            )
         _readable(path, "data.source")
         if path.is_dir():
             if (
@@ -93,7 +101,20 @@ def _data_files(directory: Path, raw: str) -> tuple[Path, ...]:
                 f"data (a file, a glob such as {raw.rstrip('/')}/*.jsonl, or a directory of data files)"
             )
         found += [Path(root, n) for n in names if Path(n).suffix.lower() in FILE_FORMATS]
-    return tuple(sorted(p for p in found if p.is_file()))
+    return _once(p for p in found if p.is_file())
+
+
+def _once(paths: Iterable[Path]) -> tuple[Path, ...]:
+    """Regular files, sorted, each once: a glob through a symbolic link loop, or two links to one
+    file, names the same file many times, and its rows would be trained on that many times."""
+    seen: set[tuple[int, int]] = set()
+    unique = []
+    for path in sorted(paths):
+        st = path.stat()
+        if (st.st_dev, st.st_ino) not in seen and stat.S_ISREG(st.st_mode):
+            seen.add((st.st_dev, st.st_ino))
+            unique.append(path)
+    return tuple(unique)
 
 
 def _file_format(files: tuple[Path, ...], data: DataSettings) -> str:
