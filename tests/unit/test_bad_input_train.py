@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ctrain.errors import ConfigError
 from tests.badinput import Case, run_case
 from tests.conftest import need
 
@@ -186,6 +187,12 @@ CASES = [
          setup()),
     Case("data-source-link-loop", ["train", "--check", "r.yaml", "data.source=loop.jsonl"],
          ["loop.jsonl", "symbolic link that leads nowhere"], special("loop")),
+    # sizes without a ceiling: caught by the recipe, or by the model's config before weights load
+    Case("peft-rank-a-billion", ["train", "--check", "r.yaml", "peft.method=lora", "peft.r=1000000000"],
+         ["peft.r is 1000000000", "between 1 and 65536"], setup()),
+    Case("model-of-absurd-size", ["train", "r.yaml", "model.path=null", "model.config=llama",
+                                  "model.config_overrides.hidden_size=100000000"],
+         ["llama config", "parameters", "more than 1e+13", "model.config_overrides"], setup()),
     Case("data-source-missing", ["prepare", "r.yaml", "data.source=nope.jsonl"], ["nope.jsonl", "does not exist"],
          setup()),
     # 2. recipes that are not YAML mappings of known keys of the right types
@@ -462,3 +469,21 @@ def test_a_glob_through_a_link_loop_reads_each_file_once(tmp_path: Path) -> None
     (tmp_path / "data" / "also.jsonl").symlink_to("a.jsonl")
     source = resolve_source(DataSettings(source=str(tmp_path / "data" / "**" / "*.jsonl")))
     assert source.files == (tmp_path / "data" / "a.jsonl",)
+
+
+def test_adapter_rank_above_the_models_width_is_refused_before_weights_load() -> None:
+    from transformers import LlamaConfig
+
+    from ctrain.settings import from_mapping
+    from ctrain.train.model import check_sizes
+    from ctrain.train.recipe import Recipe
+
+    def recipe(rank: int) -> Recipe:
+        return from_mapping(Recipe, {"model": {"path": "m"}, "data": {"source": "d.jsonl", "max_length": 64},
+                                     "peft": {"method": "lora", "r": rank}})  # fmt: skip
+
+    config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                         max_position_embeddings=128, vocab_size=300)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"peft.r \(256\) is larger than the model's hidden size \(128, the llama"):
+        check_sizes(recipe(256), config)
+    check_sizes(recipe(128), config)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError
-from ctrain.train.recipe import Recipe, check_max_length, expand_path
+from ctrain.train.recipe import MAX_PARAMETERS, Recipe, check_max_length, check_rank, expand_path
 from ctrain.train.sources import BUILTIN_MODEL_TYPE
 
 ADAPTER_CONFIG = "adapter_config.json"  # what PEFT writes beside an adapter's weights
@@ -75,9 +75,34 @@ def max_positions(config: Any) -> int | None:
     return None
 
 
+def parameters(config: Any) -> int | None:
+    """About how many parameters a decoder of this config has (embeddings, attention and MLP per
+    layer), from its sizes alone; None when the config does not say them."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden = getattr(text, "hidden_size", None) or getattr(text, "n_embd", None)
+    layers = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", None)
+    vocab = getattr(text, "vocab_size", None)
+    if not all(isinstance(v, int) for v in (hidden, layers, vocab)):
+        return None
+    inner = getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * hidden
+    return vocab * hidden * 2 + layers * (4 * hidden * hidden + 3 * hidden * inner)
+
+
 def check_sizes(recipe: Recipe, config: Any) -> None:
-    """Sequence length against what the model can hold, before any weights load."""
-    check_max_length(recipe.data.max_length, max_positions(config), f"the {config.model_type} config")
+    """Sequence length, adapter rank and model size against what the model can hold, before any
+    weights load (the allocator's error comes minutes later and names none of them)."""
+    where = f"the {config.model_type} config"
+    check_max_length(recipe.data.max_length, max_positions(config), where)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if recipe.peft.enabled:
+        hidden = getattr(text, "hidden_size", None) or getattr(text, "n_embd", None)
+        check_rank(recipe.peft.r, hidden if isinstance(hidden, int) else None, where)
+    count = parameters(config)
+    if count is not None and count > MAX_PARAMETERS:
+        raise ConfigError(
+            f"{where} describes about {count:.1e} parameters (hidden_size, num_hidden_layers, vocab_size ...): "
+            f"more than {MAX_PARAMETERS:.0e}, beyond any model; check model.config_overrides"
+        )
 
 
 def attention(recipe: Recipe, device_type: str, dtype: str) -> str:

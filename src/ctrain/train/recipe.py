@@ -31,6 +31,11 @@ BUILTIN_SOURCES = ("addition", "subtraction")
 # (and would make the batch layout search take forever).
 MAX_GLOBAL_BATCH = 2**24
 MAX_LENGTH = 2**24
+# A LoRA rank above this is no low-rank adapter of any model that exists (hidden sizes stay below it).
+MAX_RANK = 2**16
+# Parameters a model config may describe: 10 trillion is beyond any model trained; more is a typo
+# in a size (hidden_size: 1000000000) that would only reach the allocator.
+MAX_PARAMETERS = 10**13
 
 # What `ctrain train` needs at the least, shown when a recipe lacks it.
 MINIMAL_RECIPE = (
@@ -322,8 +327,8 @@ class PeftSettings:
                 "or none (train every weight; or remove the peft section)",
                 key="peft",
             )
-        if self.r < 1:
-            raise ConfigError(f"peft.r is {self.r}; the adapter rank must be at least 1 (8 to 64 is usual)")
+        if self.r < 1 or self.r > MAX_RANK:
+            raise ConfigError(f"peft.r is {self.r}; the adapter rank must be between 1 and {MAX_RANK} (8 to 64 is usual)")
         if self.alpha <= 0:
             raise ConfigError(f"peft.alpha is {self.alpha}; it must be positive (often twice peft.r)")
         if not 0 <= self.dropout < 1:
@@ -573,6 +578,15 @@ def check_max_length(max_length: int, positions: int | None, where: str) -> None
         raise ConfigError(
             f"data.max_length ({max_length}) is larger than the model's max_position_embeddings "
             f"({positions}, {where}): lower data.max_length"
+        )
+
+
+def check_rank(rank: int, hidden: int | None, where: str) -> None:
+    """The one rule for a LoRA rank, wherever the model's width is known: at most its hidden size."""
+    if hidden is not None and rank > hidden:
+        raise ConfigError(
+            f"peft.r ({rank}) is larger than the model's hidden size ({hidden}, {where}): an adapter of that rank "
+            "is no low-rank update, only memory; lower peft.r (8 to 64 is usual)"
         )
 
 
