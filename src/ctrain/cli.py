@@ -12,6 +12,7 @@ import errno
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -60,6 +61,22 @@ class _Group(click.Group):
     """Turns :class:`CtrainError`, bad option values (a missing ``--file``, an unknown ``--to``, with a
     pointer to --help) and the file system's refusals into one ``error: ...`` line (credentials
     masked) and a non-zero exit."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        """As click's, but its own errors from the root's options (``ctrain --bogus``, a missing
+        ``--config`` file) are one ``error:`` line like every other."""
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as exc:
+            hint = " (see ctrain --help)" if isinstance(exc, click.UsageError) else ""
+            _error(exc.format_message() + hint)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            _error("aborted")
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
 
     def invoke(self, ctx: click.Context) -> object:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -37,15 +38,43 @@ FINAL_STATES = frozenset(
     }
 )
 
-_JOB_ID = re.compile(r"\d+(?:_\d+)?(?:\.\S+)?")
+_JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?(?:\.[0-9A-Za-z_]+)?", re.ASCII)
+# Signals `ctrain cancel --signal` may send (by name, with or without SIG, or by number).
+_SIGNAL = re.compile(r"(?:SIG)?[A-Z][A-Z0-9+-]*|[0-9]{1,2}", re.ASCII)
+# What Slurm's commands print when the controller cannot be reached or found.
+_UNREACHABLE = ("Could not establish a configuration source", "Unable to process configuration file",
+                "Unable to contact slurm controller",
+                "Socket timed out", "Connection refused", "slurm_load_jobs error: Unable to contact")  # fmt: skip
 
 
 def check_job_id(job_id: str) -> str:
     """A job id as Slurm prints it (123, 123_4 for arrays, 123.0 for a step), or a ConfigError."""
     job_id = str(job_id).strip()
     if not _JOB_ID.fullmatch(job_id):
-        raise CtrainError(f"{job_id!r} is not a Slurm job id (like 1234)")
+        raise CtrainError(f"{job_id[:40]!r} is not a Slurm job id (like 1234)")
     return job_id
+
+
+def check_signal(name: str) -> str:
+    """A signal for ``scancel --signal``: a name (USR1, SIGUSR1) or a number, else a CtrainError."""
+    value = name.strip().upper()
+    known = value if value.isdigit() else value.removeprefix("SIG")
+    if not _SIGNAL.fullmatch(value) or not (value.isdigit() and 0 < int(value) < 65 or hasattr(signal, f"SIG{known}")):
+        raise CtrainError(f"--signal {name[:40]!r} is not a signal: give a name such as USR1 or TERM, or a number")
+    return value
+
+
+def failure(args: Sequence[str], out: subprocess.CompletedProcess[str]) -> CtrainError:
+    """The error for a Slurm command that failed: one line saying so when the controller cannot be
+    reached (the usual cause, which Slurm says only in its last lines), else the command's output."""
+    text = out.stderr + out.stdout
+    if any(sign in text for sign in _UNREACHABLE):
+        last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+        return CtrainError(
+            f"{args[0]} cannot reach the Slurm controller ({last}): is slurmctld running and SLURM_CONF right here "
+            "(scontrol ping)? From a laptop, use --cluster NAME"
+        )
+    return CommandError(args, out.returncode, out.stderr, out.stdout)
 
 
 # --- sbatch ---------------------------------------------------------------------------------------
@@ -356,13 +385,13 @@ class Slurm:
         scripts pass USR1 on to the training processes (and to nothing else) and then requeue.
         """
         args = ["scancel", "--verbose", check_job_id(job_id)]
-        if signal:
-            args[1:1] = ["--batch", f"--signal={signal}"]
+        if signal is not None:
+            args[1:1] = ["--batch", f"--signal={check_signal(signal)}"]
         out = self.runner.run(args, check=False)
         if "Invalid job id" in out.stderr:  # said with --verbose only, and scancel exits 0
             raise CtrainError(f"job {job_id}: Slurm does not know it (never submitted here, or finished long ago)")
         if out.returncode != 0 or "error:" in out.stderr:
-            raise CommandError(args, out.returncode, out.stderr, out.stdout)
+            raise failure(args, out)
 
     # --- job records ---
 
@@ -379,7 +408,7 @@ class Slurm:
             # squeue fails for ids it no longer knows (finished and purged); they are simply not queued.
             if ids and "Invalid job id" in out.stderr:
                 return []
-            raise CommandError(args, out.returncode, out.stderr, out.stdout)
+            raise failure(args, out)
         return parse_squeue(out.stdout)
 
     def sacct(self, job_ids: Iterable[str]) -> list[Job] | None:
@@ -392,7 +421,7 @@ class Slurm:
         if out.returncode != 0 or "accounting storage is disabled" in text:
             if "accounting" in text.lower() or "slurmdbd" in text.lower():
                 return None
-            raise CommandError(args, out.returncode, out.stderr, out.stdout)
+            raise failure(args, out)
         return parse_sacct(out.stdout)
 
     def show_job(self, job_id: str) -> dict[str, str] | None:
@@ -402,7 +431,7 @@ class Slurm:
         if out.returncode != 0 or not out.stdout.strip():
             if "Invalid job id" in out.stderr + out.stdout:
                 return None
-            raise CommandError(args, out.returncode, out.stderr, out.stdout)
+            raise failure(args, out)
         first = out.stdout.strip().splitlines()[0]  # array jobs: one line per task; the first is enough
         return parse_scontrol_record(first)
 
@@ -467,6 +496,11 @@ class Slurm:
             if found:
                 return found[0]
         where = ", ".join(str(d) for d in search)
+        if not where:
+            raise CtrainError(
+                f"no log for job {job_id}: Slurm no longer knows it, and with no project directory to look in "
+                "(project_dir in the cluster's profile) there is nowhere to find logs/*-JOBID.out"
+            )
         raise CtrainError(
             f"no log for job {job_id}: Slurm no longer knows it and there is no *-{job_id}.out in {where}"
         )

@@ -51,6 +51,7 @@ def clusters(login_host: LoginHost, sbatch_project, tmp_path: Path, monkeypatch:
             ),
             "full": login_host.profile(project_dir=str(fresh), images_dir=str(full)),
             "noslurm": login_host.profile(port=login_host.bare_port),
+            "noproject": login_host.profile(),
             "wrongkey": login_host.profile(identity_file=str(login_host.directory / "other_key")),
             "nosshd": login_host.profile(port=free_port(login_host.host)),
             "nohost": login_host.profile(host="no-such-login.invalid"),
@@ -174,8 +175,8 @@ def test_a_job_of_another_cluster_is_named_as_such(clusters: Path) -> None:
         ("wrongkey", r"refused the login for ctrain: ssh tried \S+other_key; put the public key"),
         ("nosshd", r"refused the connection \(no sshd on that port\)"),
         ("nohost", r"host 'no-such-login.invalid' is unknown"),
-        ("nope", r"no cluster named 'nope' in \S+clusters.yaml \(clusters: fresh, full, noctrain, nohost, noslurm, "
-                 r"nosshd, oldctrain, tb, wrongkey\)"),
+        ("nope", r"no cluster named 'nope' in \S+clusters.yaml \(clusters: fresh, full, noctrain, nohost, noproject, "
+                 r"noslurm, nosshd, oldctrain, tb, wrongkey\)"),
     ],
 )
 def test_what_goes_wrong_reaching_a_cluster_is_said_in_one_line(clusters: Path, cluster: str, said: str) -> None:
@@ -184,6 +185,12 @@ def test_what_goes_wrong_reaching_a_cluster_is_said_in_one_line(clusters: Path, 
     assert re.search(r"^error: (cluster \S+: )?(\S+ )?" + said, out), out
     assert len(out.strip().splitlines()) == 1, out
     assert seconds < 15, seconds  # never a prompt, never a hang
+
+
+def test_logs_of_a_forgotten_job_without_a_project_dir_say_where_to_set_it(clusters: Path) -> None:
+    code, out, _ = _ctrain("logs", "--cluster", "noproject", "999990")
+    assert code != 0 and len(out.strip().splitlines()) == 1, out
+    assert "no project directory to look in (project_dir in the cluster's profile)" in out, out
 
 
 def _laptop_project(tmp_path: Path) -> Path:

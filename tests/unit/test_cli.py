@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -10,6 +14,7 @@ from click.testing import CliRunner
 
 from ctrain import doctor
 from ctrain.cli import main
+from tests.conftest import need, need_root
 
 
 def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -97,3 +102,38 @@ def test_doctor_sqsh_needs_enroot_or_the_whole_writer_toolset(monkeypatch) -> No
     assert doctor.report(["sqsh"])[1]
     monkeypatch.setattr(doctor, "CHECKS", only("enroot"))
     assert doctor.report(["sqsh"])[1]
+
+
+def test_the_roots_own_errors_are_one_error_line_too() -> None:
+    """click's `Error:` with usage above it, for the root's options, becomes ctrain's one `error:` line."""
+    for args, said in ((["--bogus"], "error: No such option '--bogus'. (see ctrain --help)"),
+                       (["--config", "/nonexistent.yaml", "status"], "error: Invalid value for '--config'")):  # fmt: skip
+        result = subprocess.run([sys.executable, "-m", "ctrain", *args], capture_output=True, text=True, check=False)
+        assert result.returncode == 2 and result.stdout == "", result
+        assert result.stderr.startswith(said) and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_job_ids_and_signals_are_checked_before_slurm_sees_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    for bad in ("３４", "12;x", "1 2", "1.2;3"):
+        result = CliRunner().invoke(main, ["cancel", bad])
+        assert result.exit_code != 0 and f"is not a Slurm job id" in result.output, (bad, result.output)
+    for bad in ("KILL;x", "USR1 2", "", "NOPE", "99"):
+        result = CliRunner().invoke(main, ["cancel", "--signal", bad, "12"])
+        assert result.exit_code != 0 and "is not a signal" in result.output, (bad, result.output)
+
+
+def test_a_controller_that_cannot_be_reached_is_said_in_one_line() -> None:
+    """Real squeue and scancel where no cluster configuration can be found (an empty /etc/slurm in a
+    mount namespace of their own, no SLURM_CONF: Slurm then looks the controller up in DNS, fails at
+    once, and says why only in its last line)."""
+    need(shutil.which("squeue") is not None and shutil.which("unshare") is not None, "Slurm's client commands, unshare")
+    need_root()
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    for args in (["status", "12"], ["cancel", "12"], ["logs", "12"]):
+        result = subprocess.run(["unshare", "--mount", "sh", "-c", 'mkdir -p /etc/slurm && mount -t tmpfs tmpfs /etc/slurm && exec "$@"', "sh",
+                                 sys.executable, "-m", "ctrain", *args], capture_output=True, text=True, env=env,
+                                timeout=120, check=False)  # fmt: skip
+        assert result.returncode != 0 and result.stdout == "", result
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "cannot reach the Slurm controller" in lines[0] and "scontrol ping" in lines[0], (
+            args, result.stderr)
