@@ -24,9 +24,10 @@ TESTBED_FIXTURES = frozenset({"testbed", "tb", "quickstart", "demo_run", "sbatch
                               "pyxis_double", "demo_image"})  # fmt: skip
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the tests that use the testbed in one xdist group (see TESTBED_FIXTURES)."""
+    """Put the tests that use the testbed in one xdist group (see TESTBED_FIXTURES); before
+    pytest-xdist's own hook, which reads the groups."""
     for item in items:
         if TESTBED_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group("testbed"))

@@ -84,7 +84,7 @@ def test_overrides_apply_on_top_and_are_checked(tmp_path: Path) -> None:
         (["training.deepspeed=ds.json", "training.fsdp=true"], "at most one of training.deepspeed and training.fsdp"),
         (["peft.method=lora"], "peft.method: lora adapts a pretrained model, and model.config makes a new one"),
         (["peft.method=none", "peft.merge=true"], "peft.merge folds trained adapters into the model: set peft.method"),
-        (["peft.method=lora", "peft.r=0"], "peft.r is 0; the adapter rank must be at least 1"),
+        (["peft.method=lora", "peft.r=0"], "peft.r is 0; the adapter rank must be between 1 and 65536"),
         (["peft.method=lora", "peft.alpha=0"], "peft.alpha is 0.0; it must be positive"),
         (["peft.method=lora", "peft.dropout=1"], "peft.dropout is 1.0; it must be at least 0 and below 1"),
         (["peft.method=lora", "peft.target_modules=[]"], "peft.target_modules names no module"),
