@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from ctrain.config import ProjectConfig, PushConfig, load_config
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.image import build, convert, push, secrets, service, store
 from ctrain.image.build import BuildRequest, Progress
+from tests.conftest import need
 from tests.plugins.image import render_definition
 
 REPO = Path(__file__).resolve().parents[2]
@@ -432,3 +434,19 @@ def test_failing_build_prints_no_credential_and_leaves_no_secret(
     printed = "\n".join(lines) + str(info.value)
     assert SECRET not in printed and "http://***:***@127.0.0.1:9/simple/torch/" in printed
     assert not list(tmp_path.glob("ctrain-secrets-*"))  # removed although the build failed
+
+
+def test_a_project_without_its_dockerfile_is_named_not_a_temporary_directory(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    need(shutil.which("buildah") is not None or shutil.which("podman") is not None, "buildah or podman")
+    from click.testing import CliRunner
+
+    from ctrain.cli import main
+
+    assert CliRunner().invoke(main, ["init", str(tmp_path / "p")]).exit_code == 0
+    (tmp_path / "p" / "containers" / "Dockerfile").unlink()
+    monkeypatch.chdir(tmp_path / "p")
+    result = CliRunner().invoke(main, ["build", "--builder", "buildah" if shutil.which("buildah") else "podman"])
+    assert result.exit_code != 0 and len(result.output.strip().splitlines()) == 1, result.output
+    assert f"error: {tmp_path / 'p' / 'containers' / 'Dockerfile'} is missing" in result.output
+    assert "ctrain init --force" in result.output and "ctrain-context-" not in result.output

@@ -216,6 +216,16 @@ def _oci_command(
 
 def build(req: BuildRequest, *, emit: Callable[[str], None] = ui.info) -> store.Image:
     """Build the image; returns where it is, with its ID and (where the store has one) digest."""
+    project = req.context
+    if not (project / "src" / "ctrain").is_dir() and (project / "containers").is_dir():
+        # A project's own containers/ is what gets built: one without the builder's recipe is named
+        # here, not as the temporary directory that source_context stages it into.
+        recipe = STANDALONE_DEF if choose(req.builder) == "apptainer" else DOCKERFILE
+        if not (project / recipe).is_file():
+            raise CtrainError(
+                f"{project / recipe} is missing: the project's containers/ is what ctrain build builds; restore "
+                "it with ctrain init --force (which rewrites sbatch/ and containers/ from this ctrain), or write your own"
+            )
     with source_context(req.context) as context:
         return _build(replace(req, context=context), emit=emit)
 
