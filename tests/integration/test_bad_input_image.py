@@ -126,3 +126,18 @@ def test_failed_build_leaves_the_store_as_it_was(index: int, tiny_image: str, st
     before = store_state(store_env)
     run_case(builds(tiny_image, store_env)[index], tmp_path / "project")
     assert store_state(store_env) == before
+
+
+def test_push_to_an_unreachable_oras_registry_is_one_line(tiny_sif: Path) -> None:
+    """Real `apptainer push` of a real SIF to a loopback port where nothing listens, and to an
+    address it cannot parse: one line each, saying what to check."""
+    from click.testing import CliRunner
+
+    from ctrain.cli import main
+
+    for url, said in (("oras://127.0.0.1:9/team/tiny:1", "error: cannot reach the registry 127.0.0.1:9 ("),
+                      ("oras://127.0.0.1:1/x:1", "error: apptainer push to oras://127.0.0.1:1/x:1 failed: ")):  # fmt: skip
+        result = CliRunner().invoke(main, ["push", "--oras", url, "--file", str(tiny_sif)])
+        errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+        assert result.exit_code != 0 and len(errors) == 1 and errors[0].startswith(said), result.output
+        assert "--oras (push.oras)" in errors[0] or "failed:" in errors[0], result.output

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -36,24 +35,6 @@ def prepare(user: str, cache: Path, image: Path, limit_gib: int = 50) -> subproc
 
 def key(user: str, image: Path) -> str:
     return library(user, 'ctrain_image_key "$1"', image, check=True).stdout.strip()
-
-
-@pytest.fixture
-def tiny_sif(image_user: str, user_tmp: Path) -> Path:
-    """A SIF of a directory with a shell (dash and the libraries it loads) and one file, built by the
-    job user (milliseconds)."""
-    root = user_tmp / "root"
-    (root / "etc").mkdir(parents=True)
-    (root / "etc" / "hello").write_text("hello\n")
-    dash = Path(shutil.which("dash") or "/bin/dash").resolve()
-    needed = re.findall(r"(/\S+)", subprocess.run(["ldd", dash], capture_output=True, text=True, check=True).stdout)
-    for path in [dash, *map(Path, needed)]:
-        (root / path.relative_to("/")).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, root / path.relative_to("/"))
-    (root / "bin").mkdir(exist_ok=True)
-    shutil.copy2(dash, root / "bin" / "sh")
-    as_user(image_user, ["apptainer", "build", user_tmp / "tiny.sif", root])
-    return user_tmp / "tiny.sif"
 
 
 def test_key_follows_the_image_file_not_its_path(image_user: str, tiny_sif: Path, user_tmp: Path) -> None:

@@ -361,3 +361,21 @@ def user_tmp() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def tiny_sif(image_user: str, user_tmp: Path) -> Path:
+    """A SIF of a directory with a shell (dash and the libraries it loads) and one file, built by the
+    job user (milliseconds)."""
+    root = user_tmp / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "hello").write_text("hello\n")
+    dash = Path(shutil.which("dash") or "/bin/dash").resolve()
+    needed = re.findall(r"(/\S+)", subprocess.run(["ldd", dash], capture_output=True, text=True, check=True).stdout)
+    for path in [dash, *map(Path, needed)]:
+        (root / path.relative_to("/")).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, root / path.relative_to("/"))
+    (root / "bin").mkdir(exist_ok=True)
+    shutil.copy2(dash, root / "bin" / "sh")
+    as_user(image_user, ["apptainer", "build", user_tmp / "tiny.sif", root])
+    return user_tmp / "tiny.sif"

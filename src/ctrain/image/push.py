@@ -141,9 +141,9 @@ def push_image(
     return f"{name}@{digest}"
 
 
-def registry_failure(exc: CommandError, host: str) -> CtrainError:
+def registry_failure(exc: CommandError, host: str, flag: str = "--registry (push.registry)") -> CtrainError:
     """A registry that refused or could not be reached, as one line saying what to do; anything
-    else as the tool said it."""
+    else as the tool said it. ``flag`` is where the user set the registry's address."""
     text = exc.stderr or exc.stdout
     if "server gave HTTP response to HTTPS client" in text:
         return CtrainError(f"{host} speaks plain HTTP, not HTTPS: set push.tls_verify: false in ctrain.yaml if you "
@@ -158,7 +158,7 @@ def registry_failure(exc: CommandError, host: str) -> CtrainError:
         said = ping.group(0) if ping else lines[-1]
         said = said.replace('\\"', '"').rstrip('"')
         return CtrainError(f"cannot reach the registry {host} ({said[-200:]}): check the address and port in "
-                           "--registry (push.registry), and that this machine can reach it")  # fmt: skip
+                           f"{flag}, and that this machine can reach it")  # fmt: skip
     return CtrainError(str(exc))
 
 
@@ -213,7 +213,14 @@ def push_oras(sif: Path, url: str, *, tls_verify: bool | None = None, emit: Call
     if not _verify_tls(host, tls_verify):
         cmd.append("--no-https")
     emit(f"push: {sif} -> {url}")
-    proc.stream([*cmd, sif, url], prefix="push: ")
+    try:
+        proc.stream([*cmd, sif, url], prefix="push: ")
+    except CommandError as exc:
+        failure = registry_failure(exc, host, "--oras (push.oras)")
+        if str(failure) != str(exc):
+            raise failure from exc
+        said = [line.strip() for line in (exc.stderr or exc.stdout).splitlines() if line.strip()] or [""]
+        raise CtrainError(f"apptainer push to {url} failed: {said[-1][-300:]}") from exc
     return url
 
 
