@@ -107,7 +107,7 @@ done
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$out/wheels" "${pins[@]}" >&2
 step "ctrain's own wheel"
-"$python" -m pip wheel -q --no-deps --no-build-isolation -w "$out/wheels" "$repo" >&2
+"$python" -m pip wheel -q --no-deps -w "$out/wheels" "$repo" >&2 # builds in an isolated environment (setuptools from PyPI)
 
 {
     echo "Made by scripts/gpu-bundle.sh on $(date -u +%Y-%m-%dT%H:%MZ) from $(git -C "$repo" describe --always --dirty 2>/dev/null || echo '?')"

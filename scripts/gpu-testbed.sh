@@ -19,13 +19,17 @@
 #             through Slurm and Apptainer (1 node x 1 GPU, 2 nodes x 1 GPU)
 #   socket    the same bare 2-GPU run with NCCL forced to TCP sockets (P2P and SHM off)
 #   preempt   `scancel --signal=USR1 --batch JOB` on a 2-node GPU job: it checkpoints, requeues
-#             itself and resumes
+#             itself and resumes (from the image its nodes unpacked once)
+#   start     `sbatch` to the first training step and the last step to the job's end, 2 nodes x 1 GPU:
+#             the image cache cold and warm, and each job unpacking its own copy as before the cache
+#             (the library in CTRAIN_GPU_BASELINE_LIB, when that file exists)
 #
 #   scripts/gpu-testbed.sh [STAGE...]     (default: all, in the order above; done stages are skipped)
 #
 # Settings (environment): CTRAIN_GPU_BUNDLE (default .gpu/bundle in the repository), CTRAIN_GPU_WORK
 # (default /var/tmp/ctrain-gpu: logs, results, the image's root), CTRAIN_GPU_DEADLINE (seconds this
-# run may take before it skips what is left, default 3000), PYTHON (default python3).
+# run may take before it skips what is left, default 3000), CTRAIN_GPU_BASELINE_LIB (an earlier
+# sbatch/lib/ctrain.sh for the start stage's baseline), PYTHON (default python3).
 # Every stage logs to WORK/logs/STAGE.log and adds a line to WORK/results.txt; the end prints them.
 # NVLink multicast stays off everywhere (NCCL_NVLS_ENABLE=0 and friends, passed into every job).
 set -uo pipefail
@@ -508,17 +512,61 @@ stage_preempt() {
     cat "$project/$run/ctrain-preempted.json"
     set +x
     result preempt "job $job $state, restarts $(scontrol show job -o "$job" | grep -o 'Restarts=[0-9]*' | cut -d= -f2): $(grep -h -E 'SIGUSR1|requeueing|resuming from|step exited' "$log" | sed -E 's/^[0-9]+: //' | sort -u | head -n 6 | tr '\n' ';')"
+    result preempt "the image, run by run: $(grep -h -o -E '^ctrain: job [0-9]+ .* restart [0-9]+|unpacked [^ ]+ into [^ ]+ in [0-9]+ s|the image is cached in [^ ]+' "$log" | sed -E 's/ .* restart / restart /' | tr '\n' ';')"
     cp "$log" "$work/logs/" 2>/dev/null
     [[ $state == COMPLETED ]] && grep -q 'resuming from' "$log"
 }
 
+# time_job LABEL [SBATCH-ARGS...]: a 20-step demo job on 2 nodes x 1 GPU, timed from outside (the log
+# polled every 0.1 s): sbatch to step 1, and step 20 to the job's end.
+time_job() {
+    local label=$1 t0 t1= t2= t3= job log= state waited=0
+    shift
+    t0=$(date +%s.%N)
+    job=$(submit --nodes=2 --gpus-per-node=1 --job-name="start-$label" "$@" sbatch/apptainer_multinode.sbatch \
+        recipes/demo-addition.yaml training.max_steps=20 training.logging_steps=1 training.save_steps=1000 \
+        "training.output_dir=outputs/start-$label" data.packing=true 'logging.report_to=[]')
+    [[ $job =~ ^[0-9]+$ ]] || { result start "$label: sbatch failed: $job"; return 1; }
+    while :; do
+        [[ -n $log ]] || log=$(ls "$project"/logs/*-"$job".out 2>/dev/null | head -n 1)
+        if [[ -n $log ]]; then
+            [[ -n $t1 ]] || ! grep -q 'step 1/20, loss' "$log" || t1=$(date +%s.%N)
+            [[ -n $t2 ]] || ! grep -q 'step 20/20, loss' "$log" || t2=$(date +%s.%N)
+        fi
+        state=$(scontrol show job -o "$job" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
+        case $state in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) t3=$(date +%s.%N); break ;; esac
+        ((waited < 6000)) || { scancel "$job"; result start "$label: job $job still $state after 600 s"; return 1; }
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    cp "$log" "$work/logs/" 2>/dev/null
+    [[ $state == COMPLETED && -n $t1 && -n $t2 ]] || { result start "$label: job $job $state"; cat "$log"; return 1; }
+    result start "$label: sbatch to step 1 $(awk "BEGIN { printf \"%.1f\", $t1 - $t0 }") s, step 20 to the job's end $(awk "BEGIN { printf \"%.1f\", $t3 - $t2 }") s; $(grep -h -o -E 'unpacked [^ ]+ into [^ ]+ in [0-9]+ s|the image is cached|exec --unsquash' "$log" | sed -E 's/ into [^ ]+//' | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
+}
+
+stage_start() {
+    set -x
+    local cache
+    cache=/tmp/ctrain-images-$(id -u "$(job_user)")
+    chmod -R u+rwX "$cache" 2>/dev/null
+    rm -rf "$cache"
+    time_job cache-cold --export="ALL,IMAGE=$image" || return 1
+    time_job cache-warm-1 --export="ALL,IMAGE=$image" || return 1
+    time_job cache-warm-2 --export="ALL,IMAGE=$image" || return 1
+    if [[ -f ${CTRAIN_GPU_BASELINE_LIB:-} ]]; then
+        cp "$CTRAIN_GPU_BASELINE_LIB" "$project/baseline-ctrain.sh"
+        chmod a+r "$project/baseline-ctrain.sh"
+        time_job unsquash --export="ALL,IMAGE=$image,CTRAIN_SBATCH_LIB=$project/baseline-ctrain.sh" || return 1
+    fi
+}
+
 # --- main -------------------------------------------------------------------------------------------
 
-all=(probe install testbed image checks demo sbatch sft bench socket preempt)
+all=(probe install testbed image checks demo sbatch sft bench socket preempt start)
 (($# > 0)) && stages=("$@") || stages=("${all[@]}")
 # Rough seconds each stage needs at least (it is skipped with less left before the deadline).
 declare -A need=([probe]=5 [install]=60 [testbed]=30 [image]=120 [checks]=40 [demo]=150 [sbatch]=120 [sft]=150
-                 [bench]=240 [socket]=60 [preempt]=200)
+                 [bench]=240 [socket]=60 [preempt]=200 [start]=300)
 [[ -e $work/job-as-root ]] && JOB_AS_ROOT=1
 say "stages: ${stages[*]} (deadline ${deadline}s; logs in $work/logs)"
 # Jobs a run that was stopped half-way left behind would hold the GPUs.
