@@ -4,6 +4,7 @@ testbed's login host, to the testbed's real Slurm (tests/plugins/remote.py)."""
 from __future__ import annotations
 
 import json
+import pwd
 import re
 import shutil
 import subprocess
@@ -322,8 +323,9 @@ def test_remote_paths_never_pass_through_the_login_shell(login_host: LoginHost, 
     """A project_dir with a space and `$(...)`, sent with RSYNC_OLD_ARGS=1 in the user's environment
     (how rsync before 3.2.4 passes remote paths: through the login shell): the files arrive in
     exactly that directory and nothing runs on the login node."""
-    canary = Path("/tmp") / f"ctrain-rsync-canary-{time.monotonic_ns()}"
+    canary = f"ctrain-rsync-canary-{time.monotonic_ns()}"  # made where the login shell starts, if it ran
     odd = Path(sbatch_project.testbed.shared_dir) / f"odd project $(touch {canary}) `touch {canary}`"
+    starts = [Path(pwd.getpwnam(login_host.user).pw_dir), Path(sbatch_project.testbed.shared_dir), Path("/")]
     path = tmp_path / "clusters.yaml"
     path.write_text(yaml.safe_dump({"clusters": {"odd": login_host.profile(project_dir=str(odd))}}))
     project = tmp_path / "project"
@@ -338,6 +340,6 @@ def test_remote_paths_never_pass_through_the_login_shell(login_host: LoginHost, 
     finally:
         ssh.close()
     assert (odd / "recipes" / "r.yaml").read_text() == "task: sft\n", said
-    assert not canary.exists(), said  # nothing ran on the login node
+    assert not [where for where in starts if (where / canary).exists()], said  # nothing ran on the login node
     assert set(odd.parent.iterdir()) - before == {odd}, said  # and nothing went anywhere else
     shutil.rmtree(odd, ignore_errors=True)
