@@ -2,12 +2,13 @@
 """Where a job's time goes at its edges, on the testbed: `sbatch` to the first training step, and
 the last step to the job's end, timed from outside (the log and the controller polled every 0.1 s).
 
-    .venv/bin/python scripts/job-timeline.py PROJECT_DIR IMAGE.sif [--runs N] [--clear-cache] [SCRIPT]
+    .venv/bin/python scripts/job-timeline.py PROJECT_DIR IMAGE.sif [--runs N] [--clear-cache] [--lib FILE] [SCRIPT]
 
 PROJECT_DIR is a project on the testbed's shared directory that the job user owns (sbatch/,
 recipes/); SCRIPT is its batch script (default sbatch/apptainer_multinode.sbatch). Each run trains
 the demo recipe 20 steps on 2 nodes x 2 processes. --clear-cache empties the job user's image cache
-on the nodes before each run (a cold start). Prints one line per run (docs/benchmarks.md).
+on the nodes before each run (a cold start); --lib runs the jobs with another sbatch library
+(CTRAIN_SBATCH_LIB: an earlier version, as a baseline). Prints one line per run (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from ctrain.testbed import Testbed
 STEPS = 20
 
 
-def run(tb: Testbed, project: Path, image: Path, script: str) -> tuple[float, float, float]:
+def run(tb: Testbed, project: Path, image: Path, script: str, lib: Path | None) -> tuple[float, float, float]:
     """(sbatch to first step, last step to the job's end, whole job) in seconds."""
-    client = Slurm(tb.user_runner({"IMAGE": str(image)}))
+    client = Slurm(tb.user_runner({"IMAGE": str(image), **({"CTRAIN_SBATCH_LIB": str(lib)} if lib else {})}))
     started = time.monotonic()
     job = client.sbatch(["--ntasks-per-node=2", f"--job-name=timeline{STEPS}", script, "recipes/demo-addition.yaml",
                          f"training.max_steps={STEPS}", "training.save_steps=1000",
@@ -61,6 +62,7 @@ def main() -> None:
     parser.add_argument("script", nargs="?", default="sbatch/apptainer_multinode.sbatch")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--clear-cache", action="store_true")
+    parser.add_argument("--lib", type=Path)
     args = parser.parse_args()
     tb = Testbed()
     cache = Path("/tmp") / f"ctrain-images-{pwd.getpwnam(tb.user).pw_uid}"  # the nodes share this /tmp
@@ -70,8 +72,9 @@ def main() -> None:
                 if entry.is_dir():
                     subprocess.run(["chmod", "-R", "u+rwX", str(entry)], check=True)  # read-only image dirs
                     shutil.rmtree(entry)
-        to_first, to_end, whole = run(tb, args.project, args.image, args.script)
-        print(f"{args.script} {'cold' if args.clear_cache else 'warm'} run {number}: sbatch to step 1 {to_first:.1f} s, "
+        to_first, to_end, whole = run(tb, args.project, args.image, args.script, args.lib)
+        how = f"library {args.lib}" if args.lib else ("cache cold" if args.clear_cache else "cache warm")
+        print(f"{args.script}, {how}, run {number}: sbatch to step 1 {to_first:.1f} s, "
               f"step {STEPS} to the job's end {to_end:.1f} s, whole job {whole:.1f} s", flush=True)
 
 
