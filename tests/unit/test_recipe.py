@@ -85,6 +85,12 @@ def test_overrides_apply_on_top_and_are_checked(tmp_path: Path) -> None:
         (["peft.method=lora"], "peft.method: lora adapts a pretrained model, and model.config makes a new one"),
         (["peft.method=none", "peft.merge=true"], "peft.merge folds trained adapters into the model: set peft.method"),
         (["peft.method=lora", "peft.r=0"], "peft.r is 0; the adapter rank must be between 1 and 65536"),
+        # sizes with a ceiling: a typo never reaches the allocator or forks a million processes
+        (["tokenizer.train.vocab_size=1000000000"], "vocab_size is 1000000000; it must be between 300 and 4194304"),
+        (["data.num_proc=1000000"], "data.num_proc is 1000000; it must be between 1 and 1024"),
+        (["training.dataloader_workers=100000"], "training.dataloader_workers is 100000; it must be between 0 and"),
+        (["eval.max_new_tokens=1000000000"], "eval.max_new_tokens is 1000000000; at most 16777216"),
+        (["eval.batch_size=1000000000"], "eval.batch_size is 1000000000; at most 16777216"),
         (["peft.method=lora", "peft.alpha=0"], "peft.alpha is 0.0; it must be positive"),
         (["peft.method=lora", "peft.dropout=1"], "peft.dropout is 1.0; it must be at least 0 and below 1"),
         (["peft.method=lora", "peft.target_modules=[]"], "peft.target_modules names no module"),

@@ -36,6 +36,11 @@ MAX_RANK = 2**16
 # Parameters a model config may describe: 10 trillion is beyond any model trained; more is a typo
 # in a size (hidden_size: 1000000000) that would only reach the allocator.
 MAX_PARAMETERS = 10**13
+# Processes a setting may start on one machine (data.num_proc, training.dataloader_workers): more
+# than any node has cores, so only a typo gets there, and forking that many takes the machine down.
+MAX_PROCESSES = 1024
+# A tokenizer trained here holds at most this many tokens (the largest vocabularies in use are ~256k).
+MAX_VOCAB = 2**22
 
 # What `ctrain train` needs at the least, shown when a recipe lacks it.
 MINIMAL_RECIPE = (
@@ -86,8 +91,8 @@ class TokenizerTraining:
 
     def validate(self) -> None:
         # 256 byte symbols plus ctrain's special tokens must fit.
-        if self.vocab_size < 300:
-            raise ConfigError(f"tokenizer.train.vocab_size is {self.vocab_size}; it must be at least 300")
+        if not 300 <= self.vocab_size <= MAX_VOCAB:
+            raise ConfigError(f"tokenizer.train.vocab_size is {self.vocab_size}; it must be between 300 and {MAX_VOCAB}")
         if self.min_frequency < 1:
             raise ConfigError("tokenizer.train.min_frequency must be at least 1")
         if self.max_examples is not None and self.max_examples < 1:
@@ -176,8 +181,8 @@ class DataSettings:
             raise ConfigError(f"data.eval_size is {self.eval_size}: a count of examples must be whole")
         if self.max_examples is not None and self.max_examples < 1:
             raise ConfigError("data.max_examples must be at least 1")
-        if self.num_proc is not None and self.num_proc < 1:
-            raise ConfigError("data.num_proc must be at least 1")
+        if self.num_proc is not None and not 1 <= self.num_proc <= MAX_PROCESSES:
+            raise ConfigError(f"data.num_proc is {self.num_proc}; it must be between 1 and {MAX_PROCESSES}")
 
 
 @dataclass
@@ -278,8 +283,10 @@ class TrainingSettings:
             raise ConfigError("training.warmup must be >= 0 (a fraction of the steps below 1, else a step count)")
         if self.deepspeed and self.fsdp:
             raise ConfigError("set at most one of training.deepspeed and training.fsdp")
-        if self.dataloader_workers is not None and self.dataloader_workers < 0:
-            raise ConfigError("training.dataloader_workers must be >= 0")
+        if self.dataloader_workers is not None and not 0 <= self.dataloader_workers <= MAX_PROCESSES:
+            raise ConfigError(
+                f"training.dataloader_workers is {self.dataloader_workers}; it must be between 0 and {MAX_PROCESSES}"
+            )
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise ConfigError("training.peak_tflops must be positive")
         for name in self.preemption_signals:
@@ -405,6 +412,9 @@ class EvalSettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"eval.{name} is {value}; it must be at least 1")
+        for name, most in (("max_new_tokens", MAX_LENGTH), ("batch_size", MAX_GLOBAL_BATCH)):
+            if getattr(self, name) > most:
+                raise ConfigError(f"eval.{name} is {getattr(self, name)}; at most {most}")
 
 
 @dataclass
