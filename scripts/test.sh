@@ -19,17 +19,21 @@ if [ "${1:-}" = --quick ]; then
     shift
     set -- "${PARALLEL[@]}" tests/unit "tests/integration/test_sbatch.py::test_single_node_apptainer" --durations=10 "$@"
 elif [ "$#" -eq 0 ]; then
-    # tests/qlora (about a minute of compiling) beside the main run; its report follows the main one.
-    qlora_log=$(mktemp)
-    PYTHONPATH=.venv/qlora .venv/bin/python -m pytest -p no:cacheprovider tests/qlora >"$qlora_log" 2>&1 &
+    # tests/qlora (about a minute of compiling) beside the main run; its report follows the main
+    # one, and one line after both adds them up.
+    logs=$(mktemp -d)
+    PYTHONPATH=.venv/qlora .venv/bin/python -m pytest -p no:cacheprovider tests/qlora >"$logs/qlora" 2>&1 &
     qlora=$!
     status=0
-    .venv/bin/python -m pytest "${PARALLEL[@]}" tests/unit tests/integration --durations=30 || status=$?
+    .venv/bin/python -m pytest "${PARALLEL[@]}" tests/unit tests/integration --durations=30 | tee "$logs/main" ||
+        status=${PIPESTATUS[0]}
     qlora_status=0
     wait "$qlora" || qlora_status=$?
     echo "== tests/qlora (with bitsandbytes on the path)"
-    cat "$qlora_log"
-    rm -f "$qlora_log"
+    cat "$logs/qlora"
+    count() { tail -n 3 "$logs/main" "$logs/qlora" | grep -o "[0-9]* $1" | awk '{ n += $1 } END { print n + 0 }'; }
+    echo "tests: $(count passed) passed, $(($(count failed) + $(count error))) failed"
+    rm -rf "$logs"
     [ "$status" -ne 0 ] || status=$qlora_status
     exit "$status"
 fi
