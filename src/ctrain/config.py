@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from ctrain.errors import ConfigError
-from ctrain.files import name_problem, shorten
+from ctrain.files import control_problem, name_problem, shorten
 from ctrain.slurm import time_seconds
 from ctrain.settings import build, read_settings
 
@@ -26,7 +26,7 @@ CONFIG_NAME = "ctrain.yaml"
 # are written into the job script) and HOST:CONTAINER[:ro|rw] bind mounts.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|CREDENTIAL", re.IGNORECASE)
-_MOUNT = re.compile(r"[^:,\x00-\x1f\x7f]+:/[^:,\x00-\x1f\x7f]*(?::(?:ro|rw))?")
+_MOUNT = re.compile(r"[^:,]+:/[^:,]*(?::(?:ro|rw))?")
 # What an #SBATCH line's value may hold: what Slurm's names, lists, constraints, sizes and times are
 # made of. Never whitespace, quotes, $, `, ;, <, >, \ or control characters: sbatch splits the line
 # at whitespace, and a newline would end it and start a command of the job script.
@@ -41,14 +41,6 @@ DIRECTIVE_FIELDS = {"job_name": "job-name", "partition": "partition", "account":
 _SHELL_FIELDS = ("script", "image", "deepspeed_config", "accelerate_config", "data", "hf_cache", "outputs", "recipe")
 # Mounted as SRC:DST in a comma-separated list: neither separator may be in the host path.
 _MOUNT_SOURCES = ("data", "hf_cache", "outputs")
-
-
-def control_problem(value: str) -> str | None:
-    """Why ``value`` cannot go into a job script as written (a control character), else None."""
-    for char in value:
-        if ord(char) < 32 or ord(char) == 127:
-            return f"contains a control character ({char!r})"
-    return None
 
 
 def directive_problem(value: str) -> str | None:
@@ -254,11 +246,11 @@ class SlurmConfig:
             problem = None if value is None else directive_problem(value)
             if problem:
                 raise ConfigError(f"slurm.{name} (--{option}) {shorten(value)!r} {problem}")
-        for name in (*_SHELL_FIELDS, *(f"mounts[{i}]" for i in range(len(self.mounts)))):
-            value = self.mounts[int(name[7:-1])] if name.startswith("mounts[") else getattr(self, name)
+        shell = [(name, getattr(self, name)) for name in _SHELL_FIELDS]
+        for key, value in [*shell, *((f"mounts[{i}]", mount) for i, mount in enumerate(self.mounts))]:
             problem = None if value is None else control_problem(str(value))
             if problem:
-                raise ConfigError(f"slurm.{name} {shorten(str(value))!r} {problem}")
+                raise ConfigError(f"slurm.{key} {shorten(str(value))!r} {problem}")
         for name in _MOUNT_SOURCES:
             value = getattr(self, name)
             if value is not None and ("," in str(value) or ":" in str(value)):

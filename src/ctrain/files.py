@@ -100,6 +100,14 @@ def shorten(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[: limit - 15]}...{text[-12:]}"
 
 
+def control_problem(value: str) -> str | None:
+    """Why ``value`` cannot go into a job script or a name as written (a control character), else None."""
+    for char in value:
+        if ord(char) < 32 or ord(char) == 127:
+            return f"contains a control character ({char!r})"
+    return None
+
+
 def name_problem(value: str) -> str | None:
     """Why ``value`` cannot be one file or directory name (a run name under outputs/), else None."""
     if not value.strip():
@@ -112,7 +120,7 @@ def name_problem(value: str) -> str | None:
         return "names the directory it would be made in (or its parent)"
     if value.startswith("-"):
         return "starts with '-' (commands would read it as an option)"
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+    if control_problem(value):
         return "contains a control character"
     size = len(value.encode("utf-8", "surrogateescape"))
     if size > NAME_MAX:

@@ -40,7 +40,7 @@ FINAL_STATES = frozenset(
 
 _JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?(?:\.[0-9A-Za-z_]+)?", re.ASCII)
 # Signals `ctrain cancel --signal` may send (by name, with or without SIG, or by number).
-_SIGNAL = re.compile(r"(?:SIG)?[A-Z][A-Z0-9+-]*|[0-9]{1,2}", re.ASCII)
+_SIGNAL_NAME = re.compile(r"(?:SIG)?[A-Z][A-Z0-9]*", re.ASCII)
 # What Slurm's commands print when the controller cannot be reached or found.
 _UNREACHABLE = ("Could not establish a configuration source", "Unable to process configuration file",
                 "Unable to contact slurm controller",
@@ -58,8 +58,11 @@ def check_job_id(job_id: str) -> str:
 def check_signal(name: str) -> str:
     """A signal for ``scancel --signal``: a name (USR1, SIGUSR1) or a number, else a CtrainError."""
     value = name.strip().upper()
-    known = value if value.isdigit() else value.removeprefix("SIG")
-    if not _SIGNAL.fullmatch(value) or not (value.isdigit() and 0 < int(value) < 65 or hasattr(signal, f"SIG{known}")):
+    if value.isascii() and value.isdigit():
+        known = 0 < int(value) < 65
+    else:
+        known = bool(_SIGNAL_NAME.fullmatch(value)) and hasattr(signal, "SIG" + value.removeprefix("SIG"))
+    if not known:
         raise CtrainError(f"--signal {name[:40]!r} is not a signal: give a name such as USR1 or TERM, or a number")
     return value
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ctrain.config import DIRECTIVE_FIELDS, control_problem, directive_problem, load_config
+from ctrain.config import DIRECTIVE_FIELDS, directive_problem, load_config
+from ctrain.files import control_problem
 from ctrain.errors import ConfigError
 from ctrain.jobs import submit
 

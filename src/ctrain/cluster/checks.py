@@ -283,9 +283,13 @@ def read(path: Path) -> dict[str, Any]:
     stream = io.StringIO(text)
     stream.name = path.name  # PyYAML names it in its messages
     try:
-        bounded(yaml.compose(stream), str(path))  # aliases expanded and nesting within bounds
-        stream.seek(0)
-        config = yaml.safe_load(stream)
+        loader = yaml.SafeLoader(stream)  # its reader refuses control characters at once
+        try:
+            node = loader.get_single_node()
+            bounded(node, str(path))  # aliases expanded and nesting within bounds, before building the values
+            config = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except RecursionError:
         raise ConfigError(f"{path} is nested too deep to be a ParallelCluster config: {INIT}") from None
     except yaml.YAMLError as exc:

@@ -56,19 +56,30 @@ def _read(path: Path, limit: int = 4096) -> str:
         return ""
 
 
-def _held(complete: Path) -> bool:
-    """Whether a running task holds the entry (a shared lock on its ``complete``)."""
+@contextmanager
+def _unheld(complete: Path) -> Iterator[bool]:
+    """Whether no running task holds the entry (each holds a shared lock on its ``complete``),
+    keeping it so (an exclusive lock, as the library's eviction takes it) while the block runs."""
     try:
         fd = os.open(complete, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
-        return False
+        yield True
+        return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+        else:
+            yield True
     finally:
         os.close(fd)
-    return False
+
+
+def _held(complete: Path) -> bool:
+    """Whether a running task holds the entry."""
+    with _unheld(complete) as free:
+        return not free
 
 
 def entries(cache: Path) -> list[Entry]:
@@ -127,17 +138,12 @@ def clear(cache: Path) -> tuple[list[Entry], list[Entry]]:
                 _remove(entry.path)
                 removed.append(entry)
                 continue
-            fd = os.open(entry.path / COMPLETE, os.O_RDONLY | os.O_NOFOLLOW)
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
+            with _unheld(entry.path / COMPLETE) as free:
+                if free:
+                    _remove(entry.path)
+                    removed.append(entry)
+                else:
                     kept.append(entry)
-                    continue
-                _remove(entry.path)
-                removed.append(entry)
-            finally:
-                os.close(fd)
     return removed, kept
 
 

@@ -141,9 +141,15 @@ def push_image(
     return f"{name}@{digest}"
 
 
-def registry_failure(exc: CommandError, host: str, flag: str = "--registry (push.registry)") -> CtrainError:
+def registry_failure(exc: CommandError, host: str) -> CtrainError:
     """A registry that refused or could not be reached, as one line saying what to do; anything
-    else as the tool said it. ``flag`` is where the user set the registry's address."""
+    else as the tool said it."""
+    return registry_problem(exc, host, "--registry (push.registry)") or CtrainError(str(exc))
+
+
+def registry_problem(exc: CommandError, host: str, flag: str) -> CtrainError | None:
+    """The one line for a registry that refused or could not be reached, else None. ``flag`` is
+    where the user set the registry's address."""
     text = exc.stderr or exc.stdout
     if "server gave HTTP response to HTTPS client" in text:
         return CtrainError(f"{host} speaks plain HTTP, not HTTPS: set push.tls_verify: false in ctrain.yaml if you "
@@ -159,7 +165,7 @@ def registry_failure(exc: CommandError, host: str, flag: str = "--registry (push
         said = said.replace('\\"', '"').rstrip('"')
         return CtrainError(f"cannot reach the registry {host} ({said[-200:]}): check the address and port in "
                            f"{flag}, and that this machine can reach it")  # fmt: skip
-    return CtrainError(str(exc))
+    return None
 
 
 def _copy_to_registry(image: store.Image, destination: str, verify: bool, tls: list[str]) -> str:
@@ -216,9 +222,9 @@ def push_oras(sif: Path, url: str, *, tls_verify: bool | None = None, emit: Call
     try:
         proc.stream([*cmd, sif, url], prefix="push: ")
     except CommandError as exc:
-        failure = registry_failure(exc, host, "--oras (push.oras)")
-        if str(failure) != str(exc):
-            raise failure from exc
+        problem = registry_problem(exc, host, "--oras (push.oras)")
+        if problem:
+            raise problem from exc
         said = [line.strip() for line in (exc.stderr or exc.stdout).splitlines() if line.strip()] or [""]
         raise CtrainError(f"apptainer push to {url} failed: {said[-1][-300:]}") from exc
     return url

@@ -24,7 +24,7 @@ from pathlib import Path
 from ctrain import proc, resources, slurm
 from ctrain.config import ProjectConfig, SlurmConfig
 from ctrain.errors import ConfigError, CtrainError
-from ctrain.files import shorten
+from ctrain.files import control_problem, shorten
 from ctrain.image import reference
 from ctrain.settings import override
 
@@ -355,8 +355,6 @@ def prepare(
     runtime = script_runtime(template)
     env = settings_env(c, config, project, runtime)
     recipe_arg = recipe or (str(c.recipe) if c.recipe else None)
-    from ctrain.config import control_problem
-
     for item in [*([recipe] if recipe else []), *overrides]:
         problem = control_problem(item)
         if problem:
