@@ -72,6 +72,9 @@ ctrain_settings() {
     if [[ $CTRAIN_RECIPE == "$CTRAIN_PROJECT_DIR"/* ]]; then
         CTRAIN_RECIPE=${CTRAIN_RECIPE#"$CTRAIN_PROJECT_DIR"/}
     fi
+    # A number: it reaches the nodes' shell arithmetic (CTRAIN_IMAGE_PREPARE).
+    [[ $CTRAIN_IMAGE_CACHE_GB =~ ^[0-9]{1,9}$ ]] ||
+        ctrain_die "CTRAIN_IMAGE_CACHE_GB is '$CTRAIN_IMAGE_CACHE_GB'; give the image cache's size in GiB (e.g. 50)"
     case $CTRAIN_LAUNCHER in
         torchrun | accelerate | deepspeed) ;;
         *) ctrain_die "CTRAIN_LAUNCHER is '$CTRAIN_LAUNCHER'; valid: torchrun, accelerate, deepspeed" ;;

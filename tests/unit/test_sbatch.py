@@ -497,3 +497,12 @@ def test_guard_leaves_a_step_alone_whose_launchers_all_ended(fake_slurm: Path, s
     out = library(fake_slurm, commands, slurm_conf).stdout
     assert out.splitlines() == ["running", "1 gpu002"]
     assert not calls(fake_slurm, "srun") and not calls(fake_slurm, "scancel")
+
+
+def test_image_cache_size_must_be_a_number(slurm_conf: Path) -> None:
+    """It reaches shell arithmetic on every node: a newline, quotes or $(...) never get there."""
+    for bad in ("1$(touch x)", "50\necho hi", "'5'", "-1"):  # (empty: the default, as for every setting)
+        result = dry_run("apptainer", env={**allocation(1), "CTRAIN_IMAGE_CACHE_GB": bad}, slurm_conf=slurm_conf,
+                         check=False)  # fmt: skip
+        assert result.returncode == 2 and "CTRAIN_IMAGE_CACHE_GB is" in result.stderr, (bad, result.stderr)
+        assert "+ srun" not in result.stdout
