@@ -112,7 +112,12 @@ ctrain_environment() {
     # After TERM (preemption, scancel) torchrun forwards it to its workers and waits this long for
     # them to save a checkpoint and exit; Slurm's own time limit is the hard bound anyway.
     export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-600}
-    local forced=(PYTHONUNBUFFERED PYTHONNOUSERSITE OMP_NUM_THREADS)
+    # torch.compile's caches (inductor's graphs and kernels, AOTAutograd's, the autotuner's) on the
+    # project's storage, which every node mounts: a requeue on other nodes, and the next job of
+    # the same recipe, load the compiled layers instead of compiling them again. torch keys each
+    # entry by its own version, the GPU and the graph, so one directory serves every image.
+    export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$CTRAIN_WORKDIR/.cache/torchinductor}
+    local forced=(PYTHONUNBUFFERED PYTHONNOUSERSITE OMP_NUM_THREADS TORCHINDUCTOR_CACHE_DIR)
     if [[ $CTRAIN_MOUNT_HOME != 1 ]]; then
         # No home directory in the container: what tools cache under ~ goes to the project's
         # .cache/ instead (kept between jobs, shared by the nodes): extensions DeepSpeed and torch

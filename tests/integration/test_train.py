@@ -20,7 +20,7 @@ import pytest
 
 from ctrain.train import checkpoint
 from ctrain.train.artifacts import COMPLETE_MARKER, NONFINITE_EXIT_CODE, PREEMPTED_EXIT_CODE, PREEMPTED_FILE
-from tests.plugins.train import REPO, TINY_RECIPE, TORCHRUN, losses, run_ctrain, start, wait_for
+from tests.plugins.train import REPO, TINY_RECIPE, TORCHRUN, losses, run_ctrain, start, train_env, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -312,6 +312,45 @@ DAMAGES = [
     ("scrambled weights, same size", "model.safetensors", _scramble, "checksum", ()),
     ("truncated optimizer state, 2 processes", "optimizer.pt", _truncate, "size", TORCHRUN),
 ]
+
+
+def test_a_second_run_loads_the_compiled_layers_from_the_compile_cache(tiny_recipe: Path) -> None:
+    """torch.compile's caches in one directory (what the sbatch library points TORCHINDUCTOR_CACHE_DIR
+    at: the project's .cache, on storage every node mounts) serve the next run's compiled layers,
+    and the first step's log line says how many came from it.
+
+    A second output directory stands for a requeue on another node or the next job of the recipe:
+    a new process with nothing of the first in memory. On CPU, inductor compiles C++ (g++).
+    """
+    work = tiny_recipe.parent
+    env = {**train_env(work), "TORCHINDUCTOR_CACHE_DIR": str(work / "compile-cache")}
+    lines = []
+    for run in ("first", "second"):
+        command = [sys.executable, "-m", "ctrain", "train", tiny_recipe.name, "training.engine=fast",
+                   "fast.compile=layers", "data.packing=true", "training.max_steps=1",
+                   f"training.output_dir=outputs/{run}"]  # fmt: skip
+        result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        line = re.search(r"(\d+) compiled graphs, (\d+) of them from torch's compile cache in (\S+)", result.stderr)
+        assert line, result.stderr[-3000:]
+        lines.append((int(line[1]), int(line[2]), line[3]))
+    (graphs, loaded, where), (graphs_again, loaded_again, _) = lines
+    assert where == str(work / "compile-cache")
+    assert graphs > 0 and loaded == 0
+    assert graphs_again == loaded_again == graphs
+
+
+def test_a_recipe_without_adapters_or_deepspeed_never_imports_peft_or_deepspeed(tiny_recipe: Path) -> None:
+    """transformers, TRL and accelerate import PEFT and DeepSpeed whenever they are installed;
+    `ctrain train` keeps them out of a run that uses neither (ctrain.train.stack). Python's own
+    import log (-X importtime) is the witness; the LoRA tests (test_lora.py) train with PEFT."""
+    command = [sys.executable, "-X", "importtime", "-m", "ctrain", "train", tiny_recipe.name, "training.max_steps=1"]
+    result = subprocess.run(command, cwd=tiny_recipe.parent, env=train_env(tiny_recipe.parent), capture_output=True,
+                            text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "transformers" in imported and "trl" in imported
+    assert not {"peft", "deepspeed"} & imported
 
 
 @pytest.mark.parametrize(("name", "damage", "reason", "launcher"), [d[1:] for d in DAMAGES],

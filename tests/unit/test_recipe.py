@@ -374,3 +374,27 @@ def test_adapters_take_the_fast_engine_on_a_gpu(tmp_path: Path, monkeypatch: pyt
     assert plan(sharded).engine == "hf"
     fixed = load_recipe(write(tmp_path, TINY_RECIPE), [*PRETRAINED, "peft.method=lora", "training.engine=fast"])
     assert fixed.training.engine == "fast"
+
+
+def test_only_what_a_recipe_uses_of_peft_and_deepspeed_is_imported(tmp_path: Path, monkeypatch) -> None:
+    """ctrain.train.stack: a new model or a plain local one without adapters needs no PEFT; a hub
+    name might be an adapter (transformers loads those through PEFT), and a local adapter is one."""
+    from ctrain.train.model import ADAPTER_CONFIG
+    from ctrain.train.stack import unused
+
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
+    path = write(tmp_path, TINY_RECIPE)
+    base, adapter = tmp_path / "base", tmp_path / "adapter"
+    base.mkdir()
+    adapter.mkdir()
+    (adapter / ADAPTER_CONFIG).write_text("{}")
+    pretrained = ["model.config=null", "tokenizer.train=null"]
+    assert unused(load_recipe(path)) == ["peft", "deepspeed"]
+    assert unused(load_recipe(path, [*pretrained, f"model.path={base}"])) == ["peft", "deepspeed"]
+    assert unused(load_recipe(path, [*pretrained, f"model.path={adapter}"])) == ["deepspeed"]
+    assert unused(load_recipe(path, [*pretrained, "model.path=org/some-model"])) == ["deepspeed"]
+    assert unused(load_recipe(path, [*pretrained, f"model.path={base}", "peft.method=lora"])) == ["deepspeed"]
+    (tmp_path / "zero3.json").write_text("{}")
+    assert unused(load_recipe(path, [f"training.deepspeed={tmp_path / 'zero3.json'}"])) == ["peft"]
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert unused(load_recipe(path)) == ["peft"]

@@ -227,7 +227,8 @@ TAIL_STEPS = 3
 
 @dataclass
 class _Clock:
-    """Trainer callback: wall time and tokens between the end of warm-up and the last measured step."""
+    """Trainer callback: wall time and tokens between the end of warm-up and the last measured step,
+    and the time from the start of training to the end of its first step (compilation, mostly)."""
 
     warmup: int
     steps: int
@@ -235,6 +236,8 @@ class _Clock:
     profile_dir: Path | None = None
     t0: float = 0.0
     t1: float = 0.0
+    started: float = 0.0
+    first_step: float = 0.0
     tokens0: int = 0
     tokens1: int = 0
     peak_bytes: int = 0
@@ -252,6 +255,9 @@ class _Clock:
         clock = self
 
         class Clock(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                clock.started = time.perf_counter()
+
             def on_step_begin(self, args, state, control, **kwargs):
                 if clock.profile_dir and state.global_step == clock.warmup + clock.steps:
                     clock._start_profile()
@@ -259,6 +265,9 @@ class _Clock:
             def on_step_end(self, args, state, control, **kwargs):
                 # Token counts are read at the log this forces: ctrain's trainer reduces its
                 # per-rank counts only when it logs (ctrain.fast.trainer).
+                if state.global_step == 1:
+                    clock._sync()
+                    clock.first_step = time.perf_counter() - clock.started
                 if state.global_step == clock.warmup:
                     clock._sync()
                     clock.t0 = time.perf_counter()
@@ -647,6 +656,7 @@ def run_case(
         "mfu_with_attention": rate / world * with_attention / PEAK_FLOPS,
         "peak_memory_gib": clock.peak_bytes / 2**30,
         "wall_seconds": total,
+        "first_step_seconds": clock.first_step,
         "process": os.getpid(),  # each case its own (ctrain.bench.suite)
         "losses": losses,
         "versions": _versions(),

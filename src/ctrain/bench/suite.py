@@ -273,7 +273,7 @@ def render(results: list[dict[str, Any]], losses: dict | None) -> str:
     rows = []
     for r in results:
         if "error" in r:
-            rows.append([r["case"], "failed: " + r["error"][:80]] + [""] * 9)
+            rows.append([r["case"], "failed: " + r["error"][:80]] + [""] * 10)
             continue
         eff = r.get("scaling_efficiency")
         baseline = r.get("baseline", "seeds")
@@ -289,11 +289,12 @@ def render(results: list[dict[str, Any]], losses: dict | None) -> str:
                 f"{100 * r['mfu_with_attention']:.1f}%",
                 f"{r['peak_memory_gib']:.1f}",
                 f"{r['step_ms']:.0f}",
+                f"{r.get('first_step_seconds', 0):.1f}",
                 f"{100 * eff:.1f}%" if eff else "-",
             ]
         )
     header = ["case", "strategy", "gpus", "tokens/s", "per gpu", "vs baseline", "mfu 6N", "mfu +attn", "peak GiB"]
-    text = ui.table([*header, "step ms", "scaling"], rows)
+    text = ui.table([*header, "step ms", "first step s", "scaling"], rows)
     if losses:
         text += (
             f"\nloss check ({losses['compared']} vs {losses['reference']}, same batches, {losses['steps']} steps): "

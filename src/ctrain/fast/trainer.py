@@ -22,12 +22,16 @@ from __future__ import annotations
 
 import functools
 import gc
+import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from ctrain.fast import FastSettings
+
+log = logging.getLogger("ctrain.train")
 
 # The metrics FastSFTTrainer sums on the device between logging steps, in this order.
 _SUMS = ("label_tokens", "entropy", "correct")
@@ -176,6 +180,34 @@ def collect_garbage_callback(every: int) -> Any:
     return CollectGarbage()
 
 
+def compile_report_callback() -> Any:
+    """A TrainerCallback that says, at the first step, how long it took and how many of the
+    compiled graphs torch's caches served: a requeue or a second job that compiles everything
+    again (a cache on storage the nodes do not share, a changed image) shows in its log."""
+    from transformers import TrainerCallback
+
+    class CompileReport(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step != 1 or not state.is_world_process_zero:
+                return
+            from torch._dynamo.utils import counters
+            from torch._inductor.runtime.runtime_utils import cache_dir
+
+            graphs = counters["inductor"]
+            loaded, compiled = graphs["fxgraph_cache_hit"], graphs["fxgraph_cache_miss"]
+            if loaded + compiled:
+                log.info(
+                    "step 1 came %.1f s after training started: %d compiled graphs, %d of them from "
+                    "torch's compile cache in %s",
+                    time.perf_counter() - self.started, loaded + compiled, loaded, cache_dir(),
+                )  # fmt: skip
+
+    return CompileReport()
+
+
 def attention_cost(dataset: Any) -> np.ndarray:
     """Per row, the sum of its documents' squared lengths (packed rows carry ``seq_lengths``)."""
     import pyarrow.compute as pc
@@ -234,4 +266,6 @@ def build(settings: FastSettings, **kwargs: Any) -> Any:
     tune_ddp(trainer, settings)
     if settings.gc_every:
         trainer.add_callback(collect_garbage_callback(settings.gc_every))
+    if settings.compile != "off":
+        trainer.add_callback(compile_report_callback())
     return trainer

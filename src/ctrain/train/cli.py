@@ -45,6 +45,9 @@ def train(recipe: Path, overrides: tuple[str, ...], check: bool, world_size: int
             click.echo(f"note: {note}")
         click.echo(f"recipe {recipe} is valid")
         return
+    from ctrain.train import stack
+
+    stack.hide(stack.unused(loaded))  # type: ignore[arg-type]
     from ctrain.train.logs import exit_process
     from ctrain.train.trainer import run
 
