@@ -23,6 +23,8 @@
 #   start     `sbatch` to the first training step and the last step to the job's end, 2 nodes x 1 GPU:
 #             the image cache cold and warm, and each job unpacking its own copy as before the cache
 #             (the library in CTRAIN_GPU_BASELINE_LIB, when that file exists)
+#   compile   torch.compile's caches cold and warm: the 8B LoRA bench case run twice, in new processes
+#             over one TORCHINDUCTOR_CACHE_DIR (bare, no Slurm needed)
 #
 #   scripts/gpu-testbed.sh [STAGE...]     (default: all, in the order above; done stages are skipped)
 #
@@ -172,6 +174,13 @@ stage_probe() {
     return 0
 }
 
+# ctrain and the training stack's missing wheels, for this machine's Python (login node side).
+install_wheels() {
+    rm -rf "$site"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$bundle"/wheels/*.whl
+    "$PY" -c 'import ctrain; print("ctrain", ctrain.__version__)'
+}
+
 stage_install() {
     set -ex
     [[ -d $bundle/debs && -d $bundle/wheels ]] || { echo "no bundle at $bundle (scripts/gpu-bundle.sh makes it)"; return 1; }
@@ -201,10 +210,7 @@ stage_install() {
     ldconfig
     apptainer --version
     slurmd -V
-    # ctrain and the training stack's missing wheels, for this machine's Python (login node side).
-    rm -rf "$site"
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$bundle"/wheels/*.whl
-    "$PY" -c 'import ctrain; print("ctrain", ctrain.__version__)'
+    install_wheels
     set +x
     local stack
     stack=$("$PY" -c 'import torch, transformers, trl, datasets; print("torch", torch.__version__, "transformers", transformers.__version__, "trl", trl.__version__, "datasets", datasets.__version__)' 2>&1 | tail -n 1 || true)
@@ -439,6 +445,19 @@ else:
 EOF
 }
 
+first_step_row() {
+    "$PY" - "$1" <<'EOF'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))["results"][0]
+    c = r.get("compile", {})
+    print(f"first step {r['first_step_seconds']:.1f} s after training started, train() {r['wall_seconds']:.0f} s; "
+          f"graphs: {c.get('graphs_compiled')} compiled, {c.get('graphs_from_cache')} from the cache; {c.get('phases_s')}")
+except Exception as exc:  # noqa: BLE001
+    print(f"no result ({type(exc).__name__}: {exc})")
+EOF
+}
+
 stage_bench() {
     set -x
     local out=$work/bench args=(--device cuda --cases ctrain --warmup 8 --steps 30) job
@@ -560,13 +579,42 @@ stage_start() {
     fi
 }
 
+# torch.compile's caches, cold then warm, bare (no Slurm: the sbatch library only points
+# TORCHINDUCTOR_CACHE_DIR at the project's .cache; every node of a job and of the next one reads
+# the same directory): each run is a new process that finds what the one before it compiled, as a
+# requeue on another node does: the 8B LoRA bench case (the demo recipe trains under transformers'
+# Trainer, which compiles nothing).
+stage_compile() {
+    set -x
+    local out=$work/compile run
+    [[ -e $work/done/install ]] || install_wheels
+    rm -rf "$out"
+    mkdir -p "$out"
+    cd "$out" || return 1
+    # CTRAIN_GPU_COMPILE_RUNS: the runs, in order; "warm-1thread": inductor loads its kernels in
+    # this process (TORCHINDUCTOR_COMPILE_THREADS=1) instead of a pool of compile workers.
+    local runs=(${CTRAIN_GPU_COMPILE_RUNS:-cold warm})
+    for run in "${runs[@]}"; do
+        [[ $run != *1thread ]] || export TORCHINDUCTOR_COMPILE_THREADS=1
+        TORCHINDUCTOR_CACHE_DIR=$out/cache/torchinductor TRITON_CACHE_DIR=$out/cache/triton CUDA_VISIBLE_DEVICES=0 \
+            "$PY" -m ctrain bench --device cuda \
+            --cases lora-ctrain --warmup 1 --steps 2 --json "$out/lora-$run.json" --out "$out/lora-$run" 2>&1 |
+            tee "$out/lora-$run.log" | grep -E 'bench:|error' || true
+    done
+    set +x
+    for run in "${runs[@]}"; do
+        result compile "lora-ctrain (8B LoRA), $run: $(first_step_row "$out/lora-$run.json")"
+    done
+    du -sh "$out"/cache/* | while read -r line; do result compile "size: $line"; done
+}
+
 # --- main -------------------------------------------------------------------------------------------
 
-all=(probe install testbed image checks demo sbatch sft bench socket preempt start)
+all=(probe install testbed image checks demo sbatch sft bench socket preempt start compile)
 (($# > 0)) && stages=("$@") || stages=("${all[@]}")
 # Rough seconds each stage needs at least (it is skipped with less left before the deadline).
 declare -A need=([probe]=5 [install]=60 [testbed]=30 [image]=120 [checks]=40 [demo]=150 [sbatch]=120 [sft]=150
-                 [bench]=240 [socket]=60 [preempt]=200 [start]=300)
+                 [bench]=240 [socket]=60 [preempt]=200 [start]=300 [compile]=300)
 [[ -e $work/job-as-root ]] && JOB_AS_ROOT=1
 say "stages: ${stages[*]} (deadline ${deadline}s; logs in $work/logs)"
 # Jobs a run that was stopped half-way left behind would hold the GPUs.

@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +225,20 @@ STRATEGIES = ("ddp", "fsdp", "fsdp-no-reshard", "zero2")
 TAIL_STEPS = 3
 
 
+def compile_summary() -> dict[str, Any]:
+    """What torch.compile did so far in this process: graphs compiled and loaded from its caches,
+    and the seconds of its phases over every compile (dynamo's own timers), longest first."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    phases = {name: round(sum(times), 2) for name, times in compilation_time_metrics.items()}
+    return {
+        "graphs_compiled": counters["inductor"]["fxgraph_cache_miss"],
+        "graphs_from_cache": counters["inductor"]["fxgraph_cache_hit"],
+        "autograd_from_cache": counters["aot_autograd"]["autograd_cache_hit"],
+        "phases_s": dict(sorted(phases.items(), key=lambda kv: -kv[1])[:12]),
+    }
+
+
 @dataclass
 class _Clock:
     """Trainer callback: wall time and tokens between the end of warm-up and the last measured step,
@@ -238,6 +252,7 @@ class _Clock:
     t1: float = 0.0
     started: float = 0.0
     first_step: float = 0.0
+    compile: dict[str, Any] = field(default_factory=dict)
     tokens0: int = 0
     tokens1: int = 0
     peak_bytes: int = 0
@@ -268,6 +283,7 @@ class _Clock:
                 if state.global_step == 1:
                     clock._sync()
                     clock.first_step = time.perf_counter() - clock.started
+                    clock.compile = compile_summary()
                 if state.global_step == clock.warmup:
                     clock._sync()
                     clock.t0 = time.perf_counter()
@@ -657,6 +673,7 @@ def run_case(
         "peak_memory_gib": clock.peak_bytes / 2**30,
         "wall_seconds": total,
         "first_step_seconds": clock.first_step,
+        "compile": clock.compile,
         "process": os.getpid(),  # each case its own (ctrain.bench.suite)
         "losses": losses,
         "versions": _versions(),
