@@ -17,6 +17,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch first, pinned: an unpinned torch would pull the multi-GB CUDA build onto a login node.
 .venv/bin/pip install -q -c containers/constraints.txt torch
+# ctrain installs as ctrain-slurm; an environment made when it was called ctrain drops that first.
+.venv/bin/pip uninstall -q -y ctrain 2>/dev/null || true
 .venv/bin/pip install -q -c containers/constraints.txt -e ".[train,test,aws]"
 # deepspeed's sdist imports torch while building, so it builds against the torch installed above.
 .venv/bin/pip install -q -c containers/constraints.txt --no-build-isolation deepspeed

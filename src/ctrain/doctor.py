@@ -7,7 +7,7 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ctrain import proc
+from ctrain import install_hint, proc
 from ctrain.errors import CtrainError
 from ctrain.ui import table
 
@@ -68,7 +68,7 @@ def _gpus() -> Check:
 def _python(module: str, dist: str | None = None) -> Callable[[], Check]:
     def check() -> Check:
         if importlib.util.find_spec(module) is None:
-            return Check(module, False, "pip install 'ctrain[train]'")
+            return Check(module, False, install_hint("train"))
         try:
             return Check(module, True, importlib.metadata.version(dist or module))
         except importlib.metadata.PackageNotFoundError:

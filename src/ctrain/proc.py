@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ctrain import install_hint
 from ctrain.errors import CommandError, ToolNotFound
 from ctrain.redact import redact
 
@@ -61,7 +62,7 @@ TOOLS: dict[str, Tool] = {
     "slurmd": Tool(("slurmd",), _APT.format("slurmd")),
     "munged": Tool(("munged",), _APT.format("munge")),
     "nvidia-smi": Tool(("nvidia-smi",), "install the NVIDIA driver (nvidia-smi comes with it)"),
-    "pcluster": Tool(("pcluster",), "pip install 'ctrain[aws]' (AWS ParallelCluster CLI)"),
+    "pcluster": Tool(("pcluster",), f"{install_hint('aws')} (AWS ParallelCluster CLI)"),
     "apt-get": Tool(("apt-get",), "this needs a Debian or Ubuntu machine"),
     "ip": Tool(("ip",), _APT.format("iproute2")),
     "nsenter": Tool(("nsenter",), _APT.format("util-linux")),

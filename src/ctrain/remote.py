@@ -23,7 +23,7 @@ from typing import Literal
 
 import yaml
 
-from ctrain import proc
+from ctrain import install_hint, proc
 from ctrain.errors import CommandError, ConfigError, CtrainError
 from ctrain.files import atomic_write_json, atomic_write_text
 from ctrain.settings import SettingsFile, build, read_settings, to_mapping
@@ -295,14 +295,15 @@ def check_ctrain(ssh: Ssh, version: str) -> None:
         raise CtrainError(
             f"cluster {ssh.cluster.name}: `{command}` does not run on {ssh.target} "
             f"({(out.stderr.strip().splitlines() or ['no output'])[-1]}): install it there "
-            f"(pipx install ctrain=={version}), or set `ctrain:` in {profiles_path()} to its path"
+            f"({install_hint(version=version, tool='pipx')}), or set `ctrain:` in {profiles_path()} to its path"
         )
     if not found:
         raise CtrainError(f"cluster {ssh.cluster.name}: `{command} --version` printed {out.stdout.strip()!r}")
     if found.group(1) != version:
         raise CtrainError(
             f"cluster {ssh.cluster.name} runs ctrain {found.group(1)}, this is {version}: install the same "
-            f"version on both (pipx install ctrain=={version} there, or ctrain=={found.group(1)} here)"
+            f"version on both ({install_hint(version=version, tool='pipx')} there, or "
+            f"{install_hint(version=found.group(1), tool='pipx')} here)"
         )
 
 

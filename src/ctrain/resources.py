@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ctrain import install_hint
 from ctrain.errors import CtrainError
 
 # The top-level directories that ship with ctrain (setup.py's DATA lists the same; a unit test checks).
@@ -28,7 +29,7 @@ def root() -> Path:
         return _CHECKOUT
     raise CtrainError(
         f"ctrain's own files (sbatch/, containers/, ...) are missing: neither {_INSTALLED} nor a checkout around "
-        f"{_PACKAGE} has them; reinstall ctrain from a wheel (pip install ctrain) or run it from a git checkout"
+        f"{_PACKAGE} has them; reinstall ctrain from a wheel ({install_hint()}) or run it from a git checkout"
     )
 
 

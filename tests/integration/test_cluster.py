@@ -61,7 +61,7 @@ def _pcluster_installed() -> None:
     try:
         cluster_setup.pcluster_bin(), cluster_setup.pcluster_python()
     except CtrainError:
-        need(False, "the pcluster CLI and library (pip install 'ctrain[aws]')")
+        need(False, "the pcluster CLI and library (pip install 'ctrain-slurm[aws]')")
 
 
 def project(tmp_path: Path, **settings: Any) -> Path:
@@ -353,7 +353,7 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> Verdicts:
     try:
         cluster_setup.pcluster_python()
     except CtrainError:
-        need(False, "the pcluster CLI and library (pip install 'ctrain[aws]')")
+        need(False, "the pcluster CLI and library (pip install 'ctrain-slurm[aws]')")
     root = tmp_path_factory.mktemp("hostile")
     setup = cluster_setup.load(ProjectConfig(path=root / "ctrain.yaml"), EXAMPLE)
     configs = {name: yaml.safe_load((GOLDEN / f"{name}.yaml").read_text()) for name in GOLDENS}

@@ -77,7 +77,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, source], check=True,
                    capture_output=True, timeout=300)  # fmt: skip
-    (wheel,) = wheels.glob("ctrain-*.whl")
+    (wheel,) = wheels.glob("ctrain_slurm-*.whl")
     venv = top / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
     python = venv / "bin" / "python"
@@ -162,7 +162,7 @@ def test_dry_run_uses_the_projects_sbatch_library(new_project: Path, installed: 
 
 
 def test_cluster_init_and_validate_from_the_project(new_project: Path, installed: Installed) -> None:
-    need(shutil.which("pcluster", path=installed.env["PATH"]) is not None, "the pcluster CLI (pip install 'ctrain[aws]')")
+    need(shutil.which("pcluster", path=installed.env["PATH"]) is not None, "the pcluster CLI (pip install 'ctrain-slurm[aws]')")
     config = yaml.safe_load((new_project / "ctrain.yaml").read_text())
     config["cluster"].update(_CLUSTER)
     (new_project / "ctrain.yaml").write_text(yaml.safe_dump(config))

@@ -261,7 +261,7 @@ def test_cluster_without_ctrain_is_named_before_anything_is_sent(clusters: Path,
     monkeypatch.chdir(_laptop_project(tmp_path))
     code, out, _ = _ctrain("submit", "--cluster", "noctrain", "recipes/demo-addition.yaml")
     assert code == 1 and "`/nonexistent/bin/ctrain` does not run on ctrain@" in out, out
-    assert f"pipx install ctrain=={__version__}" in out, out
+    assert f"pipx install ctrain-slurm=={__version__}" in out, out
     assert not Path(remote.resolve("noctrain").profile.project_dir).exists()
     code, out, _ = _ctrain("submit", "--cluster", "oldctrain", "recipes/demo-addition.yaml")
     assert code == 1 and f"cluster oldctrain runs ctrain 0.0.1, this is {__version__}: install the same version" \

@@ -63,7 +63,7 @@ class MotoAws:
 def moto_aws() -> Iterator[MotoAws]:
     need(
         importlib.util.find_spec("boto3") is not None and importlib.util.find_spec("moto") is not None,
-        "boto3 and moto (pip install 'ctrain[aws,test]')",
+        "boto3 and moto (pip install 'ctrain-slurm[aws,test]')",
     )
     import boto3
     from moto.server import ThreadedMotoServer

@@ -137,3 +137,22 @@ def test_a_controller_that_cannot_be_reached_is_said_in_one_line() -> None:
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "cannot reach the Slurm controller" in lines[0] and "scontrol ping" in lines[0], (
             args, result.stderr)
+
+
+def test_every_install_command_names_the_distribution_ctrain_installs_under() -> None:
+    """The index's ``ctrain`` is an unrelated project: pyproject's name is DISTRIBUTION, and no
+    message, doc or script tells anyone to install ``ctrain`` itself (``ctrain[train]``, ...)."""
+    import re
+    import tomllib
+
+    from ctrain import DISTRIBUTION, install_hint
+
+    root = Path(__file__).resolve().parents[2]
+    assert tomllib.loads((root / "pyproject.toml").read_text())["project"]["name"] == DISTRIBUTION
+    assert install_hint("train") == f"pip install '{DISTRIBUTION}[train]'"
+    wrong = re.compile(r"(pipx?|uv pip) install\s+['\"]?ctrain(\[|==|\s|$|['\"])")
+    found = []
+    for path in [root / "README.md", *root.glob("docs/*.md"), *root.glob("src/ctrain/**/*.py"), *root.glob("scripts/*")]:
+        if path.is_file():
+            found += [f"{path.relative_to(root)}: {line.strip()}" for line in path.read_text().splitlines() if wrong.search(line)]
+    assert not found, found

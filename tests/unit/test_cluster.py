@@ -136,7 +136,7 @@ def test_bad_cluster_settings_are_clear_errors(tmp_path: Path, settings: dict[st
 
 
 def test_name_limit_and_oses_are_parallelclusters() -> None:
-    need(importlib.util.find_spec("pcluster") is not None, "aws-parallelcluster (pip install 'ctrain[aws]')")
+    need(importlib.util.find_spec("pcluster") is not None, "aws-parallelcluster (pip install 'ctrain-slurm[aws]')")
     from pcluster.constants import PCLUSTER_NAME_MAX_LENGTH, SUPPORTED_OSES
 
     assert CLUSTER_NAME_MAX == PCLUSTER_NAME_MAX_LENGTH

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from ctrain import proc, resources, ui
+from ctrain import install_hint, proc, resources, ui
 from ctrain.errors import CtrainError
 from ctrain.files import creatable_dir_problem, make_dirs
 from ctrain.image import secrets
@@ -39,7 +39,7 @@ def fill(
     if python == sys.executable and importlib.util.find_spec("torch") is None:
         raise CtrainError(
             "making a wheelhouse builds deepspeed, whose build imports torch: run this from an environment "
-            "with torch (pip install 'ctrain[train]', or .venv from scripts/setup.sh)"
+            f"with torch ({install_hint('train')}, or .venv from scripts/setup.sh)"
         )
     with index_access(torch_index) as (index, env):
         make_dirs(directory, "give a wheelhouse directory you can write")
