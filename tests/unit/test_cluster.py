@@ -251,7 +251,7 @@ def test_schema_messages_flatten_to_paths() -> None:
 def test_missing_pcluster_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(cluster_setup.sys, "executable", str(tmp_path / "python"))
-    with pytest.raises(ToolNotFound, match=r"pip install 'ctrain\[aws\]'"):
+    with pytest.raises(ToolNotFound, match=r"pip install 'ctrain-slurm\[aws\]'"):
         cluster_setup.pcluster_bin()
 
 
