@@ -7,6 +7,7 @@ import ast
 import errno
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -246,3 +247,23 @@ def test_convert_uses_the_projects_definition_else_ctrains(tmp_path: Path, new: 
 
     assert convert.definition(new) == new / "containers" / "ctrain.def"
     assert convert.definition(tmp_path / "elsewhere") == REPO / "containers" / "ctrain.def"
+
+
+def test_a_new_projects_dry_run_shows_the_script_before_any_image_exists(new: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """What init's "next:" line sends a newcomer to, on a laptop (no Slurm on PATH), before `ctrain
+    build`: the script with the image path it will use, and one warning that the image is missing.
+    A real submit of the same refuses, before anything is queued."""
+    monkeypatch.chdir(new)
+    laptop = tmp_path / "bin"  # bash (ctrain checks the rendered script with bash -n), no Slurm
+    laptop.mkdir()
+    (laptop / "bash").symlink_to(shutil.which("bash"))
+    monkeypatch.setenv("PATH", str(laptop))
+    code, out, err = ctrain("submit", "--dry-run", "--nodes", "2", "recipes/demo-addition.yaml")
+    assert code == 0, err
+    image = new / "images" / "ctrain-latest.sif"
+    assert f"export CTRAIN_IMAGE={image}" in out
+    assert f"warning: image {image} does not exist" in err and "this dry run does not" in err
+    code, out, err = ctrain("submit", "--write-script", str(tmp_path / "job.sbatch"), "recipes/demo-addition.yaml")
+    assert code != 0 and f"error: image {image} does not exist" in err
+    assert not (tmp_path / "job.sbatch").exists()

@@ -279,7 +279,7 @@ def test_image_checks(tmp_path: Path) -> None:
 def test_dry_run_prints_the_exact_script_and_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     project(tmp_path, GPU_CLUSTER)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(submit, "check", lambda job: [])  # the checks need the recipe and a cluster
+    monkeypatch.setattr(submit, "check", lambda job, **_: [])  # the checks need the recipe and a cluster
     result = CliRunner().invoke(
         main, ["submit", "--dry-run", "--nodes", "16", "recipes/demo-addition.yaml", "training.max_steps=100"]
     )

@@ -98,7 +98,7 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
     job = jobs.prepare(project(ctx), recipe=recipe, overrides=overrides, script=script, runtime=runtime, nodes=nodes,
                        time=time_limit, partition=partition, account=account, gpus_per_node=gpus_per_node,
                        ntasks_per_node=ntasks_per_node, image=image, launcher=launcher, job_name=job_name)  # fmt: skip
-    warnings = jobs.check(job)
+    warnings = jobs.check(job, dry_run=dry_run)
     if dry_run:
         click.echo(job.describe(), nl=False)
     for warning in warnings:

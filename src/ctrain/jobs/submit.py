@@ -373,12 +373,24 @@ def prepare(
 # --- checks before queueing -----------------------------------------------------------------------
 
 
-def check(job: Job, client: slurm.Slurm | None = None) -> list[str]:
-    """Everything that can be known wrong before the job waits in the queue; returns warnings."""
+class MissingImage(ConfigError):
+    """The image file is not there (yet): an error for a job, a note for a dry run."""
+
+
+def check(job: Job, client: slurm.Slurm | None = None, dry_run: bool = False) -> list[str]:
+    """Everything that can be known wrong before the job waits in the queue; returns warnings.
+
+    A dry run shows the script before an image exists (what ``ctrain init`` sends a new user to):
+    a missing image file is then a warning, not an error."""
     warnings: list[str] = []
     s = job.settings
     check_signal(job.options)
-    check_image(s["CTRAIN_IMAGE"], job.runtime, job.project)
+    try:
+        check_image(s["CTRAIN_IMAGE"], job.runtime, job.project)
+    except MissingImage as missing:
+        if not dry_run:
+            raise
+        warnings.append(f"{missing} (a job needs it; this dry run does not)")
     if s["CTRAIN_LAUNCHER"] == "deepspeed":
         _project_file(job, s["CTRAIN_DEEPSPEED_CONFIG"], "the DeepSpeed config (CTRAIN_DEEPSPEED_CONFIG)")
     warnings += check_job_recipe(job)
@@ -433,7 +445,7 @@ def _image_kind(path: Path, runtime: str) -> str:
     make = "ctrain convert --to " + ("sqsh" if runtime == "pyxis" else "sif")
     if not path.exists():
         broken = " (a symbolic link to nothing)" if path.is_symlink() else ""
-        raise ConfigError(
+        raise MissingImage(
             f"image {path} does not exist{broken}: build and convert it (`ctrain build && {make}`), "
             "or set slurm.image / IMAGE to an existing image"
         )
