@@ -261,6 +261,33 @@ def parse_gres_gpus(gres: str) -> int:
     return sum(int(n) for n in _GRES_GPU.findall(gres.strip()))
 
 
+@dataclass(frozen=True)
+class NodeShape:
+    """What one kind of node has, as ``sinfo`` lists it: CPUs, memory (MB) and GPUs."""
+
+    cpus: int
+    memory_mb: int
+    gpus: int
+
+
+_SHAPE_FORMAT = "%c|%m|%G"
+_SHAPE_LINE = re.compile(r"^(\d+)\+?\|(\d+)\+?\|(.*)$")
+
+
+def parse_node_shapes(raw: str) -> list[NodeShape]:
+    """``sinfo --noheader --format='%c|%m|%G'`` as shapes ("128|1024000|gpu:h100:8(S:0-1)");
+    sinfo marks a group of unequal nodes with "+" after the smallest value, which is taken."""
+    shapes = []
+    for line in raw.splitlines():
+        if not line.strip():
+            continue
+        match = _SHAPE_LINE.match(line.strip())
+        if not match:
+            raise ParseError("sinfo's CPUS|MEMORY|GRES lines", raw)
+        shapes.append(NodeShape(int(match[1]), int(match[2]), parse_gres_gpus(match[3])))
+    return shapes
+
+
 _SINFO_NODE = re.compile(r"^(\S+)\s+(\S+)$")
 
 
@@ -571,6 +598,14 @@ class Slurm:
         out = self.runner.run(["scontrol", "ping"], check=False)
         answer = (out.stdout + out.stderr).strip()
         return out.returncode == 0 and " is UP" in out.stdout, answer
+
+    def node_shapes(self, partition: str | None) -> list[NodeShape] | None:
+        """The kinds of node in ``partition`` (the default one if None); None if sinfo cannot answer."""
+        args = ["sinfo", "--noheader", f"--format={_SHAPE_FORMAT}"]
+        if partition:
+            args.append(f"--partition={partition}")
+        out = self.runner.run(args, check=False)
+        return parse_node_shapes(out.stdout) if out.returncode == 0 else None
 
     def partition_gpus(self, partition: str | None) -> int | None:
         """The most GPUs any node of ``partition`` (of any partition if None) has; None if sinfo fails."""

@@ -100,6 +100,15 @@ def test_unknown_and_malformed_jobs(testbed) -> None:
     assert result.exit_code == 1 and "is not a Slurm job id" in result.output
 
 
+def test_node_shapes_are_what_slurm_conf_declares(testbed) -> None:
+    """The sinfo format a GPU job's CPUs and memory are derived from (ctrain.jobs.submit.gpu_resources),
+    read from the real sinfo: the testbed's nodes as its slurm.conf declares them."""
+    declared = {(int(m[1]), int(m[2])) for m in re.finditer(r"CPUs=(\d+) RealMemory=(\d+)", testbed.slurm_conf.read_text())}
+    shapes = SLURM.node_shapes(None)
+    assert shapes and {(s.cpus, s.memory_mb) for s in shapes} == declared
+    assert all(s.gpus == 0 for s in shapes)
+
+
 @pytest.mark.parametrize("script", ["pyxis", "pyxis_multinode", "apptainer", "apptainer_multinode"])
 def test_scripts_pass_sbatch_test_only(testbed, sbatch_project, script: str) -> None:
     """Slurm accepts every script's #SBATCH header as the job user would submit it (nothing queued)."""

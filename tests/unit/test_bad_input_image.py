@@ -63,6 +63,11 @@ def submit(*args: str) -> list[str]:
     return ["submit", "--dry-run", *args, "recipes/demo-addition.yaml"]
 
 
+def queue(*args: str) -> list[str]:
+    """A submit that would queue (the script written instead): a dry run only warns of a missing image."""
+    return ["submit", "--write-script", "job.sbatch", *args, "recipes/demo-addition.yaml"]
+
+
 CASES = [
     # --- build: names and bases checked before any builder starts --------------------------------
     Case("build-tag-space", ["build", "--tag", "my tag"], ["--tag", "space", "ctrain:cpu"], project()),
@@ -139,7 +144,8 @@ CASES = [
     Case("wheelhouse-read-only", ["wheelhouse", "ro/wheels"], ["cannot fill the wheelhouse", "not writable"],
          project(ro=None), read_only=["ro"]),  # fmt: skip
     # --- submit: the image, before anything is queued --------------------------------------------
-    Case("submit-missing-file", submit("--image", "images/ctrain.sqsh"), ["does not exist", "ctrain convert --to sqsh"],
+    # A dry run only warns of a missing image (a new project has none yet); a job is refused.
+    Case("submit-missing-file", queue("--image", "images/ctrain.sqsh"), ["does not exist", "ctrain convert --to sqsh"],
          project(PYXIS)),  # fmt: skip
     Case("submit-image-is-a-dir", submit("--image", "images"), ["is a directory", "ctrain.sqsh"],
          project(PYXIS, **{"images__ctrain.sqsh": SQSH_HEAD})),  # fmt: skip
@@ -153,7 +159,7 @@ CASES = [
          project(APPTAINER, **{"images__notes.txt": "hello"})),  # fmt: skip
     Case("submit-empty-image", submit("--image", "images/c.sqsh"), ["empty file"],
          project(PYXIS, **{"images__c.sqsh": b""})),  # fmt: skip
-    Case("submit-dangling-symlink", submit("--image", "images/c.sqsh"), ["symbolic link to nothing"],
+    Case("submit-dangling-symlink", queue("--image", "images/c.sqsh"), ["symbolic link to nothing"],
          lambda root: (project(PYXIS, images=None)(root), (root / "images/c.sqsh").symlink_to(root / "gone.sqsh"))),
     Case("submit-fifo", submit("--image", "images/c.sqsh"), ["not a regular file"],
          lambda root: (project(PYXIS, images=None)(root), os.mkfifo(root / "images/c.sqsh"))),

@@ -432,3 +432,63 @@ def test_local_runner_reads_from_an_offset_or_the_end(tmp_path: Path) -> None:
     assert local.read(log, -6) == b"three\n"
     assert local.read(log, -100) == b"one\ntwo\nthree\n"
     assert local.read(tmp_path / "missing.out") is None
+
+
+def test_sinfo_node_shapes_are_parsed_and_unequal_groups_take_their_smallest() -> None:
+    shapes = slurm.parse_node_shapes("128|1031000|gpu:h100:8(S:0-1)\n96+|512000+|gpu:4\n2|1900|(null)\n")
+    assert shapes == [slurm.NodeShape(128, 1031000, 8), slurm.NodeShape(96, 512000, 4), slurm.NodeShape(2, 1900, 0)]
+    with pytest.raises(ParseError, match="CPUS|MEMORY|GRES"):
+        slurm.parse_node_shapes("lots|of|gpus\n")
+
+
+NO_CPUS = GPU_CLUSTER.replace("  cpus_per_task: 96\n", "")
+
+
+def _gpu_job(tmp_path: Path, sinfo: str | None, yaml: str = NO_CPUS, **changes: object) -> submit.Job:
+    config = load_config(project(tmp_path, yaml) / "ctrain.yaml")
+    client = slurm.Slurm(Sinfo(sinfo)) if sinfo is not None else None
+    return submit.prepare(config, recipe="recipes/demo-addition.yaml", nodes=2, client=client, **changes)
+
+
+def test_a_gpu_job_that_names_no_cpus_gets_whole_nodes_or_its_gpus_share(tmp_path: Path) -> None:
+    """One torchrun per node: without --cpus-per-task most sites give it one CPU for every worker."""
+    whole = _gpu_job(tmp_path, "128|1031000|gpu:h100:8\n")
+    assert "exclusive" in whole.options and whole.options["mem"] == "0" and "cpus-per-task" not in whole.options
+    assert "#SBATCH --exclusive" in whole.text and "#SBATCH --mem=0" in whole.text
+    assert "--exclusive --mem=0: the job takes all 8 GPUs of each node" in whole.notes[0]
+    half = _gpu_job(tmp_path, "128|1031000|gpu:8\n", gpus_per_node=4)
+    assert half.options["cpus-per-task"] == "64" and half.options["mem"] == "515500M"
+    assert "exclusive" not in half.options and "4 of the 8 GPUs of a node in partition 'gpu'" in half.notes[0]
+    # Two kinds of node: the one with fewer CPUs per GPU decides, so the job fits either.
+    mixed = _gpu_job(tmp_path, "128|1031000|gpu:8\n64|500000|gpu:8\n", gpus_per_node=2)
+    assert mixed.options["cpus-per-task"] == "16"
+    # What the user set stays; only the rest is derived.
+    mine = _gpu_job(tmp_path, "128|1031000|gpu:8\n", gpus_per_node=4, mem="100G")
+    assert mine.options["mem"] == "100G" and mine.options["cpus-per-task"] == "64"
+    assert _gpu_job(tmp_path, "128|1031000|gpu:8\n", exclusive=True).options.get("mem") is None
+    # No sinfo answer (a laptop's dry run): nothing invented, and the default is named.
+    unknown = _gpu_job(tmp_path, None)
+    assert "cpus-per-task" not in unknown.options and "exclusive" not in unknown.options
+    assert "the site's default applies (often 1 CPU for all 8 workers)" in unknown.notes[0]
+
+
+def test_too_few_cpus_per_gpu_is_a_warning_and_the_flags_reach_the_script(tmp_path: Path) -> None:
+    starved = _gpu_job(tmp_path, "128|1031000|gpu:8\n", cpus_per_task=8)
+    assert starved.options["cpus-per-task"] == "8"
+    assert any(n.startswith("warning: 1 CPUs per GPU (--cpus-per-task=8 for 8 GPUs per node") for n in starved.notes)
+    assert not [n for n in _gpu_job(tmp_path, None, GPU_CLUSTER).notes if n.startswith("warning:")]  # 96 for 8
+
+
+
+def test_submit_takes_cpus_memory_and_whole_nodes_as_sbatch_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """-c is --cpus-per-task, as for sbatch (--cluster has no short form)."""
+    project(tmp_path, NO_CPUS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(submit, "check", lambda job, **_: [])  # the checks need the recipe and a cluster
+    result = CliRunner().invoke(main, ["submit", "--dry-run", "--nodes", "2", "-c", "8", "--mem", "200G",
+                                       "--exclusive", "recipes/demo-addition.yaml"])  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    for line in ("#SBATCH --cpus-per-task=8", "#SBATCH --mem=200G", "#SBATCH --exclusive"):
+        assert line in result.stdout, line
+    result = CliRunner().invoke(main, ["submit", "--dry-run", "-c", "2", "recipes/demo-addition.yaml"])
+    assert "warning: 0.25 CPUs per GPU" in result.stderr

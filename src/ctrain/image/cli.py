@@ -120,7 +120,7 @@ def convert(
     help="Send this .sif/.sqsh instead (repeatable).",
 )
 @click.option("--image", "ref", metavar="REF", help="Image to push (default: image.name:image.tag).")
-@click.option("--cluster", "-c", "cluster_name", metavar="NAME",
+@click.option("--cluster", "cluster_name", metavar="NAME",
               help="Copy SIF/sqsh files to this cluster's images_dir (~/.config/ctrain/clusters.yaml), "
               "over its shared SSH connection.")  # fmt: skip
 @click.pass_context

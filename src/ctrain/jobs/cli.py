@@ -16,7 +16,7 @@ from ctrain.ui import info
 
 
 _CLUSTER = click.option(
-    "--cluster", "-c", "cluster_name", metavar="NAME",
+    "--cluster", "cluster_name", metavar="NAME",
     help="A cluster of ~/.config/ctrain/clusters.yaml, reached over SSH (default: its `default`, else "
     "Slurm on this machine).",
 )  # fmt: skip
@@ -56,6 +56,10 @@ def _unknown_here(job_id: str, cluster: str | None, exc: CtrainError) -> CtrainE
 @click.option("--account", "-A", help="Account to charge.")
 @click.option("--gpus-per-node", type=int, help="GPUs per node; one training process each.")
 @click.option("--ntasks-per-node", type=int, help="Processes per node on nodes without GPUs.")
+@click.option("--cpus-per-task", "-c", type=int, help="CPUs of each node's task (one per node with GPUs; default "
+              "for GPU jobs: the GPUs' share of the node's CPUs, whole nodes when the job takes all their GPUs).")  # fmt: skip
+@click.option("--mem", help="Memory per node, e.g. 500G (0: all of it; default for GPU jobs: the GPUs' share).")
+@click.option("--exclusive/--no-exclusive", default=None, help="Whole nodes: every CPU, no other job beside it.")
 @click.option("--image", help="Image: a .sif/.sqsh path, or a registry reference (pyxis).")
 @click.option(
     "--launcher", type=click.Choice(["torchrun", "accelerate", "deepspeed"]), help="Launcher (default: torchrun)."
@@ -70,7 +74,8 @@ def _unknown_here(job_id: str, cluster: str | None, exc: CtrainError) -> CtrainE
 @click.pass_context
 def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], script: str | None, runtime: str | None,
            nodes: int | None, time_limit: str | None, partition: str | None, account: str | None,
-           gpus_per_node: int | None, ntasks_per_node: int | None, image: str | None, launcher: str | None,
+           gpus_per_node: int | None, ntasks_per_node: int | None, cpus_per_task: int | None, mem: str | None,
+           exclusive: bool | None, image: str | None, launcher: str | None,
            job_name: str | None, dry_run: bool, write_script: Path | None, wait_: bool,
            cluster_name: str | None) -> None:  # fmt: skip
     """Train RECIPE on the cluster: render an sbatch/ script with ctrain.yaml's `slurm:` settings,
@@ -97,10 +102,13 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
 
     job = jobs.prepare(project(ctx), recipe=recipe, overrides=overrides, script=script, runtime=runtime, nodes=nodes,
                        time=time_limit, partition=partition, account=account, gpus_per_node=gpus_per_node,
-                       ntasks_per_node=ntasks_per_node, image=image, launcher=launcher, job_name=job_name)  # fmt: skip
+                       ntasks_per_node=ntasks_per_node, cpus_per_task=cpus_per_task, mem=mem, exclusive=exclusive,
+                       image=image, launcher=launcher, job_name=job_name, client=slurm.Slurm())  # fmt: skip
     warnings = jobs.check(job, dry_run=dry_run)
     if dry_run:
         click.echo(job.describe(), nl=False)
+    for note in job.notes:
+        info(note if note.startswith("warning: ") else f"note: {note}")
     for warning in warnings:
         info(f"warning: {warning}")
     if dry_run:
@@ -186,6 +194,10 @@ def _command_line(ctx: click.Context, leave_out: tuple[str, ...]) -> list[str]:
     arguments: list[str] = []
     for param in ctx.command.params:
         value = ctx.params.get(param.name or "")
+        if isinstance(param, click.Option) and param.is_flag and param.secondary_opts and value is not None:
+            if param.name not in leave_out:  # --exclusive/--no-exclusive: either was said
+                options.append(max(param.opts if value else param.secondary_opts, key=len))
+            continue
         if param.name in leave_out or value is None or value is False or value == ():
             continue
         if isinstance(param, click.Argument):

@@ -85,6 +85,7 @@ class Job:
     settings: dict[str, str]  # CTRAIN_* as the script resolves them (defaults included)
     arguments: list[str]  # recipe and KEY=VALUE overrides
     options: dict[str, str | None] = field(default_factory=dict)  # final #SBATCH options
+    notes: list[str] = field(default_factory=list)  # what ctrain chose for the user (resources), said once
 
     def describe(self) -> str:
         """The sbatch command and the script, as --dry-run prints them (a shell here-document)."""
@@ -341,12 +342,68 @@ def render(template: Path, lib_text: str, header_pairs: list[tuple[str, str | No
     return "\n".join(header + settings + body) + "\n", options
 
 
+#: Fewer CPUs than this per GPU starve a GPU job's data loaders and launcher: a warning.
+MIN_CPUS_PER_GPU = 4
+
+
+def gpu_resources(c: SlurmConfig, shapes: list[slurm.NodeShape] | None) -> tuple[dict[str, object], list[str]]:
+    """CPUs and memory for a GPU job that names neither (``slurm:`` changes), and notes saying so.
+
+    A GPU job runs one task per node (torchrun), and most sites give a task one CPU (or
+    DefCpuPerGPU's worth) unless it asks: eight workers would share it. A job that takes every
+    GPU of its nodes takes the whole nodes (``--exclusive``, ``--mem=0``: all their memory);
+    one that takes some gets the same share of the node's CPUs and memory as of its GPUs. The
+    node is the partition's kind with the fewest CPUs per GPU among those with enough GPUs.
+    """
+    gpus = c.gpus_per_node or 0
+    if not gpus or c.exclusive:
+        return {}, []
+    fitting = [shape for shape in shapes or [] if shape.gpus >= gpus]
+    if not fitting:
+        if c.cpus_per_task is not None:
+            return {}, []
+        return {}, [
+            f"{gpus} GPUs per node and no CPUs asked for, and sinfo does not say what the nodes have: the site's "
+            f"default applies (often 1 CPU for all {gpus} workers); set slurm.cpus_per_task, --cpus-per-task or "
+            "--exclusive"
+        ]
+    node = min(fitting, key=lambda shape: (shape.cpus // shape.gpus, shape.memory_mb // shape.gpus))
+    where = f"partition '{c.partition}'" if c.partition else "the cluster"
+    if gpus == node.gpus and c.cpus_per_task is None and c.mem is None:
+        return {"exclusive": True, "mem": "0"}, [
+            f"--exclusive --mem=0: the job takes all {gpus} GPUs of each node, so it takes the whole nodes "
+            f"({node.cpus} CPUs, {node.memory_mb // 1024} GiB each in {where}); set slurm.cpus_per_task or "
+            "slurm.mem to ask for less"
+        ]
+    changes: dict[str, object] = {}
+    if c.cpus_per_task is None:
+        changes["cpus_per_task"] = max(1, node.cpus // node.gpus * gpus)
+    if c.mem is None:
+        changes["mem"] = f"{node.memory_mb // node.gpus * gpus}M"
+    if not changes:
+        return {}, []
+    said = " ".join(f"--{OPTIONS[k]}={v}" for k, v in changes.items())
+    return changes, [
+        f"{said}: {gpus} of the {node.gpus} GPUs of a node in {where} ({node.cpus} CPUs, "
+        f"{node.memory_mb // 1024} GiB), and the same share of its CPUs and memory; set slurm.cpus_per_task "
+        "or slurm.mem to choose"
+    ]
+
+
 def prepare(
-    config: ProjectConfig, *, recipe: str | None = None, overrides: tuple[str, ...] = (), **changes: object
-) -> Job:
+    config: ProjectConfig, *, recipe: str | None = None, overrides: tuple[str, ...] = (),
+    client: slurm.Slurm | None = None, **changes: object,
+) -> Job:  # fmt: skip
     """Render the job for ``config.slurm`` with command-line ``changes`` on top: ``slurm:`` keys (nodes=,
-    time=, image=, ...), checked as in ctrain.yaml; None leaves a setting as configured."""
+    time=, image=, ...), checked as in ctrain.yaml; None leaves a setting as configured. A GPU job
+    that names no CPUs or memory gets them from what ``client``'s sinfo says the nodes have."""
     c = override(config.slurm, changes, where="slurm")
+    shapes = None
+    if c.gpus_per_node and client is not None and client.runner.has("sinfo"):
+        shapes = client.node_shapes(c.partition)
+    derived, notes = gpu_resources(c, shapes)
+    if derived:
+        c = override(c, derived, where="slurm")
     project = config.root
     template = choose_script(c, project, c.nodes)
     lib = template.parent / "lib" / LIB.name
@@ -367,7 +424,24 @@ def prepare(
     arguments = [*([recipe_arg] if recipe_arg else []), *overrides]
     text, options = render(template, lib.read_text(), sbatch_options(c), env, arguments)
     settings = resolve_settings(lib, runtime, arguments, env, project)
-    return Job(template, runtime, text, project, settings, arguments, options)
+    job = Job(template, runtime, text, project, settings, arguments, options, notes)
+    per_gpu = _cpus_per_gpu(options)
+    if per_gpu is not None and per_gpu < MIN_CPUS_PER_GPU:
+        job.notes.append(
+            f"warning: {per_gpu:g} CPUs per GPU (--cpus-per-task={options['cpus-per-task']} for "
+            f"{options['gpus-per-node']} GPUs per node, one task per node): data loading and the launcher will "
+            f"starve the GPUs; ask for at least {MIN_CPUS_PER_GPU} per GPU or --exclusive"
+        )
+    return job
+
+
+def _cpus_per_gpu(options: dict[str, str | None]) -> float | None:
+    """CPUs per GPU of the final options; None when they do not say (no GPUs, no CPUs, whole nodes)."""
+    gpus, cpus = options.get("gpus-per-node"), options.get("cpus-per-task")
+    if not gpus or not cpus or "exclusive" in options:
+        return None
+    count = int(gpus.rsplit(":", 1)[-1])
+    return int(cpus) / count if count and cpus.isdigit() else None
 
 
 # --- checks before queueing -----------------------------------------------------------------------
