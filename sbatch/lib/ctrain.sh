@@ -40,6 +40,7 @@ ctrain_settings() {
     : "${CTRAIN_MOUNTS:=}"                       # more SRC:DST[:ro],... mounts
     : "${CTRAIN_MOUNT_HOME:=0}"                  # 1: mount $HOME in the container
     : "${CTRAIN_CONTAINER_ENV:=}"                # NAME,... whose host values win over the image's
+    : "${CTRAIN_PASS_ENV:=}"                     # NAME,PREFIX_*,... more host variables the container gets
     : "${CTRAIN_EFA:=0}"                         # 1: AWS EFA settings for NCCL (see ctrain_environment)
     : "${CTRAIN_REQUEUE_EXIT:=75}"               # the trainer's "checkpointed, requeue me" exit code
     : "${CTRAIN_MAX_REQUEUES:=10}"               # stop requeueing after this many restarts
@@ -79,6 +80,39 @@ ctrain_settings() {
         torchrun | accelerate | deepspeed) ;;
         *) ctrain_die "CTRAIN_LAUNCHER is '$CTRAIN_LAUNCHER'; valid: torchrun, accelerate, deepspeed" ;;
     esac
+    # Names and globs: they become patterns and srun's --export list (ctrain_task_env).
+    [[ $CTRAIN_PASS_ENV =~ ^[A-Za-z0-9_*,]*$ ]] ||
+        ctrain_die "CTRAIN_PASS_ENV is '$CTRAIN_PASS_ENV'; give variable names or NAME_* prefixes, separated by commas"
+}
+
+# The host variables each task, and so the container, gets (srun --export): what Slurm, the
+# launcher, NCCL, the training stack, Apptainer and ctrain read, a proxy and a locale, and what
+# CTRAIN_PASS_ENV and slurm.env (CTRAIN_CONTAINER_ENV) name. Not PYTHONPATH, LD_LIBRARY_PATH,
+# PYTHONHOME, conda's or a module's variables: from `module load` or ~/.bashrc on the node they
+# would reach Python in the image (Apptainer resets PATH and LD_LIBRARY_PATH itself; pyxis keeps
+# the image's values over the host's, for variables the image sets).
+CTRAIN_PASSED_ENV=(CTRAIN_* SLURM_* SLURMD_* PMI_* PMIX_* OMPI_* APPTAINER* SINGULARITY* ENROOT_* PYXIS_*
+    NCCL_* FI_* UCX_* CUDA_* NVIDIA_* HF_* HUGGING_FACE_* TRANSFORMERS_* TORCH* PYTORCH_* TRITON_* ACCELERATE_*
+    DS_* OMP_* MKL_* KMP_* WANDB_* MLFLOW_* TENSORBOARD_* PYTHONUNBUFFERED PYTHONNOUSERSITE PYTHONHASHSEED
+    XDG_CACHE_HOME TMPDIR PATH HOME USER LOGNAME LANG LC_* TERM TZ http_proxy https_proxy no_proxy HTTP_PROXY
+    HTTPS_PROXY NO_PROXY SSL_CERT_FILE SSL_CERT_DIR REQUESTS_CA_BUNDLE CURL_CA_BUNDLE)
+
+# ctrain_task_env: the names of the variables set here that a task gets, comma-separated.
+ctrain_task_env() {
+    local name pattern patterns=("${CTRAIN_PASSED_ENV[@]}" "${CTRAIN_FORCED_ENV[@]}") names=()
+    local yours="$CTRAIN_PASS_ENV,$CTRAIN_CONTAINER_ENV"
+    IFS=, read -ra yours <<<"$yours"
+    patterns+=("${yours[@]}")
+    while IFS= read -r name; do
+        for pattern in "${patterns[@]}"; do
+            # shellcheck disable=SC2053 # the pattern is a glob on purpose
+            if [[ -n $pattern && $name == $pattern ]]; then
+                names+=("$name")
+                break
+            fi
+        done
+    done < <(compgen -e)
+    (IFS=,; echo "${names[*]}")
 }
 
 # --- allocation -----------------------------------------------------------------------------------
@@ -338,7 +372,9 @@ ctrain_run() {
         --ntasks-per-node=1         # one launcher per node starts the node's workers
     )
     # The rendezvous store's address, for the first node's task (CTRAIN_TASK) to host it.
-    [[ -z $CTRAIN_STORE ]] || CTRAIN_SRUN+=(--export="ALL,CTRAIN_STORE=$CTRAIN_STORE")
+    # Only the variables the job needs (ctrain_task_env); the first node's task (CTRAIN_TASK) also
+    # gets the rendezvous store's address, to host it.
+    CTRAIN_SRUN+=(--export="$(ctrain_task_env)${CTRAIN_STORE:+,CTRAIN_STORE=$CTRAIN_STORE}")
     CTRAIN_SRUN+=(
         "${CTRAIN_SRUN_CONTAINER[@]}"
         "${CTRAIN_CONTAINER[@]}"

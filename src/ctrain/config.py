@@ -25,6 +25,7 @@ CONFIG_NAME = "ctrain.yaml"
 # What slurm.env, slurm.mounts may hold: variable names (none that looks like a secret: the values
 # are written into the job script) and HOST:CONTAINER[:ro|rw] bind mounts.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PASS_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?")
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|CREDENTIAL", re.IGNORECASE)
 _MOUNT = re.compile(r"[^:,]+:/[^:,]*(?::(?:ro|rw))?")
 # What an #SBATCH line's value may hold: what Slurm's names, lists, constraints, sizes and times are
@@ -238,6 +239,9 @@ class SlurmConfig:
     max_requeues: int | None = None
     hang_timeout: int | None = None  # seconds without a finished step before the job's watchdog ends it
     env: dict[str, str] = field(default_factory=dict)
+    # More host variables the container gets (names, or NAME_* prefixes), beyond those a job needs
+    # (the sbatch library's CTRAIN_PASSED_ENV); others, PYTHONPATH and conda's among them, stay out.
+    pass_env: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         """Relations between settings that are wrong before anything is run."""
@@ -292,8 +296,14 @@ class SlurmConfig:
             if _SECRET.search(name):
                 raise ConfigError(
                     f"slurm.env: {name} looks like a secret; ctrain writes these values into the job script and its "
-                    "copy in logs/. Export it in your shell instead (sbatch passes your environment to the job), or "
+                    "copy in logs/. Export it in your shell instead and name it in slurm.pass_env (sbatch passes your "
+                    "environment to the job; the container gets what the job needs and what pass_env names), or "
                     "log in once (`huggingface-cli login` stores the token in the mounted HF cache)"
+                )
+        for name in self.pass_env:
+            if not _PASS_ENV.fullmatch(name):
+                raise ConfigError(
+                    f"slurm.pass_env: {shorten(name)!r} is not a variable name or NAME_* prefix (e.g. MY_SETTING, MYLAB_*)"
                 )
         for arg in self.sbatch_args:
             match = _SBATCH_ARG.fullmatch(arg)

@@ -50,15 +50,16 @@ def launcher_line(log: str, task: int, node: str) -> str:
     return match.group(1)
 
 
-def submit(project: Project, *args: str, image: Path, **options: object) -> str:
-    """`ctrain submit --write-script` on the login node (here: as root), then sbatch as the user."""
+def submit(project: Project, *args: str, image: Path, env: dict[str, str] | None = None, **options: object) -> str:
+    """`ctrain submit --write-script` on the login node (here: as root), then sbatch as the user
+    (with ``env`` on top of the user's environment)."""
     script = project.path / "logs" / f"submitted-{time.monotonic_ns()}.sbatch"
     flags = [f"--{name.replace('_', '-')}={value}" for name, value in options.items()]
     result = CliRunner().invoke(main, ["--config", str(project.path / "ctrain.yaml"), "submit", f"--image={image}",
                                        *flags, f"--write-script={script}", *args])  # fmt: skip
     assert result.exit_code == 0, result.output
     project.own(script)
-    return project.sbatch(str(script))
+    return project.sbatch(str(script), env=env)
 
 
 @pytest.fixture(scope="module")
@@ -164,10 +165,26 @@ def test_status_and_logs_of_the_finished_demo(demo: tuple[str, str]) -> None:
 # --- one node, through ctrain submit ----------------------------------------------------------------
 
 
+def poisoned_host(project: Project) -> dict[str, str]:
+    """What `module load` or a conda ~/.bashrc leave in a user's shell: a PYTHONPATH whose packages
+    break any Python that imports them (a torch, and a sitecustomize that every Python runs), conda's
+    variables and a library path. The job's containers must not see them."""
+    poison = project.path / "host-python"
+    (poison / "torch").mkdir(parents=True, exist_ok=True)
+    message = 'raise ImportError("poisoned: the host\'s PYTHONPATH reached the container")\n'
+    (poison / "torch" / "__init__.py").write_text(message)
+    (poison / "sitecustomize.py").write_text(message)
+    project.own(poison)
+    return {"PYTHONPATH": str(poison), "CONDA_PREFIX": str(poison), "CONDA_DEFAULT_ENV": "base",
+            "LD_LIBRARY_PATH": str(poison)}  # fmt: skip
+
+
 def test_single_node_apptainer(project: Project, cpu_sif: Path) -> None:
+    """Submitted from a shell with a poisoned PYTHONPATH (poisoned_host): the job trains all the same."""
     job_id = submit(project, DEMO, *SHORT, "training.output_dir=/outputs/single", image=cpu_sif, nodes=1,
-                    job_name="single")  # fmt: skip
+                    job_name="single", env=poisoned_host(project))  # fmt: skip
     log = finish(project, job_id)
+    assert "poisoned" not in log
     assert launcher_line(log, 0, "node1").startswith("torchrun --nnodes=1 --nproc-per-node=2 ")
     assert not re.search(r"^1: ", log, re.MULTILINE)  # one task, one node
     assert (project.path / "outputs" / "single" / "final" / "config.json").is_file()

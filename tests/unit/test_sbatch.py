@@ -208,6 +208,26 @@ def test_apptainer_forced_variables_are_exported(slurm_conf: Path) -> None:
     assert "SINGULARITYENV_FI_PROVIDER=efa\n" in out
 
 
+@pytest.mark.parametrize("script", ["apptainer_multinode", "pyxis_multinode"])
+def test_tasks_get_only_the_variables_a_job_needs(slurm_conf: Path, script: str) -> None:
+    """srun --export lists what the tasks (and the containers) get: the host's PYTHONPATH, conda's and
+    a module's variables stay out; what slurm.pass_env (CTRAIN_PASS_ENV) and slurm.env name go in."""
+    host = {"PYTHONPATH": "/home/alice/.local/lib", "PYTHONHOME": "/opt/conda", "LD_LIBRARY_PATH": "/opt/conda/lib",
+            "CONDA_PREFIX": "/opt/conda", "MODULEPATH": "/etc/modules", "LMOD_CMD": "/usr/bin/lmod",
+            "HF_TOKEN": "hf_x", "NCCL_DEBUG": "INFO", "WANDB_PROJECT": "p", "MYLAB_DATA": "/d", "MYLAB_X": "1",
+            "EXTRA": "1", "OTHER": "1", "MY_SETTING": "v", "CTRAIN_PASS_ENV": "MYLAB_*,EXTRA",
+            "CTRAIN_CONTAINER_ENV": "MY_SETTING"}  # fmt: skip
+    words = srun_words(dry_run(script, env={**allocation(2), **host}, slurm_conf=slurm_conf).stdout)
+    (export,) = [w.split("=", 1)[1] for w in words if w.startswith("--export=")]
+    passed = set(export.split(","))
+    assert {"HF_TOKEN", "NCCL_DEBUG", "WANDB_PROJECT", "MYLAB_DATA", "MYLAB_X", "EXTRA", "MY_SETTING", "PATH",
+            "SLURM_JOB_ID", "OMP_NUM_THREADS", "TORCHINDUCTOR_CACHE_DIR"} <= passed  # fmt: skip
+    assert not {"PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "CONDA_PREFIX", "MODULEPATH", "LMOD_CMD", "OTHER"} & passed
+    assert "ALL" not in passed
+    bad = dry_run(script, env={**allocation(2), "CTRAIN_PASS_ENV": "X;rm -rf ~"}, slurm_conf=slurm_conf, check=False)
+    assert bad.returncode != 0 and "CTRAIN_PASS_ENV is 'X;rm -rf ~'; give variable names" in bad.stderr
+
+
 def test_pyxis_container_options(slurm_conf: Path) -> None:
     env = {**allocation(2), "CTRAIN_EFA": "1", "IMAGE": "nvcr.io#nvidia/pytorch:24.10-py3"}
     words = srun_words(dry_run("pyxis_multinode", env=env, slurm_conf=slurm_conf).stdout)

@@ -492,3 +492,12 @@ def test_submit_takes_cpus_memory_and_whole_nodes_as_sbatch_does(tmp_path: Path,
         assert line in result.stdout, line
     result = CliRunner().invoke(main, ["submit", "--dry-run", "-c", "2", "recipes/demo-addition.yaml"])
     assert "warning: 0.25 CPUs per GPU" in result.stderr
+
+
+def test_pass_env_takes_names_and_prefixes_only(tmp_path: Path) -> None:
+    config = load_config(project(tmp_path, "slurm:\n  pass_env: [MY_SETTING, MYLAB_*]\n") / "ctrain.yaml")
+    assert config.slurm.pass_env == ["MY_SETTING", "MYLAB_*"]
+    assert submit.settings_env(config.slurm, config, tmp_path, "apptainer")["CTRAIN_PASS_ENV"] == "MY_SETTING,MYLAB_*"
+    for bad in ("A B", "X;ls", "*", "A*B"):
+        with pytest.raises(ConfigError, match=r"slurm.pass_env: .* is not a variable name or NAME_\* prefix"):
+            load_config(project(tmp_path, f"slurm:\n  pass_env: ['{bad}']\n") / "ctrain.yaml")

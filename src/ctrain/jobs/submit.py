@@ -216,6 +216,8 @@ def settings_env(c: SlurmConfig, config: ProjectConfig, project: Path, runtime: 
     env.update(c.env)
     if c.env:
         env["CTRAIN_CONTAINER_ENV"] = ",".join(c.env)
+    if c.pass_env:
+        env["CTRAIN_PASS_ENV"] = ",".join(c.pass_env)
     return env
 
 
