@@ -314,6 +314,27 @@ DAMAGES = [
 ]
 
 
+def test_a_trial_run_does_not_swallow_the_real_one(tiny_recipe: Path, ctrain) -> None:
+    """A 3-step trial, then the recipe's own 6 steps into the same output directory: refused with
+    what differs (exit 2, the directory as it was), never "already finished"; with
+    training.resume=continue it trains on from the trial's checkpoint and keeps the trial's model."""
+    out = tiny_recipe.parent / "outputs" / "trial"
+    common = [tiny_recipe.name, "training.output_dir=outputs/trial", "training.save_steps=3"]
+    assert ctrain("train", *common, "training.max_steps=3").returncode == 0
+    before = sorted(p.name for p in out.iterdir())
+    real = ctrain("train", *common, "training.max_steps=6")
+    assert real.returncode == 2, real.stderr[-2000:]
+    assert "holds a run with other settings (training.max_steps: 3 -> 6)" in real.stderr
+    assert "already finished" not in real.stderr and sorted(p.name for p in out.iterdir()) == before
+    going_on = ctrain("train", *common, "training.max_steps=6", "training.resume=continue")
+    assert going_on.returncode == 0, going_on.stderr[-2000:]
+    assert "resuming from outputs/trial/checkpoint-3" in going_on.stderr
+    assert sorted(losses(out)[max(losses(out))]) == [4, 5, 6]  # the new start's steps only
+    assert complete(out / "final") and complete(out / "final.previous")
+    again = ctrain("train", *common, "training.max_steps=6", "training.logging_steps=5")  # run-independent
+    assert again.returncode == 0 and "this run already finished" in again.stderr
+
+
 def test_a_second_run_loads_the_compiled_layers_from_the_compile_cache(tiny_recipe: Path) -> None:
     """torch.compile's caches in one directory (what the sbatch library points TORCHINDUCTOR_CACHE_DIR
     at: the project's .cache, on storage every node mounts) serve the next run's compiled layers,

@@ -398,3 +398,33 @@ def test_only_what_a_recipe_uses_of_peft_and_deepspeed_is_imported(tmp_path: Pat
     assert unused(load_recipe(path, [f"training.deepspeed={tmp_path / 'zero3.json'}"])) == ["peft"]
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     assert unused(load_recipe(path)) == ["peft"]
+
+
+def test_a_run_directory_knows_the_settings_that_define_its_run(tmp_path: Path) -> None:
+    """ctrain.train.rundir: the recipe copy a start leaves in the output directory against the next
+    start's recipe; run-independent keys (RUN_INDEPENDENT) may change, the others refuse."""
+    from ctrain.errors import ConfigError
+    from ctrain.train import rundir
+    from ctrain.train.artifacts import RECIPE_COPY
+    from ctrain.train.recipe import RUN_INDEPENDENT
+
+    keys = recipe_keys()
+    sections = {key.split(".")[0] for key in keys}
+    assert all(name in keys or name in sections for name in RUN_INDEPENDENT), RUN_INDEPENDENT - set(keys) - sections
+    path = write(tmp_path, TINY_RECIPE)
+    out = tmp_path / "out"
+    trial = load_recipe(path, [f"training.output_dir={out}", "training.max_steps=30"])
+    assert rundir.differences(out, trial) == []  # nothing recorded yet
+    out.mkdir()
+    (out / RECIPE_COPY).write_text(trial.to_yaml())
+    same = load_recipe(path, [f"training.output_dir={out}", "training.max_steps=30", "training.logging_steps=7",
+                              "training.save_steps=3", "logging.report_to=[tensorboard]", "eval.max_new_tokens=2"])  # fmt: skip
+    assert rundir.check(out, same) == []
+    real = load_recipe(path, [f"training.output_dir={out}", "model.config_overrides.hidden_size=64"])
+    with pytest.raises(ConfigError, match=r"holds a run with other settings \(model.config_overrides.hidden_size: 32 "
+                                          r"-> 64; training.max_steps: 30 -> 40\).*training.resume=continue"):  # fmt: skip
+        rundir.check(out, real)
+    going_on = load_recipe(path, [f"training.output_dir={out}", "training.resume=continue"])
+    assert rundir.check(out, going_on) == ["training.max_steps: 30 -> 40"]
+    (out / RECIPE_COPY).write_text("[unclosed")  # a damaged record is not a reason to stop training
+    assert rundir.check(out, real) == []

@@ -20,6 +20,7 @@ COMPLETE_MARKER = "ctrain-complete.json"  # last file of a checkpoint or final m
 PREPARED_MARKER = "ctrain-prepared.json"  # last file of a prepared data set, with what it was made from
 PREEMPTED_FILE = "ctrain-preempted.json"  # written when a run stops on a preemption signal
 FINAL_DIR = "final"  # the trained model and tokenizer, Hugging Face format
+PREVIOUS_FINAL_DIR = "final.previous"  # FINAL_DIR of a finished run that training.resume=continue went on with
 MERGED_DIR = "merged"  # in FINAL_DIR with peft.merge: the base model with the adapter folded in
 PREPARED_DIR = "prepared"  # default place of `ctrain prepare`'s output
 METRICS_FILE = "metrics.jsonl"  # every logged step, one JSON object a line

@@ -9,7 +9,7 @@ from pathlib import Path
 from ctrain.errors import ConfigError
 from ctrain.train.artifacts import PREPARED_MARKER
 from ctrain.train.layout import batch_layout
-from ctrain.train.recipe import Recipe, check_max_length, expand_path
+from ctrain.train.recipe import RESUME_WORDS, Recipe, check_max_length, expand_path
 from ctrain.train.sources import (
     BUILTIN_MODEL_TYPE,
     _readable,
@@ -102,7 +102,7 @@ def preflight(recipe: Recipe, world_size: int | None = None) -> list[str]:
     check_max_length(data.max_length, positions, where)
     if recipe.training.deepspeed:
         check_json_file(recipe.training.deepspeed, "training.deepspeed")
-    if recipe.training.resume not in ("auto", "never"):
+    if recipe.training.resume not in RESUME_WORDS:
         resume = expand_path(recipe.training.resume)
         if not resume.is_dir():
             raise ConfigError(f"training.resume: {recipe.training.resume} is not a checkpoint directory")

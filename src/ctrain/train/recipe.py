@@ -231,7 +231,9 @@ class TrainingSettings:
     save_total_limit: int | None = 2
     #: Evaluate every N steps (needs ``data.eval_split`` or ``data.eval_size``); None: not while training.
     eval_steps: int | None = None
-    #: ``auto``: from the newest complete checkpoint in the output directory; ``never``; or a checkpoint directory.
+    #: ``auto``: from the newest complete checkpoint in the output directory, if that run had the same
+    #: settings; ``continue``: the same, also after settings that define the run changed (more
+    #: ``max_steps``, say); ``never``; or a checkpoint directory.
     resume: str = "auto"
     #: Signals that make the run checkpoint and exit with PREEMPTED_EXIT_CODE (75).
     preemption_signals: list[str] = field(default_factory=lambda: ["SIGUSR1", "SIGTERM"])
@@ -291,8 +293,8 @@ class TrainingSettings:
             raise ConfigError("training.peak_tflops must be positive")
         for name in self.preemption_signals:
             signal_number(name)
-        if self.resume not in ("auto", "never") and not self.resume:
-            raise ConfigError("training.resume must be auto, never, or a checkpoint directory")
+        if self.resume not in RESUME_WORDS and not self.resume:
+            raise ConfigError("training.resume must be auto, continue, never, or a checkpoint directory")
 
 
 @dataclass
@@ -579,6 +581,21 @@ class Recipe:
         data = to_mapping(self)
         data.pop("path", None)
         return yaml.safe_dump(data, sort_keys=False)
+
+
+#: training.resume's words; anything else is a checkpoint directory.
+RESUME_WORDS = ("auto", "continue", "never")
+
+#: Recipe keys (sections, or section.key) a run may change between its starts without becoming
+#: another run: where output goes and how often, logging, the hub, evaluation after training,
+#: and speed settings that leave what is learned as it was. Every other key defines the run
+#: (``ctrain.train.rundir``).
+RUN_INDEPENDENT = frozenset({
+    "name", "logging", "hub", "eval", "data.num_proc", "data.prepared_dir", "training.output_dir",
+    "training.logging_steps", "training.save_steps", "training.save_total_limit", "training.eval_steps",
+    "training.resume", "training.preemption_signals", "training.dataloader_workers", "training.ddp_timeout_minutes",
+    "training.peak_tflops", "fast.sync_metrics", "fast.gc_every", "fast.ddp_bucket_mb", "peft.merge",
+})  # fmt: skip
 
 
 def check_max_length(max_length: int, positions: int | None, where: str) -> None:

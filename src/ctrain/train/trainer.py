@@ -23,18 +23,19 @@ from typing import Any
 
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.files import atomic_write_json, check_tree
-from ctrain.train import checkpoint, logs
+from ctrain.train import checkpoint, logs, rundir
 from ctrain.train.artifacts import (
     COMPLETE_MARKER,
     FINAL_DIR,
     MERGED_DIR,
     PREEMPTED_EXIT_CODE,
+    PREVIOUS_FINAL_DIR,
     PREEMPTED_FILE,
     RECIPE_COPY,
 )
 from ctrain.train.layout import batch_layout
 from ctrain.train.preflight import preflight
-from ctrain.train.recipe import Recipe, expand_path, signal_number
+from ctrain.train.recipe import RESUME_WORDS, Recipe, expand_path, signal_number
 
 log = logging.getLogger("ctrain.train")
 
@@ -328,7 +329,7 @@ def resume_point(recipe: Recipe, output_dir: Path, rank: int, world: int = 1) ->
     setting = recipe.training.resume
     if setting == "never":
         return None
-    if setting != "auto":
+    if setting not in RESUME_WORDS:
         path = expand_path(setting)
         if checkpoint.read_marker(path) is None:
             raise ConfigError(f"training.resume: {path} is not a complete checkpoint (no ctrain-complete.json)")
@@ -382,7 +383,12 @@ def run(recipe: Recipe) -> int:
     notes = preflight(recipe, world_size=world)
     output_dir = recipe.output_dir
     final = output_dir / FINAL_DIR
-    if checkpoint.read_marker(final) is not None:
+    # Every rank reads the record before rank 0 rewrites it (after resume_point's barrier).
+    changed = rundir.check(output_dir, recipe)
+    if changed and rank == 0:
+        log.info("the run in %s had other settings (training.resume: %s): %s", output_dir, recipe.training.resume,
+                 "; ".join(changed))  # fmt: skip
+    if checkpoint.read_marker(final) is not None and not changed:
         if rank == 0:
             log.info(
                 "%s is complete: this run already finished; nothing to do (use another training.output_dir to train again)",
@@ -451,7 +457,12 @@ def run(recipe: Recipe) -> int:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / RECIPE_COPY).write_text(recipe.to_yaml())
         (output_dir / PREEMPTED_FILE).unlink(missing_ok=True)
-        if final.exists():
+        if checkpoint.read_marker(final) is not None:  # finished before, continued with other settings
+            previous = output_dir / PREVIOUS_FINAL_DIR
+            log.info("the final model of the run before is kept in %s", previous)
+            checkpoint.remove([previous])
+            final.rename(previous)
+        elif final.exists():
             log.info("removing %s: it has no %s (the run stopped while saving it); it is saved again", final,
                      COMPLETE_MARKER)  # fmt: skip
             checkpoint.remove([final])

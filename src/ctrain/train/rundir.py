@@ -1,0 +1,68 @@
+"""What a run directory says about the run in it: the settings that define it.
+
+Every start writes the recipe it ran to ``OUTPUT_DIR/recipe.yaml``. A later start into the same
+directory with settings that define another run (``max_steps``, the data, the model; everything
+but :data:`~ctrain.train.recipe.RUN_INDEPENDENT`) would otherwise resume from that run's
+checkpoints, or report "already finished" for work it never did (a 30-step trial, then the real
+run): it is refused with what differs and what to do, unless ``training.resume`` says
+``continue``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ctrain.errors import ConfigError
+from ctrain.settings import load_yaml, to_mapping
+from ctrain.train.artifacts import RECIPE_COPY
+from ctrain.train.recipe import RUN_INDEPENDENT, Recipe
+
+log = logging.getLogger("ctrain.train")
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted keys to values, without the run-independent ones."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if name in RUN_INDEPENDENT:
+            continue
+        flat.update(_flat(value, name) if isinstance(value, dict) and value else {name: value})
+    return flat
+
+
+def differences(output_dir: Path, recipe: Recipe) -> list[str]:
+    """``KEY: THERE -> HERE`` for each setting that defines the run and differs from the run recorded
+    in ``output_dir``; empty when there is none (no record, or the same run)."""
+    copy = output_dir / RECIPE_COPY
+    if not copy.is_file():
+        return []
+    try:
+        before = load_yaml(copy)  # bounded like any settings file
+    except ConfigError as exc:
+        log.warning("%s is not a readable recipe (%s): the settings of the run there are not compared", copy, exc)
+        return []
+    now = to_mapping(recipe)
+    now.pop("path", None)
+    there, here = _flat(before), _flat(now)
+    return [
+        f"{key}: {there.get(key, '(unset)')} -> {here.get(key, '(unset)')}"
+        for key in sorted(set(there) | set(here))
+        if there.get(key) != here.get(key)
+    ]
+
+
+def check(output_dir: Path, recipe: Recipe) -> list[str]:
+    """Refuse a start whose settings define another run than the one in ``output_dir`` (module
+    docstring); returns the differences a ``training.resume: continue`` start goes on with."""
+    changed = differences(output_dir, recipe)
+    if not changed or recipe.training.resume != "auto":
+        return changed
+    shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+    raise ConfigError(
+        f"training.output_dir {output_dir} holds a run with other settings ({shown}): train into another "
+        f"directory (training.output_dir=...), or continue that run from its newest checkpoint with these "
+        "settings (training.resume=continue)"
+    )
