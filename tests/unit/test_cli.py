@@ -156,3 +156,24 @@ def test_every_install_command_names_the_distribution_ctrain_installs_under() ->
         if path.is_file():
             found += [f"{path.relative_to(root)}: {line.strip()}" for line in path.read_text().splitlines() if wrong.search(line)]
     assert not found, found
+
+
+@pytest.mark.parametrize("command", [["train", "RECIPE"], ["prepare", "RECIPE"], ["eval", "RECIPE"], ["bench", "--tiny"]])
+def test_the_training_commands_without_the_training_stack_say_how_to_get_it(tmp_path: Path, command: list[str]) -> None:
+    """A login node or laptop with the core install only: one error line (exit 3) with the install
+    that gives the image's versions, not a ModuleNotFoundError. Python is told torch and trl are
+    absent (a None in sys.modules, as find_spec sees a package that is not installed)."""
+    from tests.plugins.train import TINY_RECIPE
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = sys.modules['trl'] = None\n")
+    (tmp_path / "r.yaml").write_text(TINY_RECIPE)
+    args = [str(tmp_path / "r.yaml") if a == "RECIPE" else a for a in command]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    result = subprocess.run([sys.executable, "-m", "ctrain", *args], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith(f"error: `ctrain {command[0]}` needs the training stack, and torch, trl are not installed")
+    assert "pip install 'ctrain-slurm[train]' -c " in lines[0] and "constraints.txt --extra-index-url" in lines[0]

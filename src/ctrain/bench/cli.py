@@ -76,6 +76,9 @@ def bench(
       ctrain bench --cases lora-seeds,lora-trl-best,lora-ctrain,qlora-trl   8B LoRA, one GPU
       ctrain bench --device cpu --tiny          smoke test
     """
+    from ctrain.train import stack
+
+    stack.require("bench")
     from ctrain.bench.suite import bench as run_bench
 
     table = run_bench(

@@ -47,6 +47,7 @@ def train(recipe: Path, overrides: tuple[str, ...], check: bool, world_size: int
         return
     from ctrain.train import stack
 
+    stack.require("train")
     stack.hide(stack.unused(loaded))  # type: ignore[arg-type]
     from ctrain.train.logs import exit_process
     from ctrain.train.trainer import run
@@ -71,7 +72,9 @@ def prepare(recipe: Path, overrides: tuple[str, ...], output: Path | None, force
 
     loaded = _recipe(recipe, overrides)
     notes = preflight(loaded)  # type: ignore[arg-type]
-    from ctrain.train import logs
+    from ctrain.train import logs, stack
+
+    stack.require("prepare")
     from ctrain.train.data import check_cache, check_target
     from ctrain.train.data import prepare as run_prepare
 
@@ -105,11 +108,14 @@ def eval_(recipe: Path, overrides: tuple[str, ...], model_dir: Path | None, max_
     Writes OUTPUT_DIR/eval.json. Refuses a model directory that ctrain did not finish saving (no
     ctrain-complete.json) or whose files changed since (checksums).
     """
+    from ctrain.train import stack
+
+    loaded = _recipe(recipe, overrides)
+    stack.require("eval")
     from ctrain.train import logs
     from ctrain.train.evaluate import check, evaluate, summary
     from ctrain.train.trainer import openmp_defaults
 
-    loaded = _recipe(recipe, overrides)
     check(loaded, model_dir)  # type: ignore[arg-type]
     openmp_defaults()
     logs.setup(prefix=False)

@@ -10,9 +10,12 @@ stack is imported: a ``None`` in ``sys.modules`` is Python's own way to say "not
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
+from ctrain import install_hint, resources
+from ctrain.errors import ToolNotFound
 from ctrain.train.model import ADAPTER_CONFIG
 from ctrain.train.recipe import Recipe, expand_path
 
@@ -37,3 +40,24 @@ def hide(names: list[str]) -> list[str]:
     for name in hidden:
         sys.modules[name] = None  # type: ignore[assignment]
     return hidden
+
+
+#: What ``ctrain train``, ``prepare``, ``eval`` and ``bench`` import: the ``train`` extra, which the
+#: image has and a login node or laptop needs not.
+REQUIRED = ("torch", "transformers", "trl", "datasets", "accelerate")
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def require(command: str) -> None:
+    """One error (exit 3) naming what is missing and the install that gives the image's versions,
+    instead of a ModuleNotFoundError from deep inside the first import."""
+    missing = [name for name in REQUIRED if importlib.util.find_spec(name) is None]
+    if not missing:
+        return
+    pins = resources.path("containers", "constraints.txt")
+    raise ToolNotFound(
+        f"`ctrain {command}` needs the training stack, and {', '.join(missing)} "
+        f"{'is' if len(missing) == 1 else 'are'} not installed here: run it in the image (the sbatch scripts and "
+        f"`ctrain submit` do), or install the image's versions (CPU torch): {install_hint('train')} -c {pins} "
+        f"--extra-index-url {CPU_TORCH_INDEX}"
+    )
