@@ -11,7 +11,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-DATA = ("sbatch", "containers", "cluster", "configs", "recipes")
+DATA = ("sbatch", "containers", "cluster", "configs", "recipes", "docs")
 # The build description itself: `ctrain build` from an installed ctrain stages it with the source.
 DATA_FILES = ("pyproject.toml",)
 HERE = Path(__file__).resolve().parent

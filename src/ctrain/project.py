@@ -1,10 +1,11 @@
 """``ctrain init``: a new project directory with the files ctrain runs from, and the check of a
 project's copies against the installed ctrain (``--upgrade``).
 
-A project holds two kinds of files. ctrain's own (``sbatch/``, ``containers/``) are copies of the
-installed version: ``--force`` refreshes them and ``--upgrade`` reports the ones that differ. The
-user's (``ctrain.yaml``, ``recipes/``, ``.gitignore``) start as ctrain's starters and are theirs to
-edit: ``--force`` replaces one only while it is still the copy ``init`` wrote. What ``init`` wrote is
+A project holds two kinds of files. ctrain's own (``sbatch/``, ``containers/``, ``docs/``) are copies
+of the installed version: ``--force`` refreshes them (an edited one is kept beside it as
+``NAME.edited``) and ``--upgrade`` reports the ones that differ. The user's (``ctrain.yaml``,
+``recipes/``, ``configs/``, ``.gitignore``) start as ctrain's starters and are theirs to edit:
+``--force`` replaces one only while it is still the copy ``init`` wrote. What ``init`` wrote is
 recorded, with hashes, in :data:`MANIFEST`, which is how "still the copy" and "edited" are told apart.
 """
 
@@ -22,12 +23,14 @@ from ctrain import __version__, files, resources
 from ctrain.errors import ConfigError, CtrainError
 
 MANIFEST = Path(".ctrain-init.json")
+# Beside a file of ctrain's that `init --force` replaces although it was edited: the edited copy.
+EDITED_SUFFIX = ".edited"
 # Directories copied whole from ctrain's files; ctrain owns them.
-OWNED_DIRS = ("sbatch", "containers")
+OWNED_DIRS = ("sbatch", "containers", "docs")
 # The user's starters: project path -> where ctrain keeps it.
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
 USER_FILES = {Path("ctrain.yaml"): _TEMPLATES / "ctrain.yaml", Path(".gitignore"): _TEMPLATES / "gitignore"}
-USER_DIRS = ("recipes",)
+USER_DIRS = ("recipes", "configs")
 
 Status = Literal["same", "missing", "outdated", "edited"]
 
@@ -139,7 +142,9 @@ def init(directory: Path, *, force: bool = False, emit: Callable[[str], None] = 
             emit(f"kept {entry.path} (yours, edited since ctrain init)")
             continue
         if status == "edited":
-            emit(f"replaced {entry.path}: it differed from ctrain {__version__}'s (git diff shows what was lost)")
+            backup = entry.path.with_name(entry.path.name + EDITED_SUFFIX)
+            files.atomic_write_text(directory / backup, (directory / entry.path).read_text(errors="replace"))
+            emit(f"replaced {entry.path}: it differed from ctrain {__version__}'s; your edited copy is in {backup}")
         todo.append(entry)
     return _write(directory, todo, manifest)
 

@@ -15,7 +15,7 @@ from ctrain import install_hint
 from ctrain.errors import CtrainError
 
 # The top-level directories that ship with ctrain (setup.py's DATA lists the same; a unit test checks).
-DIRECTORIES = ("sbatch", "containers", "cluster", "configs", "recipes")
+DIRECTORIES = ("sbatch", "containers", "cluster", "configs", "recipes", "docs")
 _PACKAGE = Path(__file__).resolve().parent
 _INSTALLED = _PACKAGE / "_data"
 _CHECKOUT = _PACKAGE.parents[1]  # src/ctrain -> the repository root

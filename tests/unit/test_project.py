@@ -7,6 +7,7 @@ import ast
 import errno
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -154,7 +155,21 @@ def test_force_refreshes_ctrains_files_and_keeps_the_users(new: Path) -> None:
     assert (new / "recipes" / "demo-addition.yaml").read_text() == "my recipe\n"
     assert (new / "ctrain.yaml").read_text() == "slurm:\n  partition: mine\n"
     assert "kept ctrain.yaml" in err and "kept recipes/demo-addition.yaml" in err
-    assert "replaced sbatch/lib/ctrain.sh" in err
+    assert "replaced sbatch/lib/ctrain.sh" in err and "your edited copy is in sbatch/lib/ctrain.sh.edited" in err
+    assert (new / "sbatch" / "lib" / "ctrain.sh.edited").read_text() == "edited\n"  # nothing the user wrote is lost
+
+
+def test_a_new_project_has_what_its_recipes_errors_and_jobs_refer_to(new: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """configs/ (the DeepSpeed and accelerate configs the ZeRO-3 recipe and --launcher deepspeed
+    name), docs/ (what errors, help and the scripts cite), and a .gitignore for the job state."""
+    for rel in [*resources.files("configs"), *resources.files("docs")]:
+        assert (new / rel).read_bytes() == (REPO / rel).read_bytes(), rel
+    cited = {m for p in (new / "sbatch").rglob("*") if p.is_file() for m in re.findall(r"docs/\w+\.md", p.read_text())}
+    assert cited and all((new / doc).is_file() for doc in cited), cited
+    assert "/.ctrain/" in (new / ".gitignore").read_text().splitlines()
+    monkeypatch.chdir(new)
+    code, out, err = ctrain("train", "--check", "recipes/llama-3.1-8b-sft-zero3.yaml")
+    assert code == 0 and "is valid" in out, err
 
 
 def test_force_refreshes_a_users_file_that_is_an_unchanged_older_copy(new: Path) -> None:
