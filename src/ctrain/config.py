@@ -93,7 +93,7 @@ class ImageConfig:
 class ConvertConfig:
     """What ``ctrain convert`` writes."""
 
-    to: Literal["sif", "sqsh"] = "sif"
+    to: Literal["sif", "sqsh"] | None = None  # None: what slurm.runtime runs (ProjectConfig.image_format)
     # auto: gzip for SIF (Apptainer's default, readable everywhere), zstd for enroot squashfs.
     compression: Literal["auto", "none", "lzo", "gzip", "zstd", "xz", "lz4"] = "auto"
     output_dir: Path = Path("images")
@@ -303,7 +303,8 @@ class SlurmConfig:
         for name in self.pass_env:
             if not _PASS_ENV.fullmatch(name):
                 raise ConfigError(
-                    f"slurm.pass_env: {shorten(name)!r} is not a variable name or NAME_* prefix (e.g. MY_SETTING, MYLAB_*)"
+                    f"slurm.pass_env: {shorten(name)!r} is not a variable name or NAME_* prefix "
+                    "(e.g. MY_SETTING, MYLAB_*)"
                 )
         for arg in self.sbatch_args:
             match = _SBATCH_ARG.fullmatch(arg)
@@ -335,6 +336,12 @@ class ProjectConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     path: Path | None = field(default=None, compare=False)
+
+    @property
+    def image_format(self) -> str:
+        """What ``ctrain convert`` writes: ``convert.to``, else the runtime's format (Apptainer a SIF,
+        pyxis an enroot squashfs), so that ``slurm.runtime`` alone switches a project to pyxis."""
+        return self.convert.to or ("sqsh" if self.slurm.runtime == "pyxis" else "sif")
 
     @property
     def root(self) -> Path:

@@ -282,3 +282,23 @@ def test_a_new_projects_dry_run_shows_the_script_before_any_image_exists(new: Pa
     code, out, err = ctrain("submit", "--write-script", str(tmp_path / "job.sbatch"), "recipes/demo-addition.yaml")
     assert code != 0 and f"error: image {image} does not exist" in err
     assert not (tmp_path / "job.sbatch").exists()
+
+
+def test_one_setting_switches_a_new_project_to_pyxis(new: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """slurm.runtime: pyxis, and nothing else: convert writes a squashfs, the job runs it, and the
+    missing image is named as the .sqsh that `ctrain convert` will write."""
+    config = new / "ctrain.yaml"
+    config.write_text(config.read_text().replace("  runtime: apptainer\n", "  runtime: pyxis\n"))
+    loaded = load_config(config)
+    assert loaded.slurm.runtime == "pyxis" and loaded.image_format == "sqsh"
+    monkeypatch.chdir(new)
+    laptop = tmp_path / "bin"
+    laptop.mkdir()
+    (laptop / "bash").symlink_to(shutil.which("bash"))
+    monkeypatch.setenv("PATH", str(laptop))
+    code, out, err = ctrain("submit", "--dry-run", "--nodes", "2", "recipes/demo-addition.yaml")
+    assert code == 0, err
+    image = new / "images" / "ctrain-latest.sqsh"
+    assert f"export CTRAIN_IMAGE={image}" in out and "--container-image" in out
+    assert f"image {image} does not exist: build and convert it (`ctrain build && ctrain convert --to sqsh`)" in err
+    assert ".sif" not in err

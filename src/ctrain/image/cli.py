@@ -70,7 +70,8 @@ def wheelhouse_cmd(ctx: click.Context, directory: Path) -> None:
 
 
 @click.command()
-@click.option("--to", "to", type=click.Choice(["sif", "sqsh"]), help="Default: convert.to (sif).")
+@click.option("--to", "to", type=click.Choice(["sif", "sqsh"]), help="Default: convert.to, else the format of slurm.runtime "
+              "(apptainer: sif, pyxis: sqsh).")  # fmt: skip
 @click.option(
     "--compression",
     type=click.Choice(["auto", "none", "lzo", "gzip", "zstd", "xz", "lz4"]),
@@ -110,7 +111,8 @@ def convert(
     "formats",
     multiple=True,
     type=click.Choice(["sif", "sqsh"]),
-    help="Which conversions go to --remote (repeatable; default: convert.to); made if missing.",
+    help="Which conversions go to --remote (repeatable; default: convert.to, else slurm.runtime's format); "
+    "made if missing.",
 )
 @click.option(
     "--file",

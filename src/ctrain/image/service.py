@@ -138,7 +138,7 @@ def run_convert(
     """Convert the built image as ``config.convert`` says, with the flags on top (``output``, ``ref``,
     ``force`` are not settings)."""
     cfg = override(config.convert, {"to": to, "compression": compression}, where="convert")
-    to = cfg.to
+    to = cfg.to or config.image_format
     if output is not None:
         convert_mod.check_target(output.absolute(), to)
     image = find_image(config, ref)
@@ -194,7 +194,7 @@ def run_push(
                 f"({config.convert.output_dir}/NAME-TAG.sif or .sqsh)"
             )
     if remote:
-        push_mod.check_destination(remote, len(files) or len(formats or (config.convert.to,)),
+        push_mod.check_destination(remote, len(files) or len(formats or (config.image_format,)),
                                    ssh_options=cfg.ssh_options)  # fmt: skip
     pushed = []
     image = find_image(config, ref) if (registry or not files) else None
@@ -210,7 +210,7 @@ def run_push(
         sif = next((f for f, found in formats_of.items() if found == "sif"), None) or converted("sif")
         pushed.append(Pushed("oras", push_mod.push_oras(sif, oras, tls_verify=cfg.tls_verify)))
     if remote:
-        to_send = list(files) or [converted(to) for to in (formats or (config.convert.to,))]
+        to_send = list(files) or [converted(to) for to in (formats or (config.image_format,))]
         for where in push_mod.push_files(to_send, remote, ssh_options=cfg.ssh_options):
             pushed.append(Pushed("remote", where))
     return pushed

@@ -56,8 +56,9 @@ def _unknown_here(job_id: str, cluster: str | None, exc: CtrainError) -> CtrainE
 @click.option("--account", "-A", help="Account to charge.")
 @click.option("--gpus-per-node", type=int, help="GPUs per node; one training process each.")
 @click.option("--ntasks-per-node", type=int, help="Processes per node on nodes without GPUs.")
-@click.option("--cpus-per-task", "-c", type=int, help="CPUs of each node's task (one per node with GPUs; default "
-              "for GPU jobs: the GPUs' share of the node's CPUs, whole nodes when the job takes all their GPUs).")  # fmt: skip
+@click.option("--cpus-per-task", "-c", type=int,
+              help="CPUs of each node's task (one per node with GPUs; default for GPU jobs: the GPUs' share of "
+              "the node's CPUs, whole nodes when the job takes all their GPUs).")  # fmt: skip
 @click.option("--mem", help="Memory per node, e.g. 500G (0: all of it; default for GPU jobs: the GPUs' share).")
 @click.option("--exclusive/--no-exclusive", default=None, help="Whole nodes: every CPU, no other job beside it.")
 @click.option("--image", help="Image: a .sif/.sqsh path, or a registry reference (pyxis).")
