@@ -70,8 +70,8 @@ def wheelhouse_cmd(ctx: click.Context, directory: Path) -> None:
 
 
 @click.command()
-@click.option("--to", "to", type=click.Choice(["sif", "sqsh"]), help="Default: convert.to, else the format of slurm.runtime "
-              "(apptainer: sif, pyxis: sqsh).")  # fmt: skip
+@click.option("--to", "to", type=click.Choice(["sif", "sqsh"]),
+              help="Default: convert.to, else the format of slurm.runtime (apptainer: sif, pyxis: sqsh).")  # fmt: skip
 @click.option(
     "--compression",
     type=click.Choice(["auto", "none", "lzo", "gzip", "zstd", "xz", "lz4"]),
