@@ -265,12 +265,12 @@ def test_init_writes_and_keeps_a_changed_file(tmp_path: Path) -> None:
     assert first.stdout.strip() == str(written)
     assert yaml.safe_load(written.read_text())["HeadNode"]["Ssh"]["KeyName"] == "my-key"
     assert run(main, ["--config", str(project), "cluster", "init"]).exit_code == 0  # same content: fine
-    changed = run(main, ["--config", str(project), "cluster", "init", "--nodes", "8"])
+    changed = run(main, ["--config", str(project), "cluster", "init", "--max-nodes", "8"])
     assert changed.exit_code == 2
     assert "pass --force" in changed.stderr
     assert "MaxCount: 2" in written.read_text()
     forced = run(
-        main, ["--config", str(project), "cluster", "init", "--nodes", "8", "--set", "gpu_min_nodes=1", "--force"]
+        main, ["--config", str(project), "cluster", "init", "--max-nodes", "8", "--set", "gpu_min_nodes=1", "--force"]
     )
     assert forced.exit_code == 0, forced.output
     gpu = queues(yaml.safe_load(written.read_text()))["gpu"]["ComputeResources"][0]

@@ -33,7 +33,8 @@ _POLL = click.option(
     "--poll", type=click.FloatRange(min=0), default=30.0, show_default=True, help="Seconds between status checks."
 )
 _TIMEOUT = click.option(
-    "--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True, help="Minutes to wait at most."
+    "--timeout", type=click.FloatRange(min=1), default=3600.0, show_default=True,
+    help="Seconds to wait at most (like --poll, in seconds).",
 )
 
 
@@ -67,7 +68,7 @@ def cluster() -> None:
     help=f"GPU instance type ({_CLUSTER_DEFAULTS.gpu_instance_type}).",
 )
 @click.option(
-    "--nodes",
+    "--max-nodes",
     "gpu_max_nodes",
     type=click.IntRange(min=1),
     help=f"Most GPU nodes the queue grows to ({_CLUSTER_DEFAULTS.gpu_max_nodes}).",
@@ -186,7 +187,7 @@ def cluster_up(
 
     setup = cluster_setup.load(project(ctx), {"name": name, "region": region})
     state = pcluster.up(
-        setup, file.resolve() if file else setup.config_file, suppress=suppress, poll=poll, timeout=timeout * 60
+        setup, file.resolve() if file else setup.config_file, suppress=suppress, poll=poll, timeout=timeout
     )
     click.echo(f"cluster '{state.name}' is ready: head node {state.head_address}")
     written = pcluster.save_profile(setup, state)
@@ -243,5 +244,5 @@ def cluster_down(
         return yes or click.confirm(question, default=False, err=True)
 
     setup = cluster_setup.load(project(ctx), {"name": name, "region": region})
-    pcluster.down(setup, confirm=confirm, poll=poll, timeout=timeout * 60)
+    pcluster.down(setup, confirm=confirm, poll=poll, timeout=timeout)
     click.echo(f"cluster '{setup.settings.name}' deleted")

@@ -45,7 +45,7 @@ def _unknown_here(job_id: str, cluster: str | None, exc: CtrainError) -> CtrainE
 @click.command(context_settings={"ignore_unknown_options": False})
 @click.argument("recipe", required=False)
 @click.argument("overrides", nargs=-1)
-@click.option("--script", "-s", help="Script in sbatch/ (apptainer, apptainer_multinode, pyxis, pyxis_multinode) "
+@click.option("--script", help="Script in sbatch/ (apptainer, apptainer_multinode, pyxis, pyxis_multinode) "
               "or a path (default: slurm.script, else RUNTIME for 1 node, RUNTIME_multinode for more).")  # fmt: skip
 @click.option(
     "--runtime", type=click.Choice(["apptainer", "pyxis"]), help="Container runtime (default: slurm.runtime)."
