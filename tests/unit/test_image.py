@@ -450,3 +450,30 @@ def test_a_project_without_its_dockerfile_is_named_not_a_temporary_directory(tmp
     assert result.exit_code != 0 and len(result.output.strip().splitlines()) == 1, result.output
     assert f"error: {tmp_path / 'p' / 'containers' / 'Dockerfile'} is missing" in result.output
     assert "ctrain init --force" in result.output and "ctrain-context-" not in result.output
+
+
+def test_a_long_copy_says_how_far_it_is_and_how_fast(tmp_path: Path) -> None:
+    """ui.file_progress (convert, a push to a path) and push's rsync filter: a line now and then, not
+    one before and one after with minutes of nothing between."""
+    import time as clock
+
+    from ctrain import ui
+    from ctrain.image import push
+
+    target, lines = tmp_path / "image.sif", []
+    with ui.file_progress(target, "push", total=4_000_000, every=0.05, emit=lines.append):
+        for _ in range(4):
+            with target.open("ab") as handle:
+                handle.write(bytes(1_000_000))
+            clock.sleep(0.2)
+    assert lines and all(line.startswith("push: ") and "of 4.0 MB" in line and "/s" in line for line in lines)
+    assert lines[-1].startswith("push: 4.0 MB of 4.0 MB (100%)"), lines
+    shown: list[str] = []
+    original, ui.info = ui.info, shown.append
+    try:
+        every = push._every(3600, "push: ")
+        for text in ("  1,000,000  10%  50.00MB/s    0:00:01", "  2,000,000  20%  50.00MB/s    0:00:01", "sent 2 bytes"):
+            every(text)
+    finally:
+        ui.info = original
+    assert shown == ["push: 1,000,000  10%  50.00MB/s    0:00:01", "push: sent 2 bytes"]

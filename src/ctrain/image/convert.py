@@ -76,15 +76,6 @@ def file_format(path: Path) -> str | None:
     return None
 
 
-def human(size: float) -> str:
-    """Bytes as people read them: 950 KB, 3.0 MB, 12.4 GB."""
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit in ("B", "KB") else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{size:.1f} TB"
-
-
 def default_output(output_dir: Path, ref: str, to: str) -> Path:
     """``images/NAME-TAG.sif``: the name without registry or path, so scripts can rely on it."""
     last = ref.rsplit("/", 1)[-1]
@@ -234,8 +225,8 @@ def _check_space(image: store.Image, output: Path, to: str) -> None:
     if needed is not None and free < needed:
         size = image.path.stat().st_size if image.path is not None else image.size or 0
         raise CtrainError(
-            f"not enough free space in {output.parent} to convert {image.ref} ({human(size)}): about "
-            f"{human(needed)} needed (the image unpacked, and the {to}), {human(free)} free: free some space, "
+            f"not enough free space in {output.parent} to convert {image.ref} ({ui.size(size)}): about "
+            f"{ui.size(needed)} needed (the image unpacked, and the {to}), {ui.size(free)} free: free some space, "
             f"or write elsewhere with -o/--output DIR/{output.name} (or convert.output_dir in ctrain.yaml)"
         )
 
@@ -316,15 +307,17 @@ def _write(
     try:
         if image.store == "sif":
             assert image.path is not None
-            shutil.copyfile(image.path, tmp)
+            with ui.file_progress(tmp, "convert", total=image.path.stat().st_size, emit=emit):
+                shutil.copyfile(image.path, tmp)
         else:
             layout = work / "oci"
             emit("convert: exporting the image as an OCI layout")
             store.export_oci(image, layout, "image")
-            if to == "sif":
-                _sif(image, layout, tmp, compression, context, work, emit)
-            else:
-                sqsh.write(layout, "image", store.oci_config(layout), tmp, compression, work, emit=emit)
+            with ui.file_progress(tmp, "convert", emit=emit):
+                if to == "sif":
+                    _sif(image, layout, tmp, compression, context, work, emit)
+                else:
+                    sqsh.write(layout, "image", store.oci_config(layout), tmp, compression, work, emit=emit)
         tmp.chmod(0o644)
         _sidecar(output).unlink(missing_ok=True)
         os.replace(tmp, output)

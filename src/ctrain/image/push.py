@@ -16,6 +16,7 @@ import re
 import shlex
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -358,7 +359,8 @@ class _Target:
 
     def upload(self, source: Path, dest: str) -> None:
         if self.remote.host is None:
-            shutil.copyfile(source, dest)
+            with ui.file_progress(Path(dest), "push", total=source.stat().st_size):
+                shutil.copyfile(source, dest)
             os.chmod(dest, 0o644)
             return
         proc.stream(
@@ -367,12 +369,13 @@ class _Target:
                 "--partial",
                 "--times",
                 "--chmod=F644",
+                "--info=progress2",  # bytes, share and rate; one line in PROGRESS_EVERY is shown
                 "-e",
                 shlex.join(self.ssh),
                 source,
                 f"{self.remote.host}:{dest}",
             ],
-            prefix="push: ",
+            on_line=_every(ui.PROGRESS_EVERY, "push: "),
         )
 
     def rename(self, src: str, dest: str) -> None:
@@ -489,3 +492,22 @@ __all__ = [
     "push_oras",
     "registry_destination",
 ]
+
+
+def _every(seconds: float, prefix: str) -> Callable[[str], None]:
+    """Show rsync's progress lines (it rewrites one line many times a second) once in ``seconds``,
+    and every other line as it comes."""
+    shown = [-seconds]
+
+    def line(text: str) -> None:
+        text = text.strip()
+        if not text:
+            return
+        if "%" in text and "/s" in text:
+            now = time.monotonic()
+            if now - shown[0] < seconds:
+                return
+            shown[0] = now
+        ui.info(prefix + text)
+
+    return line
