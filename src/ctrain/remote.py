@@ -163,6 +163,10 @@ def _control_dir() -> Path:
 
 # What ssh says (exit 255) when it did not get to run the command, and what the user can do.
 _SSH_PROBLEMS = (
+    # Before "could not resolve": ssh says both when no name server answers (no network, a VPN down).
+    (re.compile(r"Temporary failure in name resolution|No address associated with hostname"),
+     "cannot look up {host!r}: no name server answers (no network here, or a VPN that is down?); connect, "
+     "then try again"),
     (re.compile(r"Could not resolve hostname|Name or service not known|nodename nor servname"),
      "host {host!r} is unknown (neither DNS nor ~/.ssh/config knows it): check `host` in {file}"),
     (re.compile(r"Connection refused"),
@@ -307,13 +311,18 @@ def check_ctrain(ssh: Ssh, version: str) -> None:
         )
 
 
-def _project_dir(ssh: Ssh) -> str:
-    """The profile's ``project_dir``; a ConfigError that says where to set it when there is none."""
-    directory = ssh.cluster.profile.project_dir
+def project_dir(cluster: Cluster) -> str:
+    """The profile's ``project_dir``; a ConfigError that says where to set it when there is none
+    (asked before connecting: a missing setting is not worth an SSH connection)."""
+    directory = cluster.profile.project_dir
     if not directory:
-        raise ConfigError(f"cluster {ssh.cluster.name}: set `project_dir` in {profiles_path()} (the project's "
+        raise ConfigError(f"cluster {cluster.name}: set `project_dir` in {profiles_path()} (the project's "
                           "directory on the cluster's shared filesystem)")  # fmt: skip
     return directory
+
+
+def _project_dir(ssh: Ssh) -> str:
+    return project_dir(ssh.cluster)
 
 
 def sync_project(ssh: Ssh, root: Path, *, emit: Callable[[str], None]) -> None:

@@ -68,6 +68,8 @@ def test_ssh_command_never_prompts_and_shares_one_connection(tmp_path: Path) -> 
     ("stderr", "said"),
     [
         ("ssh: Could not resolve hostname nope: Name or service not known", "host 'login' is unknown"),
+        ("ssh: Could not resolve hostname login: Temporary failure in name resolution",
+         "cannot look up 'login': no name server answers (no network here"),
         ("ssh: connect to host login port 22: Connection refused", "me@login refused the connection"),
         ("ssh: connect to host login port 22: Connection timed out", "me@login does not answer"),
         ("me@login: Permission denied (publickey).", "refused the login for me: ssh tried /k"),
@@ -114,3 +116,42 @@ def test_unsent_paths_are_the_recipe_paths_outside_the_project(tmp_path: Path) -
     absolute = str(tmp_path / "shared" / "train.jsonl")
     assert remote.unsent_paths(recipe, [f"data.source={absolute}"], root) == {"data.source": absolute}
     assert remote.unsent_paths(recipe, ["training.max_steps=many"], root) == {}  # the cluster's ctrain says why
+
+
+def test_a_profile_without_project_dir_is_refused_before_connecting(tmp_path: Path, monkeypatch) -> None:
+    """`ctrain submit --cluster` needs the project's directory there: said before any SSH (the host
+    here does not exist, so a connection would fail with another message)."""
+    from click.testing import CliRunner
+
+    from ctrain.cli import main
+
+    config = tmp_path / "config"
+    (config / "ctrain").mkdir(parents=True)
+    (config / "ctrain" / "clusters.yaml").write_text("clusters:\n  hpc: {host: no-such-host.invalid}\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "ctrain.yaml").write_text("slurm: {}\n")
+    monkeypatch.chdir(tmp_path / "p")
+    result = CliRunner().invoke(main, ["submit", "--cluster", "hpc", "--dry-run", "recipes/demo-addition.yaml"])
+    assert result.exit_code == 2, result.output
+    assert "cluster hpc: set `project_dir` in" in result.stderr and "ssh" not in result.stderr.lower()
+
+
+def test_status_on_a_laptop_names_the_cluster_file_not_slurm(tmp_path: Path, monkeypatch) -> None:
+    """No Slurm commands and no clusters.yaml: what is missing is a cluster to reach."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from ctrain.cli import main
+
+    laptop = tmp_path / "bin"
+    laptop.mkdir()
+    (laptop / "ssh").symlink_to(shutil.which("ssh") or "/usr/bin/ssh")
+    monkeypatch.setenv("PATH", str(laptop))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["status"])
+    assert result.exit_code == 3, result.output
+    assert f"add your cluster's login node to {tmp_path}/config/ctrain/clusters.yaml" in result.stderr
+    assert "apt-get" not in result.stderr

@@ -11,7 +11,7 @@ import click
 
 from ctrain import slurm
 from ctrain.clicore import project
-from ctrain.errors import CtrainError
+from ctrain.errors import CtrainError, ToolNotFound
 from ctrain.ui import info
 
 
@@ -29,7 +29,13 @@ def _client(cluster_name: str | None) -> tuple[slurm.Slurm, list[Path], str | No
 
     cluster = remote.resolve(cluster_name)
     if cluster is None:
-        return slurm.Slurm(), [Path("logs")], None
+        client = slurm.Slurm()
+        if not client.runner.has("squeue"):  # a laptop: the cluster is what is missing, not Slurm
+            raise ToolNotFound(
+                f"no Slurm on this machine, and no cluster to reach: add your cluster's login node to "
+                f"{remote.profiles_path()} (docs/remote.md) and pass --cluster NAME, or run this on the login node"
+            )
+        return client, [Path("logs")], None
     logs_dir = [Path(cluster.profile.project_dir) / "logs"] if cluster.profile.project_dir else []
     return slurm.Slurm(remote.Ssh(cluster)), logs_dir, cluster.name
 
@@ -215,6 +221,7 @@ def _submit_there(ctx: click.Context, cluster: object) -> int:
     from ctrain import __version__, proc, remote
 
     assert isinstance(cluster, remote.Cluster)
+    remote.project_dir(cluster)
     ssh = remote.Ssh(cluster)
     remote.check_ctrain(ssh, __version__)
     root = project(ctx).root
