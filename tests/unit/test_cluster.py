@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib.util
 from collections.abc import Callable
 from dataclasses import replace
@@ -341,3 +343,21 @@ NOT_A_CONFIG = [
 def test_a_file_that_is_no_config_is_one_clear_error(case: Case, tmp_path: Path) -> None:
     result = run_case(case, tmp_path)
     assert "pcluster configure" not in result.stderr  # ParallelCluster's advice; ctrain users run init
+
+
+def test_the_project_is_checked_against_its_cluster(tmp_path: Path) -> None:
+    """A pyxis project on a cluster whose nodes do not switch enroot and pyxis on is an error; idle
+    GPU nodes kept up (gpu_min_nodes) are a warning about the bill. The shipped template passes."""
+    from ctrain.cluster.checks import project_problems
+
+    pyxis = dataclasses.replace(setup_for(tmp_path), runtime="pyxis")
+    shipped = yaml.safe_load(template.render(pyxis))
+    assert project_problems(pyxis, shipped) == []
+    config = _config()  # the queue runs other scripts, not enroot-pyxis.sh
+    found = project_problems(pyxis, config)
+    assert [(p.level, p.where) for p in found] == [("ERROR", "Scheduling.SlurmQueues[0].CustomActions")]
+    assert "slurm.runtime: pyxis" in found[0].message and "enroot-pyxis.sh" in found[0].message
+    assert project_problems(dataclasses.replace(pyxis, runtime="apptainer"), config) == []
+    idle = project_problems(setup_for(tmp_path), _config(MinCount=3))
+    assert [(p.level, p.where) for p in idle] == [("WARNING", "Scheduling.SlurmQueues[0].ComputeResources[0].MinCount")]
+    assert "3 p5.48xlarge node(s) stay up while idle" in idle[0].message

@@ -245,11 +245,45 @@ def script_problems(setup: cluster_setup.Setup, config: dict[str, Any]) -> list[
     return found
 
 
+#: The node script that switches enroot and pyxis on (cluster/scripts/); ParallelCluster's AMIs have
+#: both, off.
+PYXIS_SCRIPT = "enroot-pyxis.sh"
+
+
+def project_problems(setup: cluster_setup.Setup, config: dict[str, Any]) -> list[Problem]:
+    """The project against its cluster: a pyxis project needs enroot and pyxis switched on in every
+    queue that runs its jobs; GPU nodes kept running while idle (MinCount) cost money by the hour."""
+    found = []
+    if setup.runtime == "pyxis":
+        switched_on = {at.split(".CustomActions", 1)[0] for at, uri in custom_actions(config)
+                       if uri.rsplit("/", 1)[-1] == PYXIS_SCRIPT}  # fmt: skip
+        for where in ["HeadNode", *(where for where, _ in _queues(config))]:
+            if where not in switched_on:
+                found.append(Problem(
+                    "ERROR", f"{where}.CustomActions",
+                    f"the project runs its jobs with pyxis (slurm.runtime: pyxis), and these nodes do not run "
+                    f"{PYXIS_SCRIPT}, which switches enroot and pyxis on: keep the custom actions of "
+                    "cluster/pcluster.yaml, or set slurm.runtime: apptainer", CTRAIN,
+                ))  # fmt: skip
+    for qwhere, queue in _queues(config):
+        for rwhere, resource in _resources(queue):
+            count = resource.get("MinCount") or 0
+            itype = resource.get("InstanceType") or ""
+            if isinstance(count, int) and count > 0 and itype.startswith(("p", "g", "trn")):
+                found.append(Problem(
+                    "WARNING", f"{qwhere}.{rwhere}.MinCount",
+                    f"{count} {itype} node(s) stay up while idle and are billed by the hour: set gpu_min_nodes: 0 "
+                    "(nodes start when a job asks, in minutes) unless you mean to keep them", CTRAIN,
+                ))  # fmt: skip
+    return found
+
+
 def ctrain_problems(setup: cluster_setup.Setup, config: dict[str, Any], offline: Offline | None = None) -> list[Problem]:
     """ctrain's rules; instance types are checked against the list ``offline`` brings from botocore."""
     known = offline.instance_types if offline else frozenset()
     types = instance_type_problems(config, known, offline.botocore) if offline else []
-    return types + efa_problems(config, known) + placement_problems(config) + script_problems(setup, config)
+    return (types + efa_problems(config, known) + placement_problems(config) + script_problems(setup, config)
+            + project_problems(setup, config))  # fmt: skip
 
 
 # --- both ---------------------------------------------------------------------------------------

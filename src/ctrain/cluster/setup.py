@@ -27,6 +27,7 @@ class Setup:
 
     settings: ClusterConfig
     root: Path
+    runtime: str = "apptainer"  # the project's slurm.runtime: what the cluster must run its jobs with
 
     def path(self, p: Path | str) -> Path:
         p = Path(p).expanduser()
@@ -66,7 +67,7 @@ def _shipped(name: str) -> Path:
 
 def load(project: ProjectConfig, overrides: Mapping[str, Any] | None = None) -> Setup:
     """The project's ``cluster:`` section with ``overrides`` (flags, ``--set``) applied and validated again."""
-    return Setup(override(project.cluster, overrides or {}, where="cluster"), project.root)
+    return Setup(override(project.cluster, overrides or {}, where="cluster"), project.root, project.slurm.runtime)
 
 
 def region(setup: Setup, config: Mapping[str, Any] | None = None) -> str:
