@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ctrain import install_hint, proc
-from ctrain.errors import CtrainError
+from ctrain.errors import ConfigError, CtrainError
 from ctrain.ui import table
 
 
@@ -135,7 +135,7 @@ def report(workflows: list[str]) -> tuple[str, bool]:
     """The doctor's text and whether every chosen workflow is ready."""
     for w in workflows:
         if w not in WORKFLOWS:
-            raise CtrainError(f"unknown workflow '{w}'; valid: {', '.join(WORKFLOWS)}")
+            raise ConfigError(f"unknown workflow '{w}'; valid: {', '.join(WORKFLOWS)}")
     results = run_checks()
     checks = table(
         ["check", "status", "detail"], [[c.name, "ok" if c.ok else "missing", c.detail] for c in results.values()]

@@ -51,7 +51,7 @@ def check_job_id(job_id: str) -> str:
     """A job id as Slurm prints it (123, 123_4 for arrays, 123.0 for a step), or a ConfigError."""
     job_id = str(job_id).strip()
     if not _JOB_ID.fullmatch(job_id):
-        raise CtrainError(f"{job_id[:40]!r} is not a Slurm job id (like 1234)")
+        raise ConfigError(f"{job_id[:40]!r} is not a Slurm job id (like 1234)")
     return job_id
 
 
@@ -63,7 +63,7 @@ def check_signal(name: str) -> str:
     else:
         known = bool(_SIGNAL_NAME.fullmatch(value)) and hasattr(signal, "SIG" + value.removeprefix("SIG"))
     if not known:
-        raise CtrainError(f"--signal {name[:40]!r} is not a signal: give a name such as USR1 or TERM, or a number")
+        raise ConfigError(f"--signal {name[:40]!r} is not a signal: give a name such as USR1 or TERM, or a number")
     return value
 
 
@@ -618,6 +618,6 @@ class Slurm:
         lines = [line for line in out.stdout.splitlines() if line.strip()]
         if not lines:
             if partition:
-                raise CtrainError(f"partition '{partition}' does not exist here (sinfo lists none); see `sinfo -s`")
+                raise ConfigError(f"partition '{partition}' does not exist here (sinfo lists none); see `sinfo -s`")
             return None
         return max(parse_gres_gpus(line) for line in lines)

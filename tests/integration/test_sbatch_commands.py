@@ -97,7 +97,7 @@ def test_unknown_and_malformed_jobs(testbed) -> None:
     result = CliRunner().invoke(main, ["cancel", "999999"])  # scancel itself exits 0 and says nothing
     assert result.exit_code == 1 and "job 999999: Slurm does not know it" in result.output, result.output
     result = CliRunner().invoke(main, ["cancel", "12;ls"])
-    assert result.exit_code == 1 and "is not a Slurm job id" in result.output
+    assert result.exit_code == 2 and "is not a Slurm job id" in result.output
 
 
 def test_node_shapes_are_what_slurm_conf_declares(testbed) -> None:

@@ -66,7 +66,7 @@ def test_bad_config_is_one_clear_error(tmp_path) -> None:
 
 def test_doctor_unknown_workflow() -> None:
     result = CliRunner().invoke(main, ["doctor", "--for", "nope"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # input to fix (README: exit codes)
     assert "unknown workflow 'nope'; valid:" in result.output
 
 

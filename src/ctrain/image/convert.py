@@ -60,7 +60,7 @@ class Converted:
 def resolve_compression(to: str, compression: str) -> str:
     value = AUTO_COMPRESSION[to] if compression == "auto" else compression
     if value not in sqsh.SQUASH_OPTIONS:
-        raise CtrainError(f"unknown compression '{compression}'; valid: auto, {', '.join(sqsh.SQUASH_OPTIONS)}")
+        raise ConfigError(f"unknown compression '{compression}'; valid: auto, {', '.join(sqsh.SQUASH_OPTIONS)}")
     return value
 
 
@@ -256,7 +256,7 @@ def convert(
 ) -> Converted:
     """Convert ``image`` to ``output`` (``to``: sif or sqsh); no work when it is already up to date."""
     if to not in FORMATS:
-        raise CtrainError(f"unknown format '{to}'; valid: {', '.join(FORMATS)}")
+        raise ConfigError(f"unknown format '{to}'; valid: {', '.join(FORMATS)}")
     compression = resolve_compression(to, compression)
     if image.store == "sif" and to != "sif":
         raise CtrainError(

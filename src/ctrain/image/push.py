@@ -126,7 +126,7 @@ def push_image(
     """Push ``image`` to ``destination`` (``host/name:tag``); returns ``host/name@sha256:...`` as the
     registry now serves it (checked by reading the tag back)."""
     if image.store == "sif":
-        raise CtrainError(f"{image.ref} is a SIF: push it with --oras or --remote, or build an OCI image")
+        raise ConfigError(f"{image.ref} is a SIF: push it with --oras or --remote, or build an OCI image")
     host = destination.split("/", 1)[0]
     verify = _verify_tls(host, tls_verify)
     tls = [] if verify else ["--dest-tls-verify=false"]
@@ -447,7 +447,7 @@ def push_files(
     A file already there with the same checksum is not sent again. Returns the final paths."""
     for source in files:
         if not source.is_file():
-            raise CtrainError(f"{source} does not exist; make it with ctrain convert")
+            raise ConfigError(f"{source} does not exist; make it with ctrain convert")
     size = sum(source.stat().st_size for source in files)
     checked = check_destination(destination, len(files), size=size, ssh_options=ssh_options)
     remote = checked.remote

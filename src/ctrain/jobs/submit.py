@@ -634,10 +634,10 @@ def write_script(job: Job, path: Path) -> None:
     from ctrain.files import atomic_write_text, writable_dir_problem
 
     if path.is_dir():
-        raise CtrainError(f"--write-script {path} is a directory: give a file name, e.g. {path}/job.sbatch")
+        raise ConfigError(f"--write-script {path} is a directory: give a file name, e.g. {path}/job.sbatch")
     problem = writable_dir_problem(path.parent.absolute())
     if problem:
-        raise CtrainError(f"cannot write {path}: {problem}: give --write-script a path in a directory you can write")
+        raise ConfigError(f"cannot write {path}: {problem}: give --write-script a path in a directory you can write")
     make_log_dir(job)
     atomic_write_text(path, job.text)
 
