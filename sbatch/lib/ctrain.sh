@@ -15,6 +15,13 @@
 # Nothing here states a size: nodes come from SLURM_NNODES, processes per node from the GPUs
 # (else the tasks) Slurm gave each node, so the same script runs 1, 2 or 16 nodes unchanged.
 
+# The library's version: `ctrain submit` compares a project's copy (from `ctrain init`) with its own
+# and says what the project misses. One line per version, newest last:
+#   version 1: (no version line) the batch script decides failures; apptainer unpacks per job
+#   version 2: the container gets only the host variables a job needs (CTRAIN_PASS_ENV); a node-local
+#              image cache; torch.compile's caches in the project's .cache
+CTRAIN_LIB_VERSION=2
+
 # --- settings -------------------------------------------------------------------------------------
 
 # Where the image expects the project: mounted there, and the working directory (containers/Dockerfile).

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from ctrain import files, project, resources
+from ctrain.errors import ConfigError
 from ctrain.jobs import submit
 from ctrain.cli import main
 from ctrain.config import load_config
@@ -302,3 +303,20 @@ def test_one_setting_switches_a_new_project_to_pyxis(new: Path, tmp_path: Path, 
     assert f"export CTRAIN_IMAGE={image}" in out and "--container-image" in out
     assert f"image {image} does not exist: build and convert it (`ctrain build && ctrain convert --to sqsh`)" in err
     assert ".sif" not in err
+
+
+def test_submit_says_when_the_projects_scripts_are_behind_and_refuses_newer_ones(new: Path) -> None:
+    """The library carries CTRAIN_LIB_VERSION and a line per version: a project's copy from an older
+    ctrain gets a warning naming what it misses and the fix; one from a newer ctrain is refused."""
+    lib = new / "sbatch" / "lib" / "ctrain.sh"
+    text = lib.read_text()
+    current = submit.library_version(text)
+    assert current >= 2 and submit.library_notes(lib) == []
+    lib.write_text(text.replace(f"CTRAIN_LIB_VERSION={current}\n", ""))  # a copy from before the versions
+    (note,) = submit.library_notes(lib)
+    assert note.startswith(f"warning: the project's sbatch/ is version 1 of ctrain's sbatch library and this ctrain "
+                           f"has version {current}; it misses: the container gets only the host variables")  # fmt: skip
+    assert "ctrain init --force" in note
+    lib.write_text(text.replace(f"CTRAIN_LIB_VERSION={current}\n", f"CTRAIN_LIB_VERSION={current + 1}\n"))
+    with pytest.raises(ConfigError, match=f"is version {current + 1} of the sbatch library, from a newer ctrain"):
+        submit.library_notes(lib)

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ctrain import proc, resources, slurm
+from ctrain import install_hint, proc, resources, slurm
 from ctrain.config import ProjectConfig, SlurmConfig
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.files import control_problem, shorten
@@ -344,6 +344,40 @@ def render(template: Path, lib_text: str, header_pairs: list[tuple[str, str | No
     return "\n".join(header + settings + body) + "\n", options
 
 
+_LIB_VERSION = re.compile(r"^CTRAIN_LIB_VERSION=(\d+)$", re.MULTILINE)
+_LIB_HISTORY = re.compile(r"^#\s+version (\d+): (.*(?:\n#\s{6,}\S.*)*)", re.MULTILINE)
+
+
+def library_version(text: str) -> int:
+    """A library's CTRAIN_LIB_VERSION; 1 for a copy from before the library said it."""
+    found = _LIB_VERSION.search(text)
+    return int(found[1]) if found else 1
+
+
+def library_notes(lib: Path) -> list[str]:
+    """What a project's copy of the library (``ctrain init`` copied it) misses against the installed
+    one, with the fix; a ConfigError for a copy from a newer ctrain, which this one cannot drive."""
+    installed = resources.path(*LIB.parts)
+    if lib.resolve() == installed.resolve():
+        return []
+    ours = installed.read_text()
+    theirs, current = library_version(lib.read_text(errors="replace")), library_version(ours)
+    if theirs > current:
+        raise ConfigError(
+            f"{lib} is version {theirs} of the sbatch library, from a newer ctrain than this one (which knows "
+            f"up to {current}): upgrade ctrain ({install_hint()} --upgrade), or run `ctrain init --force` to "
+            "go back to this ctrain's scripts"
+        )
+    if theirs == current:
+        return []
+    missed = [" ".join(" ".join(m[2].split()).split("# ")) for m in _LIB_HISTORY.finditer(ours) if int(m[1]) > theirs]
+    return [
+        f"warning: the project's sbatch/ is version {theirs} of ctrain's sbatch library and this ctrain has "
+        f"version {current}; it misses: {'; '.join(missed)}. `ctrain init --upgrade` lists what differs, "
+        "`ctrain init --force` refreshes the copies (an edited one is kept as NAME.edited)"
+    ]
+
+
 #: Fewer CPUs than this per GPU starve a GPU job's data loaders and launcher: a warning.
 MIN_CPUS_PER_GPU = 4
 
@@ -411,6 +445,7 @@ def prepare(
     lib = template.parent / "lib" / LIB.name
     if not lib.is_file():
         lib = scripts_dir(project) / "lib" / LIB.name
+    notes += library_notes(lib)
     runtime = script_runtime(template)
     env = settings_env(c, config, project, runtime)
     recipe_arg = recipe or (str(c.recipe) if c.recipe else None)
