@@ -277,15 +277,20 @@ _SHAPE_LINE = re.compile(r"^(\d+)\+?\|(\d+)\+?\|(.*)$")
 def parse_node_shapes(raw: str) -> list[NodeShape]:
     """``sinfo --noheader --format='%c|%m|%G'`` as shapes ("128|1024000|gpu:h100:8(S:0-1)");
     sinfo marks a group of unequal nodes with "+" after the smallest value, which is taken."""
-    shapes = []
+    lines = _matches(raw, _SHAPE_LINE, "sinfo's CPUS|MEMORY|GRES")
+    return [NodeShape(int(m[1]), int(m[2]), parse_gres_gpus(m[3])) for m in lines]
+
+
+def _matches(raw: str, pattern: re.Pattern[str], what: str) -> list[re.Match[str]]:
+    """``pattern`` matched against each non-blank line of a tool's output; a ParseError for any other."""
+    found = []
     for line in raw.splitlines():
-        if not line.strip():
-            continue
-        match = _SHAPE_LINE.match(line.strip())
-        if not match:
-            raise ParseError("sinfo's CPUS|MEMORY|GRES lines", raw)
-        shapes.append(NodeShape(int(match[1]), int(match[2]), parse_gres_gpus(match[3])))
-    return shapes
+        if line.strip():
+            match = pattern.match(line.strip())
+            if not match:
+                raise ParseError(what, raw)
+            found.append(match)
+    return found
 
 
 _SINFO_NODE = re.compile(r"^(\S+)\s+(\S+)$")
@@ -293,15 +298,7 @@ _SINFO_NODE = re.compile(r"^(\S+)\s+(\S+)$")
 
 def parse_node_states(raw: str) -> dict[str, str]:
     """``sinfo -h -N -o '%N %T'`` as {node: state}; anything else is a ParseError."""
-    states: dict[str, str] = {}
-    for line in raw.splitlines():
-        if not line.strip():
-            continue
-        match = _SINFO_NODE.match(line.strip())
-        if not match:
-            raise ParseError("sinfo node states", raw)
-        states[match.group(1)] = match.group(2)
-    return states
+    return {match.group(1): match.group(2) for match in _matches(raw, _SINFO_NODE, "sinfo node states")}
 
 
 # --- where the commands run -----------------------------------------------------------------------

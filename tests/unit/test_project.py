@@ -265,18 +265,26 @@ def test_convert_uses_the_projects_definition_else_ctrains(tmp_path: Path, new: 
     assert convert.definition(tmp_path / "elsewhere") == REPO / "containers" / "ctrain.def"
 
 
-def test_a_new_projects_dry_run_shows_the_script_before_any_image_exists(new: Path, tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """What init's "next:" line sends a newcomer to, on a laptop (no Slurm on PATH), before `ctrain
-    build`: the script with the image path it will use, and one warning that the image is missing.
-    A real submit of the same refuses, before anything is queued."""
-    monkeypatch.chdir(new)
-    laptop = tmp_path / "bin"  # bash (ctrain checks the rendered script with bash -n), no Slurm
+def laptop_dry_run(project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """`ctrain submit --dry-run --nodes 2 recipes/demo-addition.yaml` in ``project`` on a laptop: bash
+    (ctrain checks the rendered script with bash -n) and no Slurm on PATH; its stdout and stderr."""
+    monkeypatch.chdir(project)
+    laptop = tmp_path / "bin"
     laptop.mkdir()
     (laptop / "bash").symlink_to(shutil.which("bash"))
     monkeypatch.setenv("PATH", str(laptop))
     code, out, err = ctrain("submit", "--dry-run", "--nodes", "2", "recipes/demo-addition.yaml")
     assert code == 0, err
+    return out, err
+
+
+def test_a_new_projects_dry_run_shows_the_script_before_any_image_exists(
+    new: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What init's "next:" line sends a newcomer to, on a laptop (no Slurm on PATH), before `ctrain
+    build`: the script with the image path it will use, and one warning that the image is missing.
+    A real submit of the same refuses, before anything is queued."""
+    out, err = laptop_dry_run(new, tmp_path, monkeypatch)
     image = new / "images" / "ctrain-latest.sif"
     assert f"export CTRAIN_IMAGE={image}" in out
     assert f"warning: image {image} does not exist" in err and "this dry run does not" in err
@@ -285,20 +293,15 @@ def test_a_new_projects_dry_run_shows_the_script_before_any_image_exists(new: Pa
     assert not (tmp_path / "job.sbatch").exists()
 
 
-def test_one_setting_switches_a_new_project_to_pyxis(new: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_setting_switches_a_new_project_to_pyxis(new: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """slurm.runtime: pyxis, and nothing else: convert writes a squashfs, the job runs it, and the
     missing image is named as the .sqsh that `ctrain convert` will write."""
     config = new / "ctrain.yaml"
     config.write_text(config.read_text().replace("  runtime: apptainer\n", "  runtime: pyxis\n"))
     loaded = load_config(config)
     assert loaded.slurm.runtime == "pyxis" and loaded.image_format == "sqsh"
-    monkeypatch.chdir(new)
-    laptop = tmp_path / "bin"
-    laptop.mkdir()
-    (laptop / "bash").symlink_to(shutil.which("bash"))
-    monkeypatch.setenv("PATH", str(laptop))
-    code, out, err = ctrain("submit", "--dry-run", "--nodes", "2", "recipes/demo-addition.yaml")
-    assert code == 0, err
+    out, err = laptop_dry_run(new, tmp_path, monkeypatch)
     image = new / "images" / "ctrain-latest.sqsh"
     assert f"export CTRAIN_IMAGE={image}" in out and "--container-image" in out
     assert f"image {image} does not exist: build and convert it (`ctrain build && ctrain convert --to sqsh`)" in err
