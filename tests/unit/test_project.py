@@ -323,3 +323,18 @@ def test_submit_says_when_the_projects_scripts_are_behind_and_refuses_newer_ones
     lib.write_text(text.replace(f"CTRAIN_LIB_VERSION={current}\n", f"CTRAIN_LIB_VERSION={current + 1}\n"))
     with pytest.raises(ConfigError, match=f"is version {current + 1} of the sbatch library, from a newer ctrain"):
         submit.library_notes(lib)
+
+
+def test_a_recipe_path_is_typed_relative_to_where_you_are(new: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """As for `ctrain train`: in the project's recipes/, `submit demo-addition.yaml` is that file, and
+    the job gets it relative to the project directory, where it runs."""
+    assert submit.from_here("recipes/demo-addition.yaml", new) == "recipes/demo-addition.yaml"  # from anywhere
+    monkeypatch.chdir(new / "recipes")
+    assert submit.from_here("demo-addition.yaml", new) == "recipes/demo-addition.yaml"
+    assert submit.from_here("recipes/demo-addition.yaml", new) == "recipes/demo-addition.yaml"  # no file here
+    monkeypatch.chdir(new / "recipes")
+    monkeypatch.setattr(submit, "check", lambda job, **_: [])
+    code, out, err = ctrain("submit", "--dry-run", "demo-addition.yaml", "training.max_steps=5")
+    assert code == 0, err
+    assert "recipes/demo-addition.yaml training.max_steps=5" in out

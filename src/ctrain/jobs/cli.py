@@ -101,6 +101,8 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
     from ctrain import remote
     from ctrain.jobs import submit as jobs
 
+    # Typed relative to where you are (as for `ctrain train`); the job sees the project directory.
+    recipe = ctx.params["recipe"] = jobs.from_here(recipe, project(ctx).root)
     cluster = remote.resolve(cluster_name)
     if cluster is not None:
         if write_script:

@@ -484,6 +484,21 @@ def _cpus_per_gpu(options: dict[str, str | None]) -> float | None:
 # --- checks before queueing -----------------------------------------------------------------------
 
 
+def from_here(recipe: str | None, root: Path) -> str | None:
+    """A recipe path as typed, relative to the working directory as for ``ctrain train``, made
+    relative to the project directory ``root``, where the job runs (``recipes/x.yaml`` typed in the
+    project's ``recipes/`` as ``x.yaml``). A path that names no file from here, or one typed outside
+    the project (``ctrain --config PROJECT/ctrain.yaml submit``), stays relative to the project."""
+    if recipe is None or "=" in recipe or Path(recipe).is_absolute():
+        return recipe
+    here = Path.cwd() / recipe
+    try:
+        inside = here.resolve().relative_to(root.resolve())
+    except ValueError:
+        return recipe
+    return str(inside) if here.is_file() else recipe
+
+
 class MissingImage(ConfigError):
     """The image file is not there (yet): an error for a job, a note for a dry run."""
 
