@@ -1,0 +1,78 @@
+"""docs/architecture.md's layering, held: the foundation it names imports nothing above it, only
+``cli.py`` gathers the areas' command modules, and nothing outside the training code imports the
+training stack when it is loaded (a login node runs every other command without torch)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "src" / "ctrain"
+STACK = {"torch", "transformers", "trl", "datasets", "peft", "deepspeed", "accelerate", "bitsandbytes"}
+TRAINING_CODE = ("train", "fast", "bench")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """Modules imported when ``path`` is loaded: its module-level statements (not inside functions,
+    which is where the commands import what they need), ``if TYPE_CHECKING`` blocks left out."""
+    found: set[str] = set()
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        for sub in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
+            if isinstance(sub, ast.Import):
+                found |= {alias.name for alias in sub.names}
+            elif isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
+                found.add(sub.module)
+                found |= {f"{sub.module}.{alias.name}" for alias in sub.names}
+    return found
+
+
+def modules() -> dict[str, set[str]]:
+    return {module_name(p): top_level_imports(p) for p in sorted(SRC.rglob("*.py"))}
+
+
+def foundation() -> set[str]:
+    """The foundation as docs/architecture.md names it."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    (listed,) = re.findall(r"the foundation \(([^)]*)\) imports nothing above", text)
+    names = {name.strip().strip("`") for name in listed.replace("the package's", "").split(",")}
+    return {"ctrain" if name == "__init__" else f"ctrain.{name}" for name in names}
+
+
+def test_the_foundation_imports_nothing_above_it() -> None:
+    base = foundation()
+    assert {"ctrain", "ctrain.errors", "ctrain.proc", "ctrain.settings"} <= base, base
+    found = modules()
+    assert base <= set(found), base - set(found)
+    # ``from ctrain import proc`` names the module ctrain.proc; ``from ctrain import install_hint`` a
+    # name in the package itself: only names that are modules count.
+    above = {module: sorted(i for i in found[module] & set(found) if i not in base) for module in base}
+    assert not {m: v for m, v in above.items() if v}, above
+
+
+def test_only_the_root_cli_gathers_the_areas_commands() -> None:
+    gatherers = {
+        module
+        for module, imports in modules().items()
+        if any(re.fullmatch(r"ctrain\.\w+\.cli", i) for i in imports) and module != "ctrain.cli"
+    }
+    assert gatherers == set(), gatherers
+
+
+def test_nothing_outside_the_training_code_loads_the_training_stack() -> None:
+    """The image runs the training code; a login node or laptop runs the rest, without torch."""
+    offenders = {
+        module: sorted(i for i in imports if i.split(".")[0] in STACK)
+        for module, imports in modules().items()
+        if not module.startswith(tuple(f"ctrain.{area}" for area in TRAINING_CODE))
+    }
+    assert not {m: v for m, v in offenders.items() if v}, offenders
