@@ -378,9 +378,10 @@ ctrain_run() {
         --ntasks="$CTRAIN_NNODES"
         --ntasks-per-node=1         # one launcher per node starts the node's workers
     )
-    # The rendezvous store's address, for the first node's task (CTRAIN_TASK) to host it.
-    # Only the variables the job needs (ctrain_task_env); the first node's task (CTRAIN_TASK) also
-    # gets the rendezvous store's address, to host it.
+    export CTRAIN_PIDS=.ctrain/$SLURM_JOB_ID    # relative to the project directory, on every node
+    export CTRAIN_HEARTBEATS=$CTRAIN_PIDS/heartbeat # each rank's progress, written by the trainer
+    # Only the variables the job needs (ctrain_task_env, so after every export the tasks read); the
+    # first node's task (CTRAIN_TASK) also gets the rendezvous store's address, to host it.
     CTRAIN_SRUN+=(--export="$(ctrain_task_env)${CTRAIN_STORE:+,CTRAIN_STORE=$CTRAIN_STORE}")
     CTRAIN_SRUN+=(
         "${CTRAIN_SRUN_CONTAINER[@]}"
@@ -392,8 +393,6 @@ ctrain_run() {
     [[ $CTRAIN_DRY_RUN != 1 ]] || return 0
 
     CTRAIN_SIGNAL=
-    export CTRAIN_PIDS=.ctrain/$SLURM_JOB_ID    # relative to the project directory, on every node
-    export CTRAIN_HEARTBEATS=$CTRAIN_PIDS/heartbeat # each rank's progress, written by the trainer
     rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_PIDS" # what a killed run of this job left
     mkdir -p "$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS"
     [[ -z $CTRAIN_IMAGE_ENTRY ]] || ctrain_image_cache
