@@ -221,7 +221,8 @@ def test_tasks_get_only_the_variables_a_job_needs(slurm_conf: Path, script: str)
     (export,) = [w.split("=", 1)[1] for w in words if w.startswith("--export=")]
     passed = set(export.split(","))
     assert {"HF_TOKEN", "NCCL_DEBUG", "WANDB_PROJECT", "MYLAB_DATA", "MYLAB_X", "EXTRA", "MY_SETTING", "PATH",
-            "SLURM_JOB_ID", "OMP_NUM_THREADS", "TORCHINDUCTOR_CACHE_DIR"} <= passed  # fmt: skip
+            "SLURM_JOB_ID", "OMP_NUM_THREADS", "TORCHINDUCTOR_CACHE_DIR",
+            "CTRAIN_PIDS", "CTRAIN_HEARTBEATS"} <= passed  # the task's .done files, the ranks' heartbeats  # fmt: skip
     assert not {"PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "CONDA_PREFIX", "MODULEPATH", "LMOD_CMD", "OTHER"} & passed
     assert "ALL" not in passed
     bad = dry_run(script, env={**allocation(2), "CTRAIN_PASS_ENV": "X;rm -rf ~"}, slurm_conf=slurm_conf, check=False)
