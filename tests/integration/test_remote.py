@@ -18,7 +18,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from ctrain import remote, slurm
+from ctrain import remote, resources, slurm
 from ctrain.cli import main
 from ctrain import __version__
 from tests.conftest import need
@@ -79,6 +79,8 @@ def _cluster_ctrain(directory: Path) -> Path:
     need(python is not None, "python3 in /usr/bin (apt-get install python3)")
     lib = directory / "lib"
     shutil.copytree(REPO / "src" / "ctrain", lib / "ctrain", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in resources.DIRECTORIES:  # ctrain's own files, where a wheel puts them (setup.py)
+        shutil.copytree(REPO / name, lib / "ctrain" / "_data" / name, ignore=shutil.ignore_patterns("__pycache__"))
     for module in (click, yaml):
         shutil.copytree(Path(module.__file__).parent, lib / module.__name__,
                         ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
