@@ -24,7 +24,7 @@ STACK = {
     "datasets": "datasets",
     "accelerate": "accelerate",
     "deepspeed": "deepspeed",
-    "ctrain": "ctrain",
+    "ctrain-slurm": "ctrain",  # the distribution ctrain installs under (src/ctrain/__init__.py: DISTRIBUTION)
 }
 
 

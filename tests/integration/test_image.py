@@ -58,7 +58,7 @@ def _check_versions(output: str) -> None:
     pins = _pins()
     for dist in STACK:
         assert report["versions"][dist].split("+")[0] == pins[dist], dist
-    assert report["versions"]["ctrain"] == build_mod.source_version(REPO)
+    assert report["versions"]["ctrain-slurm"] == build_mod.source_version(REPO)
 
 
 def test_image_from_the_real_dockerfile(cpu_image: BuiltImage) -> None:
