@@ -575,12 +575,17 @@ class Recipe:
             return expand_path(self.data.prepared_dir)
         return self.output_dir / PREPARED_DIR
 
+    def record(self) -> dict[str, Any]:
+        """The recipe as run (overrides applied), without where its file was: what a run's
+        ``recipe.yaml`` holds and what ``ctrain.train.rundir`` compares it with."""
+        data = to_mapping(self)
+        data.pop("path", None)
+        return data
+
     def to_yaml(self) -> str:
         import yaml
 
-        data = to_mapping(self)
-        data.pop("path", None)
-        return yaml.safe_dump(data, sort_keys=False)
+        return yaml.safe_dump(self.record(), sort_keys=False)
 
 
 #: training.resume's words; anything else is a checkpoint directory.

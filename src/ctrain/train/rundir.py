@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError
-from ctrain.settings import load_yaml, to_mapping
+from ctrain.settings import load_yaml
 from ctrain.train.artifacts import RECIPE_COPY
 from ctrain.train.recipe import RUN_INDEPENDENT, Recipe
 
@@ -44,9 +44,7 @@ def differences(output_dir: Path, recipe: Recipe) -> list[str]:
     except ConfigError as exc:
         log.warning("%s is not a readable recipe (%s): the settings of the run there are not compared", copy, exc)
         return []
-    now = to_mapping(recipe)
-    now.pop("path", None)
-    there, here = _flat(before), _flat(now)
+    there, here = _flat(before), _flat(recipe.record())
     return [
         f"{key}: {there.get(key, '(unset)')} -> {here.get(key, '(unset)')}"
         for key in sorted(set(there) | set(here))
