@@ -227,6 +227,10 @@ def test_tasks_get_only_the_variables_a_job_needs(slurm_conf: Path, script: str)
     assert "ALL" not in passed
     bad = dry_run(script, env={**allocation(2), "CTRAIN_PASS_ENV": "X;rm -rf ~"}, slurm_conf=slurm_conf, check=False)
     assert bad.returncode != 0 and "CTRAIN_PASS_ENV is 'X;rm -rf ~'; give variable names" in bad.stderr
+    for hostile in ("$(touch /tmp/ctrain-pwned)", "A\nB", "A'B", 'A"B'):
+        bad = dry_run(script, env={**allocation(2), "CTRAIN_PASS_ENV": hostile}, slurm_conf=slurm_conf, check=False)
+        assert bad.returncode != 0 and "CTRAIN_PASS_ENV is " in bad.stderr, hostile
+        assert not Path("/tmp/ctrain-pwned").exists()
 
 
 def test_pyxis_container_options(slurm_conf: Path) -> None:

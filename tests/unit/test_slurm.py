@@ -4,6 +4,7 @@ The texts below are what Slurm 22.05 prints for these commands (taken from the t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -498,6 +499,6 @@ def test_pass_env_takes_names_and_prefixes_only(tmp_path: Path) -> None:
     config = load_config(project(tmp_path, "slurm:\n  pass_env: [MY_SETTING, MYLAB_*]\n") / "ctrain.yaml")
     assert config.slurm.pass_env == ["MY_SETTING", "MYLAB_*"]
     assert submit.settings_env(config.slurm, config, tmp_path, "apptainer")["CTRAIN_PASS_ENV"] == "MY_SETTING,MYLAB_*"
-    for bad in ("A B", "X;ls", "*", "A*B"):
+    for bad in ("A B", "X;ls", "*", "A*B", "$(id)", "A\nB", "A'B", 'A"B'):
         with pytest.raises(ConfigError, match=r"slurm.pass_env: .* is not a variable name or NAME_\* prefix"):
-            load_config(project(tmp_path, f"slurm:\n  pass_env: ['{bad}']\n") / "ctrain.yaml")
+            load_config(project(tmp_path, f"slurm:\n  pass_env: [{json.dumps(bad)}]\n") / "ctrain.yaml")
