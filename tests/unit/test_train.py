@@ -6,6 +6,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 import json
 from pathlib import Path
 
@@ -502,3 +503,28 @@ def test_exit_process_runs_exit_handlers_flushes_and_keeps_the_code(tmp_path: Pa
     assert result.stdout == "buffered, no newline"
     assert "logged line" in result.stderr
     assert marker.read_text() == "yes"
+
+
+def test_shutdown_work_that_hangs_ends_the_process_with_the_outcome_and_says_where_it_hung() -> None:
+    """A rank stuck closing its process group exits with its result, instead of holding the job for
+    the launcher's 300 s exit barrier; a block that finishes in time changes nothing."""
+    program = (
+        "import threading, time\n"
+        "from ctrain.train.logs import deadline\n"
+        "with deadline('quick work', 3, seconds=30):\n"
+        "    pass\n"
+        "print('past the quick block', flush=True)\n"
+        "with deadline('closing the process group', 75, seconds=1):\n"
+        "    threading.Event().wait()\n"
+        "print('never reached')\n"
+    )
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")},
+    )  # fmt: skip
+    assert result.returncode == 75, result.stderr
+    assert time.monotonic() - started < 30
+    assert result.stdout == "past the quick block\n"
+    assert "ctrain: closing the process group has not finished after 1 s; " in result.stderr
+    assert "(most recent call first)" in result.stderr and "line 7" in result.stderr, result.stderr

@@ -8,14 +8,23 @@ Python and keeps its own prefix.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import io
 import logging
 import os
 import socket
 import sys
+import threading
+from collections.abc import Iterator
 from typing import TextIO
 
 log = logging.getLogger("ctrain.train")
+
+#: How long a rank whose results are on disk may take to close its process group and exit. Under
+#: load a gloo thread can stay blocked in teardown; the launcher's exit barrier on the other nodes
+#: would then wait its full 300 s and report a run that finished as failed.
+SHUTDOWN_SECONDS = 60
 
 
 def rank_from_env() -> int:
@@ -152,6 +161,31 @@ def quiet_libraries() -> None:
     rebind_handlers()
 
 
+@contextlib.contextmanager
+def deadline(what: str, code: int, seconds: float = SHUTDOWN_SECONDS) -> Iterator[None]:
+    """Run the block; if it is still running after SECONDS, print every thread's stack and exit with CODE.
+
+    Only for shutdown work after a rank's results are on disk (closing the process group, atexit
+    handlers), where a stuck C++ thread must not turn a finished run into a hung one.
+    """
+
+    def expire() -> None:
+        sys.stderr.write(f"ctrain: {what} has not finished after {seconds:g} s; this rank's work is on disk, "
+                         f"so it exits now with {code} (where each thread was:)\n")  # fmt: skip
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
+        os._exit(code)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 def exit_process(code: int) -> None:
     """Exit with CODE once Python's own exit work is done, skipping the C++ teardown after it.
 
@@ -162,7 +196,8 @@ def exit_process(code: int) -> None:
     """
     import atexit
 
-    atexit._run_exitfuncs()
+    with deadline("running the exit handlers", code):
+        atexit._run_exitfuncs()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -518,7 +518,7 @@ def run(recipe: Recipe) -> int:
                 "stopped at step %d on a preemption signal; exit %d: requeue to resume", stopped, PREEMPTED_EXIT_CODE
             )
         barrier()  # the launcher may end every rank once one exits non-zero: rank 0 has written first
-        close_process_group()
+        close_process_group(PREEMPTED_EXIT_CODE)
         return PREEMPTED_EXIT_CODE
     trainer.save_model(str(final))
     barrier()
