@@ -19,7 +19,9 @@
 # and says what the project misses. One line per version, newest last:
 #   version 1: (no version line) the batch script decides failures; apptainer unpacks per job
 #   version 2: the container gets only the host variables a job needs (CTRAIN_PASS_ENV); a node-local
-#              image cache; torch.compile's caches in the project's .cache
+#              image cache; torch.compile's caches in the project's .cache; each rank's own exit
+#              record decides, so a NaN loss, a recipe error or an exception in the training code
+#              ends the job at once instead of costing a retry
 CTRAIN_LIB_VERSION=2
 
 # --- settings -------------------------------------------------------------------------------------
@@ -380,6 +382,7 @@ ctrain_run() {
     )
     export CTRAIN_PIDS=.ctrain/$SLURM_JOB_ID    # relative to the project directory, on every node
     export CTRAIN_HEARTBEATS=$CTRAIN_PIDS/heartbeat # each rank's progress, written by the trainer
+    export CTRAIN_EXITS=$CTRAIN_PIDS/exit           # why each rank ended, written by the trainer
     # Only the variables the job needs (ctrain_task_env, so after every export the tasks read); the
     # first node's task (CTRAIN_TASK) also gets the rendezvous store's address, to host it.
     CTRAIN_SRUN+=(--export="$(ctrain_task_env)${CTRAIN_STORE:+,CTRAIN_STORE=$CTRAIN_STORE}")
@@ -425,25 +428,9 @@ ctrain_run() {
     trap - USR1 TERM
     [[ -z $watchdog ]] || kill "$watchdog" 2>/dev/null
     kill "$guard" 2>/dev/null
-    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS hung= lost= failed
-    [[ ! -e $dir/hung ]] || hung=1
-    [[ ! -e $dir/lost ]] || lost=$(<"$dir/lost")
-    failed=$(ctrain_failed_node "$dir")
+    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS
     echo "ctrain: step exited with $rc${CTRAIN_SIGNAL:+ after SIG$CTRAIN_SIGNAL}"
-    CTRAIN_REQUEUED=
-    if [[ -n $hung ]]; then
-        echo "ctrain: failure: a rank stopped making progress (the 'hang:' lines above); the step was ended"
-        ctrain_retry_once
-    elif [[ -n $lost ]]; then
-        echo "ctrain: failure: node lost: $lost (its launcher never ended and its slurmd does not answer)"
-        ctrain_requeue_without $lost
-    elif [[ -n $failed && -z $CTRAIN_SIGNAL ]]; then
-        echo "ctrain: failure: a rank failed on a live node: ${failed#* }'s launcher exited with ${failed%% *}" \
-            "first (a rank killed, e.g. out of memory, or an error in the training code)"
-        ctrain_retry_once
-    else
-        ctrain_requeue_if_asked "$rc"
-    fi
+    ctrain_decide "$dir" "$rc"
     # The sentinel watches until the decision is made: a batch host lost while deciding is still seen.
     if [[ -n $sentinel ]]; then
         kill "$alive" 2>/dev/null
@@ -466,6 +453,53 @@ ctrain_failed_node() {
         read -r rc host <"$file" || continue
         [[ $rc == 0 || $rc == "$CTRAIN_REQUEUE_EXIT" ]] || { echo "$rc $host"; return; }
     done < <(ls -1tr "$1"/node-*.done 2>/dev/null)
+}
+
+# ctrain_decide DIR RC: after the step (srun exited RC), the job's fate, from what the step left
+# in DIR (CTRAIN_PIDS) and the signal this shell got, most specific cause first: a lost node
+# (ctrain_guard's `lost`): requeue without it; a rank's own record that a retry cannot help
+# (ctrain_rank_exit): end; a hang (the watchdog's `hung`) or a launcher that failed on a live node:
+# retry once; else requeue when the run or Slurm's warning asked for it. One `ctrain: failure:`
+# line names the cause; CTRAIN_REQUEUED says whether the job was requeued.
+ctrain_decide() {
+    local dir=$1 rc=$2 hung= lost= failed final
+    [[ ! -e $dir/hung ]] || hung=1
+    [[ ! -e $dir/lost ]] || lost=$(<"$dir/lost")
+    failed=$(ctrain_failed_node "$dir")
+    final=$(ctrain_rank_exit "$dir/exit")
+    CTRAIN_REQUEUED=
+    if [[ -n $lost ]]; then
+        echo "ctrain: failure: node lost: $lost (its launcher never ended and its slurmd does not answer)"
+        ctrain_requeue_without $lost
+    elif [[ -n $final && -z $CTRAIN_SIGNAL ]]; then
+        local rank code cause host message
+        read -r rank code cause host message <<<"$final"
+        echo "ctrain: failure: rank $rank on $host ended with $code ($cause): $message"
+        echo "ctrain: not requeueing: a $cause failure repeats on a retry; fix it and submit again"
+    elif [[ -n $hung ]]; then
+        echo "ctrain: failure: a rank stopped making progress (the 'hang:' lines above); the step was ended"
+        ctrain_retry_once
+    elif [[ -n $failed && -z $CTRAIN_SIGNAL ]]; then
+        echo "ctrain: failure: a rank failed on a live node: ${failed#* }'s launcher exited with ${failed%% *}" \
+            "first (a rank killed, e.g. out of memory, or an error in the training code)"
+        ctrain_retry_once
+    else
+        ctrain_requeue_if_asked "$rc"
+    fi
+}
+
+# ctrain_rank_exit DIR: "RANK CODE CAUSE HOST MESSAGE" of the first rank (by time) whose own record
+# in DIR (CTRAIN_EXITS, written by `ctrain train` as it ends: src/ctrain/train/exits.py) says a
+# retry cannot change the outcome (a NaN loss, a recipe error, an exception in the training code);
+# nothing when no rank's does. The record is data: it is only ever printed.
+ctrain_rank_exit() {
+    local file code cause retry host message
+    while read -r file; do
+        read -r code cause retry host message <"$file" || continue
+        [[ $code != 0 && $retry == end ]] || continue
+        echo "${file##*/rank-} $code $cause $host $message"
+        return
+    done < <(ls -1tr "$1"/rank-* 2>/dev/null)
 }
 
 # ctrain_guard (in the background, beside the step): end the step soon after one node's launcher

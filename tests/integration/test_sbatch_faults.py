@@ -7,6 +7,8 @@ training process per node).
 - A rank that stops making progress (SIGSTOP): the job's watchdog names it and ends the step
   within the configured budget.
 - A rank SIGKILLed on a live node: the step ends in seconds and the job is retried once, not twice.
+- A NaN loss (a failure no retry changes): the ranks' own exit records say so and the job ends at
+  the first run, with the rank's error line in the log and in ``ctrain status``.
 - A node lost (``Testbed.kill_node``: its slurmd and every process on it SIGKILLed): the batch
   script ends the step within a minute instead of srun waiting for Slurm to declare the node dead,
   and does not requeue the job onto it; a requeue with a node excluded runs on another.
@@ -237,6 +239,31 @@ def test_killed_rank_on_a_live_node_is_retried_once(sbatch_project: Project, cpu
     assert re.search(rf"^{job_id}\s+\S+\s+FAILED\s", status.output, re.MULTILINE), status.output
     assert f"job {job_id}: failure: a rank failed on a live node: " in status.output, status.output
     assert f"job {job_id}: not requeueing: the job was already retried once" in status.output, status.output
+
+
+def test_a_nan_loss_ends_the_job_at_once_with_the_ranks_own_error(sbatch_project: Project, cpu_sif: Path) -> None:
+    """torchrun reports the NaN stop (exit 65) as exit 1, like a killed worker; the ranks' records say
+    `nonfinite`, so the job ends after its first run instead of queueing a retry that diverges again."""
+    project = sbatch_project
+    started = time.monotonic()
+    job_id = submit(project, cpu_sif, "nan", "training.max_steps=40", "training.save_steps=5",
+                    "training.logging_steps=100", "training.learning_rate=1e30")  # fmt: skip
+    state = project.testbed.wait(job_id, timeout=JOB_TIMEOUT)
+    ended = time.monotonic()
+    log = project.log(job_id)
+    assert state == "FAILED", f"job {job_id} ended {state}:\n{log[-6000:]}"
+    assert log.count("ctrain: job ") == 1 and restarts(project, job_id) == 0, log[-4000:]
+    pattern = r"^ctrain: failure: rank (\d) on (node\d) ended with 65 \(nonfinite\): step 5: \w+ -?(?:nan|inf)\b"
+    failure = re.search(pattern, log, re.MULTILINE)
+    assert failure, log[-4000:]
+    assert "ctrain: not requeueing: a nonfinite failure repeats on a retry" in log
+    assert "a rank failed on a live node" not in log and "requeueing job" not in log
+    assert not (project.path / ".ctrain" / f"{job_id}.retried").exists()
+    status = CliRunner().invoke(main, ["status", job_id])
+    assert f"job {job_id}: failure: rank {failure[1]} on {failure[2]} ended with 65 (nonfinite)" in status.output, (
+        status.output)  # fmt: skip
+    assert f"job {job_id}: not requeueing: a nonfinite failure" in status.output, status.output
+    report("NaN loss at step 5 (2 nodes): submit to the job's end, no retry", f"{ended - started:.1f} s")
 
 
 def test_lost_node_ends_the_step_within_a_minute(sbatch_project: Project, cpu_sif: Path) -> None:

@@ -490,6 +490,73 @@ def test_a_failed_rank_is_retried_once_per_job(fake_slurm: Path, slurm_conf: Pat
     assert calls(fake_slurm, "scontrol requeue") == ["scontrol requeue 4242"]
 
 
+def _step_left(fake: Path, done: dict[int, str], records: dict[int, str]) -> None:
+    """What a step leaves for ctrain_decide: node-N.done files and the ranks' exit records, oldest first."""
+    pids = fake / "pids"
+    (pids / "exit").mkdir(parents=True)
+    (fake / ".ctrain").mkdir()
+    stamp = time.time() - 100
+    for node, line in done.items():
+        (pids / f"node-{node}.done").write_text(line + "\n")
+    for rank, line in records.items():
+        path = pids / "exit" / f"rank-{rank}"
+        path.write_text(line + "\n")
+        stamp += 1
+        os.utime(path, (stamp, stamp))
+
+
+def test_a_ranks_own_record_that_a_retry_cannot_help_ends_the_job(fake_slurm: Path, slurm_conf: Path) -> None:
+    """torchrun said 1 for node 1; rank 3's record says it stopped at a NaN (rank 1 only saw its peer
+    go): the job ends at once, naming rank 3 and its own error line, and nothing is requeued."""
+    _step_left(fake_slurm, {0: "1 gpu001", 1: "1 gpu002"},
+               {1: "1 peer retry gpu001 RuntimeError: Connection reset by peer",
+                3: "65 nonfinite end gpu002 step 5: loss nan; lower training.learning_rate"})  # fmt: skip
+    out = library(fake_slurm, 'ctrain_decide pids 1; echo "requeued=$CTRAIN_REQUEUED"', slurm_conf).stdout
+    assert out.splitlines() == [
+        "ctrain: failure: rank 3 on gpu002 ended with 65 (nonfinite): step 5: loss nan; lower training.learning_rate",
+        "ctrain: not requeueing: a nonfinite failure repeats on a retry; fix it and submit again",
+        "requeued=",
+    ]
+    assert not calls(fake_slurm, "scontrol requeue")
+
+
+def test_records_that_a_retry_can_help_leave_the_retry_once(fake_slurm: Path, slurm_conf: Path) -> None:
+    """A peer's failed collective and a rank killed without a record: the failed rank is retried once."""
+    _step_left(fake_slurm, {0: "1 gpu001", 1: "137 gpu002"},
+               {0: "1 peer retry gpu001 RuntimeError: Connection reset by peer", 1: "0 done end gpu001"})  # fmt: skip
+    out = library(fake_slurm, "ctrain_decide pids 1", slurm_conf).stdout
+    assert "ctrain: failure: a rank failed on a live node: gpu001's launcher exited with 1 first" in out
+    assert "ctrain: requeueing job 4242 once (restart 1)" in out
+    assert calls(fake_slurm, "scontrol requeue") == ["scontrol requeue 4242"]
+
+
+def test_a_lost_node_outranks_the_records_of_the_ranks_it_took_down(fake_slurm: Path, slurm_conf: Path) -> None:
+    """Survivors of a lost node may raise anything; the lost node is the cause, and it is requeued without."""
+    _step_left(fake_slurm, {0: "1 gpu001"}, {0: "1 exception end gpu001 ValueError: odd batch after the loss"})
+    (fake_slurm / "pids" / "lost").write_text("gpu002\n")
+    (fake_slurm / "sinfo").write_text("gpu001 alloc\ngpu002 alloc\ngpu003 idle\n")
+    out = library(fake_slurm, "ctrain_decide pids 137", slurm_conf).stdout
+    assert out.startswith("ctrain: failure: node lost: gpu002 ")
+    assert "ctrain: requeueing job 4242 (restart 1) without gpu002 (ExcNodeList)" in out
+    assert "ended with" not in out
+
+
+def test_a_ranks_message_is_printed_never_run(fake_slurm: Path, slurm_conf: Path) -> None:
+    """The record is a file every rank can write: its words reach the log as text, not as shell."""
+    hostile = "exception end gpu002 $(touch pwned) `touch pwned2` ; touch pwned3 \\ \"'"
+    _step_left(fake_slurm, {1: "1 gpu002"}, {1: f"1 {hostile}"})
+    out = library(fake_slurm, "ctrain_decide pids 1", slurm_conf).stdout
+    assert "ended with 1 (exception): $(touch pwned) `touch pwned2` ; touch pwned3 \\ \"'" in out, out
+    assert not list(fake_slurm.glob("pwned*"))
+
+
+def test_after_slurms_term_the_records_do_not_decide(fake_slurm: Path, slurm_conf: Path) -> None:
+    """TERM came from Slurm (scancel, requeue, preemption): Slurm decides, whatever a rank recorded."""
+    _step_left(fake_slurm, {0: "1 gpu001"}, {0: "1 exception end gpu001 KeyError: 'x'"})
+    out = library(fake_slurm, "CTRAIN_SIGNAL=TERM; ctrain_decide pids 1", slurm_conf).stdout
+    assert "ended with" not in out and "SIGTERM came from Slurm" in out
+
+
 def test_guard_ends_the_step_and_names_the_node_that_does_not_answer(fake_slurm: Path, slurm_conf: Path) -> None:
     """node 0's launcher failed, node 1 never reports and its probe hangs: after the grace the step is
     cancelled, srun killed, and gpu002 recorded as lost; a node whose launcher ended is never probed."""

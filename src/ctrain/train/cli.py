@@ -39,20 +39,30 @@ def train(recipe: Path, overrides: tuple[str, ...], check: bool, world_size: int
     """
     from ctrain.train.preflight import preflight
 
-    loaded = _recipe(recipe, overrides)
     if check:
+        loaded = _recipe(recipe, overrides)
         for note in preflight(loaded, world_size=world_size):  # type: ignore[arg-type]
             click.echo(f"note: {note}")
         click.echo(f"recipe {recipe} is valid")
         return
-    from ctrain.train import stack
+    from ctrain.train import exits
 
-    stack.require("train")
-    stack.hide(stack.unused(loaded))  # type: ignore[arg-type]
+    try:
+        loaded = _recipe(recipe, overrides)
+        from ctrain.train import stack
+
+        stack.require("train")
+        stack.hide(stack.unused(loaded))  # type: ignore[arg-type]
+        from ctrain.train.trainer import run
+
+        code = run(loaded)  # type: ignore[arg-type]
+    except BaseException as exc:
+        exits.record(exc)  # for the batch script, which decides from it; the error itself goes on as before
+        raise
+    exits.record(None, code)
     from ctrain.train.logs import exit_process
-    from ctrain.train.trainer import run
 
-    exit_process(run(loaded))  # type: ignore[arg-type]
+    exit_process(code)
 
 
 @click.command()
