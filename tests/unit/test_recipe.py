@@ -428,3 +428,50 @@ def test_a_run_directory_knows_the_settings_that_define_its_run(tmp_path: Path) 
     assert rundir.check(out, going_on) == ["training.max_steps: 30 -> 40"]
     (out / RECIPE_COPY).write_text("[unclosed")  # a damaged record is not a reason to stop training
     assert rundir.check(out, real) == []
+
+
+# --- training.trainer_args: any TrainingArguments / SFTConfig field the schema does not name --------
+
+
+def test_trainer_args_reach_the_trainers_arguments(tmp_path: Path) -> None:
+    """A field the recipe schema lacks (adam_beta2) goes through to TRL's SFTConfig as written."""
+    from ctrain.train.trainer import plan, training_arguments
+
+    recipe = load_recipe(write(tmp_path, TINY_RECIPE), ["training.trainer_args.adam_beta2=0.95",
+                                                        "training.trainer_args.neftune_noise_alpha=5"])  # fmt: skip
+    args = training_arguments(recipe, plan(recipe), tmp_path / "out", [])
+    assert (type(args).__name__, args.adam_beta2, args.neftune_noise_alpha) == ("SFTConfig", 0.95, 5)
+    clm = load_recipe(write(tmp_path, TINY_RECIPE), ["task=clm", "training.trainer_args.adam_beta2=0.9"])
+    assert type(training_arguments(clm, plan(clm), tmp_path / "out", [])).__name__ == "TrainingArguments"
+
+
+def test_a_trainer_arg_the_library_lacks_names_the_nearest(tmp_path: Path) -> None:
+    """Checked against the installed TRL/transformers, at `ctrain train --check` (preflight) as at the run."""
+    recipe = load_recipe(write(tmp_path, TINY_RECIPE), ["training.trainer_args.adam_beta=0.95"])
+    with pytest.raises(ConfigError, match=r"training.trainer_args.adam_beta is not a field of trl's SFTConfig "
+                                          r"\(the version installed here\): did you mean adam_beta(1|2) or adam_beta(2|1)\?"):
+        preflight(recipe)
+
+
+def test_a_trainer_arg_that_ctrain_sets_names_the_recipe_key(tmp_path: Path) -> None:
+    """Two ways to set the learning rate would be one too many: the recipe's key is named instead."""
+    path = write(tmp_path, TINY_RECIPE)
+    with pytest.raises(ConfigError, match=r"training.trainer_args.learning_rate is set by ctrain from "
+                                          r"training.learning_rate; remove it"):  # fmt: skip
+        load_recipe(path, ["training.trainer_args.learning_rate=1e-3"])
+    with pytest.raises(ConfigError, match=r"'\$\(x\)' is not a field name"):
+        load_recipe(path, ["training.trainer_args={'$(x)': 1}"])
+
+
+def test_owned_args_are_exactly_what_ctrain_sets(tmp_path: Path) -> None:
+    """recipe.OWNED_ARGS (which refuses trainer_args early, on a login node) and the values the run
+    sets are one list: a field ctrain starts setting must be refused in trainer_args too."""
+    from ctrain.train.recipe import OWNED_ARGS
+    from ctrain.train.trainer import argument_values, plan
+
+    set_by_run: set[str] = set()
+    for task in ("sft", "clm"):
+        recipe = load_recipe(write(tmp_path, TINY_RECIPE), [f"task={task}"])
+        set_by_run |= set(argument_values(recipe, plan(recipe), tmp_path / "out", []))
+    assert set_by_run <= set(OWNED_ARGS), sorted(set_by_run - set(OWNED_ARGS))
+    assert set(OWNED_ARGS) - set_by_run == {"gradient_checkpointing"}  # the old name of activation_checkpointing

@@ -3,8 +3,10 @@ as far as this machine can without torch or downloads, before a job is queued or
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 from ctrain.errors import ConfigError
 from ctrain.train.artifacts import PREPARED_MARKER
@@ -69,6 +71,32 @@ def check_json_file(value: str, what: str) -> Path:
     return path
 
 
+def trainer_config_class(task: str) -> type:
+    """The installed library's argument class for TASK: TRL's SFTConfig for sft, else TrainingArguments."""
+    if task == "clm":
+        from transformers import TrainingArguments
+
+        return TrainingArguments
+    from trl import SFTConfig
+
+    return SFTConfig
+
+
+def check_trainer_args(extra: dict[str, Any], config: type) -> None:
+    """Refuse a ``training.trainer_args`` name the installed library does not have, naming the nearest."""
+    import dataclasses
+    import difflib
+
+    names = {f.name for f in dataclasses.fields(config) if f.init}
+    for name in extra:
+        if name not in names:
+            near = difflib.get_close_matches(name, sorted(names), n=3, cutoff=0.6)
+            hint = f"did you mean {' or '.join(near)}?" if near else f"the fields are {config.__name__}'s"
+            library = config.__module__.split(".")[0]
+            raise ConfigError(f"training.trainer_args.{name} is not a field of {library}'s {config.__name__} "
+                              f"(the version installed here): {hint}")  # fmt: skip
+
+
 def preflight(recipe: Recipe, world_size: int | None = None) -> list[str]:
     """Check what the recipe points at, without torch and without downloads.
 
@@ -108,6 +136,12 @@ def preflight(recipe: Recipe, world_size: int | None = None) -> list[str]:
             raise ConfigError(f"training.resume: {recipe.training.resume} is not a checkpoint directory")
     if world_size is not None:
         batch_layout(recipe.training, world_size)
+    if recipe.training.trainer_args:
+        library = "transformers" if recipe.task == "clm" else "trl"
+        if importlib.util.find_spec(library) is None:
+            notes.append(f"training.trainer_args: names not checked here ({library} is not installed)")
+        else:
+            check_trainer_args(recipe.training.trainer_args, trainer_config_class(recipe.task))
     if data.prepared_dir:
         prepared = expand_path(data.prepared_dir)
         if prepared.exists() and not (prepared / PREPARED_MARKER).is_file():

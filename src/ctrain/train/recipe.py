@@ -185,6 +185,59 @@ class DataSettings:
             raise ConfigError(f"data.num_proc is {self.num_proc}; it must be between 1 and {MAX_PROCESSES}")
 
 
+#: The TrainingArguments / SFTConfig fields ctrain sets itself, and from what (``training.trainer_args``
+#: cannot name them). ``ctrain.train.trainer.argument_values`` sets exactly these (a test holds it).
+OWNED_ARGS: dict[str, str] = {
+    "output_dir": "training.output_dir",
+    "per_device_train_batch_size": "training.global_batch_size and training.max_per_device_batch_size",
+    "per_device_eval_batch_size": "training.global_batch_size and training.max_per_device_batch_size",
+    "gradient_accumulation_steps": "training.global_batch_size and training.max_per_device_batch_size",
+    "max_steps": "training.max_steps",
+    "num_train_epochs": "training.epochs",
+    "learning_rate": "training.learning_rate",
+    "lr_scheduler_type": "training.lr_scheduler",
+    "warmup_steps": "training.warmup",
+    "weight_decay": "training.weight_decay",
+    "max_grad_norm": "training.max_grad_norm",
+    "optim": "training.optim",
+    "bf16": "training.precision",
+    "fp16": "training.precision",
+    "use_cpu": "the device the run has",
+    "activation_checkpointing": "training.gradient_checkpointing",
+    "gradient_checkpointing": "training.gradient_checkpointing",
+    "torch_compile": "training.torch_compile",
+    "use_liger_kernel": "training.liger_kernel",
+    "logging_strategy": "training.logging_steps",
+    "logging_steps": "training.logging_steps",
+    "logging_first_step": "training.logging_steps (step 1 is always logged)",
+    "logging_nan_inf_filter": "its NaN stop, which must see the loss",
+    "save_strategy": "training.save_steps",
+    "save_steps": "training.save_steps",
+    "save_total_limit": "training.save_total_limit (it rotates complete checkpoints only)",
+    "eval_strategy": "training.eval_steps",
+    "eval_steps": "training.eval_steps",
+    "report_to": "logging.report_to",
+    "run_name": "logging.run_name",
+    "seed": "seed",
+    "deepspeed": "training.deepspeed",
+    "fsdp": "training.fsdp",
+    "fsdp_config": "training.fsdp_config",
+    "dataloader_num_workers": "training.dataloader_workers",
+    "ddp_timeout": "training.ddp_timeout_minutes",
+    "ddp_find_unused_parameters": "the model (no unused parameters)",
+    "include_num_input_tokens_seen": "its token counts",
+    "disable_tqdm": "its progress lines",
+    "remove_unused_columns": "its prepared data",
+    "push_to_hub": "hub.repo_id (it pushes the final model once)",
+    "max_length": "data.max_length",
+    "packing": "data.packing",
+    "padding_free": "data.packing",
+    "dataset_kwargs": "its prepared data",
+    "assistant_only_loss": "data.assistant_only_loss (the labels carry it)",
+    "completion_only_loss": "the labels of its prepared data",
+}
+
+
 @dataclass
 class TrainingSettings:
     """How to train: batch, schedule, precision, checkpoints, distribution."""
@@ -249,6 +302,9 @@ class TrainingSettings:
     ddp_timeout_minutes: int = 30
     #: Peak dense TFLOP/s of one device, for the MFU estimate; None: from the GPU's name.
     peak_tflops: float | None = None
+    #: Any other field of transformers' TrainingArguments (TRL's SFTConfig for sft), by its own name,
+    #: e.g. ``{adam_beta2: 0.95, neftune_noise_alpha: 5}``; the fields ctrain sets are refused with the key to use.
+    trainer_args: dict[str, Any] = field(default_factory=dict)
 
     def hf_speedups(self) -> list[str]:
         """The transformers speed-ups turned on; the fast engine has its own (compiled layers, fused loss)."""
@@ -295,6 +351,12 @@ class TrainingSettings:
             signal_number(name)
         if self.resume not in RESUME_WORDS and not self.resume:
             raise ConfigError("training.resume must be auto, continue, never, or a checkpoint directory")
+        for name in self.trainer_args:
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ConfigError(f"training.trainer_args: {shorten(str(name))!r} is not a field name")
+            if name in OWNED_ARGS:
+                raise ConfigError(f"training.trainer_args.{name} is set by ctrain from {OWNED_ARGS[name]}; "
+                                  f"remove it from training.trainer_args")  # fmt: skip
 
 
 @dataclass

@@ -34,7 +34,7 @@ from ctrain.train.artifacts import (
     RECIPE_COPY,
 )
 from ctrain.train.layout import batch_layout
-from ctrain.train.preflight import preflight
+from ctrain.train.preflight import check_trainer_args, preflight, trainer_config_class
 from ctrain.train.recipe import RESUME_WORDS, Recipe, expand_path, signal_number
 
 log = logging.getLogger("ctrain.train")
@@ -162,6 +162,19 @@ def _check_hub(recipe: Recipe) -> None:
 
 def training_arguments(recipe: Recipe, layout: Layout, output_dir: Path, report_to: list[str]) -> Any:
     """The TrainingArguments (SFTConfig for sft) of this run. Creating them starts the process group."""
+    kwargs = argument_values(recipe, layout, output_dir, report_to)
+    extra = recipe.training.trainer_args
+    clash = sorted(set(extra) & set(kwargs))
+    if clash:
+        engine = " (the fast engine sets it; see fast.*)" if layout.engine == "fast" else ""
+        raise ConfigError(f"training.trainer_args.{clash[0]} is set by ctrain itself{engine}; remove it")
+    config = trainer_config_class(recipe.task)
+    check_trainer_args(extra, config)
+    return config(**kwargs, **extra)
+
+
+def argument_values(recipe: Recipe, layout: Layout, output_dir: Path, report_to: list[str]) -> dict[str, Any]:
+    """What ctrain sets in the run's TrainingArguments / SFTConfig (:data:`recipe.OWNED_ARGS` names them)."""
     training = recipe.training
     optim = training.optim
     if optim == "auto":
@@ -215,11 +228,7 @@ def training_arguments(recipe: Recipe, layout: Layout, output_dir: Path, report_
         "push_to_hub": False,  # ctrain pushes the final model itself, once (hub.repo_id)
     }
     if recipe.task == "clm":
-        from transformers import TrainingArguments
-
-        return TrainingArguments(**kwargs)
-    from trl import SFTConfig
-
+        return kwargs
     kwargs.update(
         max_length=recipe.data.max_length,
         packing=recipe.data.packing,
@@ -235,7 +244,7 @@ def training_arguments(recipe: Recipe, layout: Layout, output_dir: Path, report_
         if recipe.fast.batching == "padding_free" and not recipe.data.packing:
             # TRL cannot enforce max_length on unpacked padding-free batches; ctrain.train.data truncated them.
             kwargs["max_length"] = None
-    return SFTConfig(**kwargs)
+    return kwargs
 
 
 def build_trainer(recipe: Recipe, layout: Layout, args: Any, model: Any, data: Any, callbacks: list[Any]) -> Any:
