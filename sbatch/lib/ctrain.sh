@@ -29,7 +29,7 @@ CTRAIN_LIB_VERSION=2
 # Where the image expects the project: mounted there, and the working directory (containers/Dockerfile).
 CTRAIN_WORKDIR=/workspace
 
-# ctrain_settings RUNTIME [RECIPE] [KEY=VALUE ...]
+# ctrain_settings RUNTIME [RECIPE] [KEY=VALUE ...] | RUNTIME -- COMMAND [ARG ...]
 ctrain_settings() {
     CTRAIN_RUNTIME=$1
     shift
@@ -72,8 +72,15 @@ ctrain_settings() {
     CTRAIN_OUTPUTS=$(ctrain_abspath "$CTRAIN_OUTPUTS")
     [[ -z $CTRAIN_DATA ]] || CTRAIN_DATA=$(ctrain_abspath "$CTRAIN_DATA")
 
-    # Arguments: a recipe first (anything without '='), then KEY=VALUE recipe overrides.
-    if [[ $# -gt 0 && $1 != *=* ]]; then
+    # Arguments: a recipe first (anything without '='), then KEY=VALUE recipe overrides; or `--`
+    # and a command of your own (ctrain_launcher says how each form starts).
+    CTRAIN_COMMAND=()
+    if [[ ${1-} == -- ]]; then
+        shift
+        (($# > 0)) || ctrain_die "nothing after --: give the command to run, e.g. -- train.py --lr 1e-4"
+        CTRAIN_COMMAND=("$@")
+        set --
+    elif [[ $# -gt 0 && $1 != *=* ]]; then
         CTRAIN_RECIPE=$1
         shift
     fi
@@ -277,15 +284,29 @@ ctrain_container() {
 
 # --- launcher -------------------------------------------------------------------------------------
 
+# What the launcher starts in each worker: `-m ctrain train RECIPE OVERRIDES`, or your command:
+# `SCRIPT.py ARGS` and `-m MODULE ARGS` as torchrun and accelerate take them; anything else (a
+# `python -u ...`, a shell script, a binary) as a program of its own (torchrun --no-python,
+# accelerate --no_python). Either way the workers get RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR
+# and MASTER_PORT from the launcher, and run in the project directory (CTRAIN_WORKDIR).
 ctrain_launcher() {
-    local train=(-m ctrain train "$CTRAIN_RECIPE" "${CTRAIN_OVERRIDES[@]}")
+    local train=(-m ctrain train "$CTRAIN_RECIPE" "${CTRAIN_OVERRIDES[@]}") program=()
+    if ((${#CTRAIN_COMMAND[@]} > 0)); then
+        train=("${CTRAIN_COMMAND[@]}")
+        case ${train[0]} in
+            -m | *.py) ;;
+            *) program=(--no-python) ;;
+        esac
+    fi
     local endpoint=$CTRAIN_MASTER_ADDR:$CTRAIN_MASTER_PORT
     CTRAIN_STORE=
     case $CTRAIN_LAUNCHER in
         torchrun | deepspeed)
             # DeepSpeed runs under torchrun: its own launcher needs pdsh/ssh between nodes,
-            # which containers on Slurm do not have.
-            [[ $CTRAIN_LAUNCHER == torchrun ]] || train+=("training.deepspeed=$CTRAIN_DEEPSPEED_CONFIG")
+            # which containers on Slurm do not have. A command of your own takes its DeepSpeed
+            # config in its own arguments (--deepspeed FILE, as HF's scripts do).
+            [[ $CTRAIN_LAUNCHER == torchrun || ${#CTRAIN_COMMAND[@]} -gt 0 ]] ||
+                train+=("training.deepspeed=$CTRAIN_DEEPSPEED_CONFIG")
             CTRAIN_STORE=$endpoint
             CTRAIN_LAUNCH=(
                 torchrun
@@ -295,6 +316,7 @@ ctrain_launcher() {
                 --rdzv-endpoint="$endpoint"
                 --rdzv-conf=is_host=false # the store is a process of its own (CTRAIN_TASK)
                 --rdzv-id="$SLURM_JOB_ID"
+                "${program[@]}"
                 "${train[@]}"
             )
             ;;
@@ -310,6 +332,7 @@ ctrain_launcher() {
                 --rdzv_backend=c10d
             )
             [[ -z $CTRAIN_ACCELERATE_CONFIG ]] || CTRAIN_LAUNCH+=(--config_file="$CTRAIN_ACCELERATE_CONFIG")
+            ((${#program[@]} == 0)) || CTRAIN_LAUNCH+=(--no_python)
             CTRAIN_LAUNCH+=("${train[@]}")
             ;;
     esac
@@ -980,11 +1003,18 @@ ctrain_die() {
 ctrain_summary() {
     echo "ctrain: job ${SLURM_JOB_ID} '${SLURM_JOB_NAME:-}' restart ${SLURM_RESTART_COUNT:-0}" \
         "on $CTRAIN_NNODES node(s) [${SLURM_JOB_NODELIST}] x $CTRAIN_NPROC_PER_NODE process(es)"
+    if ((${#CTRAIN_COMMAND[@]} > 0)); then
+        echo "ctrain: $CTRAIN_RUNTIME image $CTRAIN_IMAGE, $CTRAIN_LAUNCHER, your command: ${CTRAIN_COMMAND[*]}" \
+            "(rendezvous $CTRAIN_MASTER_ADDR:$CTRAIN_MASTER_PORT)"
+        echo "ctrain: it runs in $CTRAIN_WORKDIR, which is the project directory $CTRAIN_PROJECT_DIR on every node;" \
+            "write outputs under /outputs ($CTRAIN_OUTPUTS)${CTRAIN_DATA:+; data: /data ($CTRAIN_DATA)}"
+        return
+    fi
     echo "ctrain: $CTRAIN_RUNTIME image $CTRAIN_IMAGE, $CTRAIN_LAUNCHER, recipe $CTRAIN_RECIPE" \
         "${CTRAIN_OVERRIDES[*]:+${CTRAIN_OVERRIDES[*]} }(rendezvous $CTRAIN_MASTER_ADDR:$CTRAIN_MASTER_PORT)"
 }
 
-# ctrain_main RUNTIME [RECIPE] [KEY=VALUE ...]: the whole job.
+# ctrain_main RUNTIME [RECIPE] [KEY=VALUE ...] | RUNTIME -- COMMAND [ARG ...]: the whole job.
 ctrain_main() {
     ctrain_settings "$@"
     ctrain_allocation

@@ -142,6 +142,41 @@ def test_recipe_and_overrides_reach_the_trainer(slurm_conf: Path) -> None:
     assert words[words.index("ctrain-task") + 1] == "torchrun"
 
 
+@pytest.mark.parametrize(
+    ("command", "launched"),
+    [
+        (["train.py", "--lr", "1e-4"], ["train.py", "--lr", "1e-4"]),
+        (["-m", "pkg.train", "--x"], ["-m", "pkg.train", "--x"]),
+        (["python", "-u", "run_clm.py", "--deepspeed", "configs/z3.json"],
+         ["--no-python", "python", "-u", "run_clm.py", "--deepspeed", "configs/z3.json"]),
+        (["./train.sh", "a b", "$(touch x)"], ["--no-python", "./train.sh", "a b", "$(touch x)"]),
+    ],
+)
+def test_a_command_of_your_own_runs_under_the_launcher_as_written(command: list[str], launched: list[str],
+                                                                  slurm_conf: Path) -> None:  # fmt: skip
+    """After `--`, the command replaces `-m ctrain train RECIPE`: its words reach torchrun one by one
+    (the DeepSpeed launcher mode adds no recipe key to them), and the log says where it runs."""
+    env = {**allocation(2), "CTRAIN_LAUNCHER": "deepspeed"}
+    result = dry_run("apptainer_multinode", "--", *command, env=env, slurm_conf=slurm_conf)
+    words = srun_words(result.stdout)
+    assert words[words.index("ctrain-task") + 1] == "torchrun"
+    assert words[-len(launched):] == launched and words[-len(launched) - 1].startswith("--rdzv-id=")
+    assert f"your command: {' '.join(command)} (rendezvous " in result.stdout
+    assert "it runs in /workspace, which is the project directory /project on every node; write outputs under " \
+           "/outputs (/project/outputs)" in result.stdout
+    accelerate = srun_words(dry_run("pyxis_multinode", "--", *command, env={**allocation(2), "CTRAIN_LAUNCHER":
+                                                                           "accelerate"}, slurm_conf=slurm_conf).stdout)
+    program = launched[1:] if launched[0] == "--no-python" else launched
+    assert accelerate[-len(program):] == program
+    assert ("--no_python" in accelerate) == (launched[0] == "--no-python")
+
+
+def test_nothing_after_the_dashes_is_an_error(slurm_conf: Path) -> None:
+    result = dry_run("apptainer_multinode", "--", env=allocation(2), slurm_conf=slurm_conf, check=False)
+    assert result.returncode == 2 and "nothing after --: give the command to run" in result.stderr
+    assert "+ srun" not in result.stdout
+
+
 def test_accelerate_machine_rank_per_node(slurm_conf: Path, tmp_path: Path) -> None:
     env = {**allocation(2, gpus=0, tasks_per_node=2), "CTRAIN_LAUNCHER": "accelerate"}
     result = dry_run("apptainer_multinode", env=env, slurm_conf=slurm_conf)

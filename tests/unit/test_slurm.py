@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -502,3 +503,58 @@ def test_pass_env_takes_names_and_prefixes_only(tmp_path: Path) -> None:
     for bad in ("A B", "X;ls", "*", "A*B", "$(id)", "A\nB", "A'B", 'A"B'):
         with pytest.raises(ConfigError, match=r"slurm.pass_env: .* is not a variable name or NAME_\* prefix"):
             load_config(project(tmp_path, f"slurm:\n  pass_env: [{json.dumps(bad)}]\n") / "ctrain.yaml")
+
+
+# --- a command of the user's own: `ctrain submit ... -- COMMAND` -----------------------------------
+
+COMMAND = ["python", "-u", "run_clm.py", "--model_name_or_path", "models/tiny", "--output_dir", "/outputs/clm",
+           "--deepspeed", "configs/zero3.json", "--run_name", "a b's $(run)"]  # fmt: skip
+
+
+def test_a_command_after_the_dashes_is_the_jobs_payload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The script carries the command word for word (quoted for the shell), the golden file is the
+    dry run a user sees, and the rendered script's own dry run starts it under torchrun."""
+    from tests.golden_files import assert_golden
+
+    project(tmp_path, GPU_CLUSTER)
+    (tmp_path / "run_clm.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(submit, "check_image", lambda *_: None)
+    monkeypatch.setattr(submit, "check_gpus", lambda *_: [])
+    result = CliRunner().invoke(main, ["submit", "--dry-run", "--nodes", "2", "--", *COMMAND])
+    assert result.exit_code == 0, result.output
+    assert_golden("sbatch", "submit-command-2node.sbatch", result.stdout.split("\n", 2)[2].rsplit("CTRAIN_SCRIPT", 1)[0])
+    assert f"set -- -- {shlex.join(COMMAND)}\n" in result.stdout
+    job = submit.prepare(load_config(tmp_path / "ctrain.yaml"), command=tuple(COMMAND), nodes=2)
+    assert job.command == COMMAND
+    conf = tmp_path / "slurm.conf"  # enough for `scontrol show hostnames` offline
+    conf.write_text("ClusterName=unit\nSlurmctldHost=localhost\nNodeName=gpu[001-002]\nPartitionName=p Nodes=ALL\n")
+    allocation = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[001-002]",
+                  "SLURM_GPUS_ON_NODE": "8", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_CONF": str(conf),
+                  "CTRAIN_DRY_RUN": "1", "PATH": os.environ["PATH"], "HOME": str(tmp_path)}  # fmt: skip
+    ran = subprocess.run(["bash", "-c", job.text], env=allocation, capture_output=True, text=True, check=False)
+    assert ran.returncode == 0, ran.stderr
+    launched = shlex.split(ran.stdout.split("\n+ srun ", 1)[1])
+    assert launched[-len(COMMAND) - 1:] == ["--no-python", *COMMAND]
+
+
+def test_a_command_is_checked_before_it_is_queued(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    project(tmp_path, GPU_CLUSTER)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(submit, "check_image", lambda *_: None)
+    monkeypatch.setattr(submit, "check_gpus", lambda *_: [])
+    cases = {
+        ("recipes/demo-addition.yaml", "--", "train.py"): "give a recipe or a command after --, not both",
+        ("--",): "nothing after --: give the command to run",
+        ("--", "train.py", "--note", "two\nlines"): "the command's word 'two\\nlines' ",
+        ("--", "python", "-u", "missing.py"): "the command's script missing.py does not exist (paths are relative "
+                                              f"to the project directory {tmp_path})",
+    }  # fmt: skip
+    for words, message in cases.items():
+        result = CliRunner().invoke(main, ["submit", "--nodes", "2", *words])
+        assert result.exit_code == 2, (words, result.output)
+        assert result.stderr.startswith("error: ") and message in result.stderr, (words, result.stderr)
+    assert not (tmp_path / "logs").exists()
+    for words in (["-m", "mylab.train", "--x"], ["./train.sh"], ["python", "/outputs/gen.py"]):
+        job = submit.prepare(load_config(tmp_path / "ctrain.yaml"), command=tuple(words), nodes=2)
+        assert submit.check(job) == [], words  # nothing here to look for: a module, a program, a container path

@@ -48,7 +48,21 @@ def _unknown_here(job_id: str, cluster: str | None, exc: CtrainError) -> CtrainE
     return CtrainError(str(exc).rstrip() + hint) if hint else exc
 
 
-@click.command(context_settings={"ignore_unknown_options": False})
+class _CommandAfterDashes(click.Command):
+    """A command whose words after the first ``--`` are a program of the user's own (ctx.meta), not arguments."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta[COMMAND] = tuple(args[cut + 1 :])
+            args = args[:cut]
+        return super().parse_args(ctx, args)
+
+
+COMMAND = "ctrain.command"
+
+
+@click.command(cls=_CommandAfterDashes, context_settings={"ignore_unknown_options": False})
 @click.argument("recipe", required=False)
 @click.argument("overrides", nargs=-1)
 @click.option("--script", help="Script in sbatch/ (apptainer, apptainer_multinode, pyxis, pyxis_multinode) "
@@ -86,13 +100,16 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
            job_name: str | None, dry_run: bool, write_script: Path | None, wait_: bool,
            cluster_name: str | None) -> None:  # fmt: skip
     """Train RECIPE on the cluster: render an sbatch/ script with ctrain.yaml's `slurm:` settings,
-    check it, and queue it.
+    check it, and queue it. Or, after `--`, run a training program of your own the same way.
 
     \b
     Checked before anything is queued: the image exists and suits the runtime, the recipe (with
     KEY=VALUE OVERRIDES) validates, the partition has the GPUs asked for.
       ctrain submit --nodes 2 recipes/demo-addition.yaml training.max_steps=200
       ctrain submit --dry-run --nodes 16 --gpus-per-node 8 RECIPE     show exactly what would run
+      ctrain submit --nodes 2 --gpus-per-node 8 -- run_clm.py --deepspeed configs/zero3.json ...
+    A command runs under the launcher on every node, in the project directory (SCRIPT.py, -m MODULE,
+    or any program), with the image, rendezvous, requeue and node-loss handling of a recipe.
 
     With --cluster (or a default cluster): the project's files go to the cluster's PROJECT_DIR
     (rsync; never outputs, logs, images or secrets), and the cluster's own ctrain, of this version,
@@ -101,15 +118,18 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
     from ctrain import remote
     from ctrain.jobs import submit as jobs
 
+    command = ctx.meta.get(COMMAND)
     # Typed relative to where you are (as for `ctrain train`); the job sees the project directory.
-    recipe = ctx.params["recipe"] = jobs.from_here(recipe, project(ctx).root)
+    if command is None:
+        recipe = ctx.params["recipe"] = jobs.from_here(recipe, project(ctx).root)
     cluster = remote.resolve(cluster_name)
     if cluster is not None:
         if write_script:
             raise click.UsageError("--write-script writes a file here; with --cluster, use --dry-run to see the script")
         sys.exit(_submit_there(ctx, cluster))
 
-    job = jobs.prepare(project(ctx), recipe=recipe, overrides=overrides, script=script, runtime=runtime, nodes=nodes,
+    job = jobs.prepare(project(ctx), recipe=recipe, overrides=overrides, command=command, script=script,
+                       runtime=runtime, nodes=nodes,
                        time=time_limit, partition=partition, account=account, gpus_per_node=gpus_per_node,
                        ntasks_per_node=ntasks_per_node, cpus_per_task=cpus_per_task, mem=mem, exclusive=exclusive,
                        image=image, launcher=launcher, job_name=job_name, client=slurm.Slurm())  # fmt: skip
@@ -236,6 +256,8 @@ def _submit_there(ctx: click.Context, cluster: object) -> int:
             extra = remote.send_unsent_paths(ssh, unsent, root, emit=info)
     remote.sync_project(ssh, root, emit=info)
     command = [cluster.profile.ctrain, "submit", *_command_line(ctx, ("cluster_name",)), *extra]
+    if COMMAND in ctx.meta:
+        command += ["--", *ctx.meta[COMMAND]]
     info(f"cluster {cluster.name}: {' '.join(command)} (in {cluster.profile.project_dir})")
     remote_command = f"cd {shlex.quote(cluster.profile.project_dir)} && {shlex.join(command)}"
     submitted: list[str] = []

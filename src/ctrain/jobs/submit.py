@@ -83,7 +83,7 @@ class Job:
     text: str  # the rendered, self-contained script
     project: Path  # submit directory: /workspace in the container, logs/ and outputs/ here
     settings: dict[str, str]  # CTRAIN_* as the script resolves them (defaults included)
-    arguments: list[str]  # recipe and KEY=VALUE overrides
+    arguments: list[str]  # recipe and KEY=VALUE overrides, or "--" and a command of the user's own
     options: dict[str, str | None] = field(default_factory=dict)  # final #SBATCH options
     notes: list[str] = field(default_factory=list)  # what ctrain chose for the user (resources), said once
 
@@ -91,6 +91,11 @@ class Job:
         """The sbatch command and the script, as --dry-run prints them (a shell here-document)."""
         command = shlex.join(slurm.sbatch_command([]))
         return f"# in {self.project}:\n{command} <<'CTRAIN_SCRIPT'\n{self.text}CTRAIN_SCRIPT\n"
+
+    @property
+    def command(self) -> list[str] | None:
+        """The user's own command (``ctrain submit ... -- COMMAND``), None for a recipe."""
+        return self.arguments[1:] if self.arguments[:1] == ["--"] else None
 
     @property
     def world_size(self) -> int:
@@ -428,11 +433,12 @@ def gpu_resources(c: SlurmConfig, shapes: list[slurm.NodeShape] | None) -> tuple
 
 def prepare(
     config: ProjectConfig, *, recipe: str | None = None, overrides: tuple[str, ...] = (),
-    client: slurm.Slurm | None = None, **changes: object,
+    command: tuple[str, ...] | None = None, client: slurm.Slurm | None = None, **changes: object,
 ) -> Job:  # fmt: skip
     """Render the job for ``config.slurm`` with command-line ``changes`` on top: ``slurm:`` keys (nodes=,
     time=, image=, ...), checked as in ctrain.yaml; None leaves a setting as configured. A GPU job
-    that names no CPUs or memory gets them from what ``client``'s sinfo says the nodes have."""
+    that names no CPUs or memory gets them from what ``client``'s sinfo says the nodes have.
+    ``command``: the user's own program instead of a recipe (the words after ``--``)."""
     c = override(config.slurm, changes, where="slurm")
     shapes = None
     if c.gpus_per_node and client is not None and client.runner.has("sinfo"):
@@ -448,17 +454,10 @@ def prepare(
     notes += library_notes(lib)
     runtime = script_runtime(template)
     env = settings_env(c, config, project, runtime)
-    recipe_arg = recipe or (str(c.recipe) if c.recipe else None)
-    for item in [*([recipe] if recipe else []), *overrides]:
-        problem = control_problem(item)
-        if problem:
-            raise ConfigError(f"the argument {shorten(item)!r} {problem}: a recipe path or key=value override is one line")
-    for item in overrides:
-        if "=" not in item or item.startswith("="):
-            raise ConfigError(f"override {item!r} must look like key=value (e.g. training.max_steps=100)")
-    if recipe_arg and "=" in recipe_arg:
-        raise ConfigError(f"the recipe comes first, then key=value overrides; got {recipe_arg!r} as the recipe")
-    arguments = [*([recipe_arg] if recipe_arg else []), *overrides]
+    if command is not None:
+        arguments = command_arguments(command, recipe, overrides)
+    else:
+        arguments = recipe_arguments(c, recipe, overrides)
     text, options = render(template, lib.read_text(), sbatch_options(c), env, arguments)
     settings = resolve_settings(lib, runtime, arguments, env, project)
     job = Job(template, runtime, text, project, settings, arguments, options, notes)
@@ -470,6 +469,45 @@ def prepare(
             f"starve the GPUs; ask for at least {MIN_CPUS_PER_GPU} per GPU or --exclusive"
         )
     return job
+
+
+def recipe_arguments(c: SlurmConfig, recipe: str | None, overrides: tuple[str, ...]) -> list[str]:
+    """The script's arguments for a recipe: the recipe (else ``slurm.recipe``), then KEY=VALUE overrides."""
+    recipe_arg = recipe or (str(c.recipe) if c.recipe else None)
+    for item in [*([recipe] if recipe else []), *overrides]:
+        problem = control_problem(item)
+        if problem:
+            raise ConfigError(f"the argument {shorten(item)!r} {problem}: a recipe path or key=value override is one line")
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. training.max_steps=100)")
+    if recipe_arg and "=" in recipe_arg:
+        raise ConfigError(f"the recipe comes first, then key=value overrides; got {recipe_arg!r} as the recipe")
+    return [*([recipe_arg] if recipe_arg else []), *overrides]
+
+
+def command_arguments(command: tuple[str, ...], recipe: str | None, overrides: tuple[str, ...]) -> list[str]:
+    """The script's arguments for a command of the user's own: ``--`` and its words, each one line."""
+    if recipe or overrides:
+        given = " ".join([*([recipe] if recipe else []), *overrides])
+        raise ConfigError(f"give a recipe or a command after --, not both (got {shorten(given)!r} before --)")
+    if not command:
+        raise ConfigError("nothing after --: give the command to run, e.g. ctrain submit -- train.py --lr 1e-4")
+    for item in command:
+        problem = control_problem(item)
+        if problem:
+            raise ConfigError(f"the command's word {shorten(item)!r} {problem}: each word is one line")
+    return ["--", *command]
+
+
+def command_script(command: list[str]) -> str | None:
+    """The Python file a command runs (``train.py ...``, ``python -u train.py ...``), None for ``-m``
+    and other programs: it must be in the project, which is the job's working directory."""
+    words = command[1:] if Path(command[0]).name.startswith("python") else command
+    for word in words:
+        if word == "-m" or not word.startswith("-"):
+            return word if word.endswith(".py") else None
+    return None
 
 
 def _cpus_per_gpu(options: dict[str, str | None]) -> float | None:
@@ -519,7 +557,12 @@ def check(job: Job, client: slurm.Slurm | None = None, dry_run: bool = False) ->
         warnings.append(f"{missing} (a job needs it; this dry run does not)")
     if s["CTRAIN_LAUNCHER"] == "deepspeed":
         _project_file(job, s["CTRAIN_DEEPSPEED_CONFIG"], "the DeepSpeed config (CTRAIN_DEEPSPEED_CONFIG)")
-    warnings += check_job_recipe(job)
+    if job.command is None:
+        warnings += check_job_recipe(job)
+    else:
+        script = command_script(job.command)
+        if script is not None and not script.startswith(_CONTAINER_TARGETS):
+            _project_file(job, script, "the command's script")
     if s.get("CTRAIN_ACCELERATE_CONFIG"):
         _project_file(job, s["CTRAIN_ACCELERATE_CONFIG"], "the accelerate config (CTRAIN_ACCELERATE_CONFIG)")
     if s.get("CTRAIN_DATA") and not Path(s["CTRAIN_DATA"]).is_dir():
