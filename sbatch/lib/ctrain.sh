@@ -760,10 +760,18 @@ ctrain_hung() {
 # short step beside the training step. Not through the step itself: Slurm would signal every
 # process in it, the launcher (which forwards only TERM, INT, HUP, QUIT) and Apptainer's
 # squashfuse, whose end takes the image's files away from the workers mid-checkpoint.
+# A command of your own that has not opted in (no heartbeat from any rank: docs/sbatch.md) cannot
+# checkpoint at the warning and would run into the time limit, after which Slurm requeues nothing:
+# the job is requeued now, and the next run starts from the script's own last checkpoint.
 ctrain_forward() {
     CTRAIN_SIGNAL=$1
     echo "ctrain: SIG$1 (time limit near): passing it to the training processes on every node"
     ctrain_on_nodes 'pkill -"$2" -P "$(cat "$1/$(uname -n).pid")"' "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS" "$1"
+    if ((${#CTRAIN_COMMAND[@]} > 0)) && ! compgen -G "$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS/rank-*" >/dev/null; then
+        echo "ctrain: your command has not opted in to checkpoint at the signal (no heartbeat from it); the job" \
+            "is requeued now and its next run starts from the script's own last checkpoint"
+        ctrain_requeue_if_asked "$CTRAIN_REQUEUE_EXIT"
+    fi
 }
 
 # --- image cache (Apptainer) ---------------------------------------------------------------------

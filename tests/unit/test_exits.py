@@ -103,3 +103,36 @@ def test_ctrain_train_records_a_recipe_error_before_importing_the_training_stack
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
     line = (tmp_path / "exit" / "rank-1").read_text()
     assert line.startswith("2 config end ") and "training.bogus" in line, line
+
+
+def _loop(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+    """A plain training loop of a user's own with ctrain.train.script's opt-in, as the sbatch scripts run it."""
+    program = (
+        "import os, signal\n"
+        "from ctrain.train import script\n"
+        "script.start()\n"
+        "for step in range(1, 1000):\n"
+        "    script.beat(step)\n" + body
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), exits.EXITS_ENV: str(tmp_path / "exit"),
+           "CTRAIN_HEARTBEATS": str(tmp_path / "beats"), "RANK": "0"}  # fmt: skip
+    return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, env=env,
+                          check=False)  # fmt: skip
+
+
+def test_a_plain_loop_stops_at_a_signal_with_the_requeue_code(tmp_path: Path) -> None:
+    result = _loop(tmp_path, "    if step == 3:\n        os.kill(os.getpid(), signal.SIGUSR1)\n"
+                             "    if script.stop_requested():\n        print('saved', step)\n"
+                             "        script.exit_preempted()\n")  # fmt: skip
+    assert result.returncode == 75, result.stderr
+    assert result.stdout == "saved 3\n"
+    assert (tmp_path / "exit" / "rank-0").read_text().startswith("75 preempted retry ")
+    assert (tmp_path / "beats" / "rank-0").read_text().split()[0] == "1"  # one write a second at most
+
+
+def test_an_error_in_a_plain_loop_is_recorded_and_still_reported(tmp_path: Path) -> None:
+    result = _loop(tmp_path, "    if step == 2:\n        raise ValueError('shapes differ')\n")
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "ValueError: shapes differ" in result.stderr
+    line = (tmp_path / "exit" / "rank-0").read_text()
+    assert line.startswith("1 exception end ") and line.endswith(" ValueError: shapes differ\n"), line

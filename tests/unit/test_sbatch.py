@@ -592,6 +592,24 @@ def test_after_slurms_term_the_records_do_not_decide(fake_slurm: Path, slurm_con
     assert "ended with" not in out and "SIGTERM came from Slurm" in out
 
 
+def test_the_warning_requeues_at_once_a_command_that_cannot_checkpoint(fake_slurm: Path, slurm_conf: Path) -> None:
+    """USR1 before the time limit: passed to the workers; a command of the user's own from which no
+    heartbeat came (no opt-in) is requeued then and there, as it would only run into the limit; one
+    that beats is left to checkpoint and exit 75; a recipe run always is."""
+    (fake_slurm / "pids" / "heartbeat").mkdir(parents=True)
+    commands = "CTRAIN_HEARTBEATS=pids/heartbeat; {} ctrain_forward USR1; echo requeued=$CTRAIN_REQUEUED"
+    out = library(fake_slurm, commands.format("CTRAIN_COMMAND=(train.py);"), slurm_conf).stdout
+    assert "your command has not opted in to checkpoint at the signal" in out
+    assert "ctrain: requeueing job 4242 (restart 1)" in out and "requeued=1" in out
+    assert calls(fake_slurm, "scontrol requeue") == ["scontrol requeue 4242"]
+    (fake_slurm / "calls.log").unlink()
+    (fake_slurm / "pids" / "heartbeat" / "rank-0").write_text("12 gpu001 999\n")
+    for setup in ("CTRAIN_COMMAND=(train.py);", "CTRAIN_COMMAND=();"):
+        out = library(fake_slurm, commands.format(setup), slurm_conf).stdout
+        assert "passing it to the training processes" in out and "requeued=\n" in out, out
+    assert not calls(fake_slurm, "scontrol requeue")
+
+
 def test_guard_ends_the_step_and_names_the_node_that_does_not_answer(fake_slurm: Path, slurm_conf: Path) -> None:
     """node 0's launcher failed, node 1 never reports and its probe hangs: after the grace the step is
     cancelled, srun killed, and gpu002 recorded as lost; a node whose launcher ended is never probed."""

@@ -305,7 +305,7 @@ def test_heartbeat_names_step_host_and_pid_and_changes_at_each_beat(tmp_path: Pa
     state.global_step = 6
     beat.on_step_end(None, state, _Control())
     assert path.read_text().split()[0] == "5"
-    beat.last -= Heartbeat.EVERY
+    beat.file.last -= beat.file.EVERY
     beat.on_step_end(None, state, _Control())
     assert path.read_text().split()[0] == "6"
 

@@ -24,6 +24,7 @@ from ctrain.errors import NonFiniteTraining
 from ctrain.train import checkpoint
 from ctrain.train.artifacts import METRICS_FILE, PREEMPTED_EXIT_CODE
 from ctrain.train.logs import deadline
+from ctrain.train.script import HeartbeatFile
 
 log = logging.getLogger("ctrain.train")
 
@@ -231,41 +232,21 @@ class CompleteCheckpoints(TrainerCallback):
 
 
 class Heartbeat(TrainerCallback):
-    """Rewrite ``DIRECTORY/rank-R`` ("STEP HOST PID") whenever this rank finishes a step, an eval
-    batch or a save, for the job's watchdog (sbatch/lib/ctrain.sh), which ends the step when a rank
-    goes silent. The watchdog looks from outside: a stopped or deadlocked rank cannot say so itself.
-
-    Only the training loop beats, never a thread of its own, so a rank stuck in a collective goes
-    silent too. Written to a hidden file and renamed, so the watchdog never reads half a line.
-    Steps and eval batches beat at most once every :attr:`EVERY` seconds: the directory is on the
-    cluster's shared filesystem, and 128 ranks renaming a file at every 200 ms step would be a
-    metadata load the watchdog (which counts in seconds) has no use for.
-    """
-
-    EVERY = 1.0
+    """This rank's :class:`~ctrain.train.script.HeartbeatFile`, rewritten at each step, eval batch
+    and save, for the job's hang watchdog."""
 
     def __init__(self, directory: Path, rank: int) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"rank-{rank}"
-        self.partial = directory / f".rank-{rank}"
-        self.tail = f" {socket.gethostname()} {os.getpid()}\n"
-        self.last = -math.inf
+        self.file = HeartbeatFile(directory, rank)
 
     def beat(self, step: int) -> None:
-        self._write(str(step))
-        self.last = time.monotonic()
+        self.file.beat(step)
 
     def done(self) -> None:
         """This rank has finished (the watchdog stops expecting steps from it)."""
-        self._write("done")
-
-    def _write(self, first: str) -> None:
-        self.partial.write_text(f"{first}{self.tail}")
-        os.replace(self.partial, self.path)
+        self.file.done()
 
     def _progress(self, step: int) -> None:
-        if time.monotonic() - self.last >= self.EVERY:
-            self.beat(step)
+        self.file.progress(step)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._progress(state.global_step)

@@ -36,6 +36,7 @@ from ctrain.train.artifacts import (
 from ctrain.train.layout import batch_layout
 from ctrain.train.preflight import check_trainer_args, preflight, trainer_config_class
 from ctrain.train.recipe import RESUME_WORDS, Recipe, expand_path, signal_number
+from ctrain.train.script import HEARTBEAT_ENV
 
 log = logging.getLogger("ctrain.train")
 
@@ -44,7 +45,6 @@ PREPARED_KEY = "ctrain/prepared"
 # if rank 0 fails, so this only bounds a hang.
 PREPARE_WAIT = timedelta(days=2)
 # Where each rank reports its progress for the job's hang watchdog (sbatch/lib/ctrain.sh sets it).
-HEARTBEAT_ENV = "CTRAIN_HEARTBEATS"
 
 
 @dataclass

@@ -1,0 +1,149 @@
+"""What a training script of your own gets by opting in, when the sbatch scripts run it (``-- SCRIPT``).
+
+Without it a script still gets the image, the launch, the rendezvous, requeue at the time limit
+(Slurm's USR1 warning is passed to its processes) and the handling of a lost node or a killed rank.
+With it, a few lines give a script what a recipe run has:
+
+    from ctrain.train import script as ctrain_job
+
+    ctrain_job.start()                        # why this rank ends is recorded; USR1/TERM are caught
+    for step in range(start, steps):
+        train_one_step()
+        ctrain_job.beat(step)                 # the hang watchdog's heartbeat
+        if ctrain_job.stop_requested():       # a preemption signal reached any rank
+            save_checkpoint(step)
+            ctrain_job.exit_preempted()       # exit 75: the job is requeued and resumes
+    ctrain_job.finished()
+
+A transformers ``Trainer`` gets all of it from one line: ``trainer.add_callback(ctrain.train.hf.Callback())``.
+Stdlib only (torch is used when it is there, for the ranks' agreement), so it costs a script nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from ctrain.train import exits
+from ctrain.train.artifacts import PREEMPTED_EXIT_CODE
+
+HEARTBEAT_ENV = "CTRAIN_HEARTBEATS"
+SIGNALS = ("SIGUSR1", "SIGTERM")
+
+
+class HeartbeatFile:
+    """``DIRECTORY/rank-R`` ("STEP HOST PID"), rewritten as this rank makes progress, for the job's
+    watchdog (sbatch/lib/ctrain.sh), which ends the step when a rank goes silent.
+
+    Only the training loop beats, never a thread of its own, so a rank stuck in a collective goes
+    silent too. Written to a hidden file and renamed, so the watchdog never reads half a line.
+    Progress beats at most once every :attr:`EVERY` seconds: the directory is on the cluster's
+    shared filesystem, and 128 ranks renaming a file at every 200 ms step would be a metadata load
+    the watchdog (which counts in seconds) has no use for.
+    """
+
+    EVERY = 1.0
+
+    def __init__(self, directory: Path, rank: int) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"rank-{rank}"
+        self.partial = directory / f".rank-{rank}"
+        self.tail = f" {socket.gethostname()} {os.getpid()}\n"
+        self.last = -math.inf
+
+    def beat(self, step: int) -> None:
+        self._write(str(step))
+        self.last = time.monotonic()
+
+    def progress(self, step: int) -> None:
+        """A beat, unless one was written less than :attr:`EVERY` seconds ago."""
+        if time.monotonic() - self.last >= self.EVERY:
+            self.beat(step)
+
+    def done(self) -> None:
+        """This rank has finished (the watchdog stops expecting steps from it)."""
+        self._write("done")
+
+    def _write(self, first: str) -> None:
+        self.partial.write_text(f"{first}{self.tail}")
+        os.replace(self.partial, self.path)
+
+
+def heartbeat_file() -> HeartbeatFile | None:
+    """This rank's heartbeat file under the sbatch scripts (``$CTRAIN_HEARTBEATS``), else None."""
+    from ctrain.train.logs import rank_from_env
+
+    directory = os.environ.get(HEARTBEAT_ENV)
+    return HeartbeatFile(Path(directory), rank_from_env()) if directory else None
+
+
+def record_exits() -> None:
+    """Record why this rank ends (``CTRAIN_EXITS``) when an exception ends the script, then report it as Python does."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, trace: TracebackType | None) -> None:
+        exits.record(exc.with_traceback(trace))
+        previous(kind, exc, trace)
+
+    sys.excepthook = hook
+
+
+_state: dict[str, object] = {"received": 0, "heartbeat": None}
+
+
+def start(signals: tuple[str, ...] = SIGNALS) -> None:
+    """Opt in: record why this rank ends, catch the preemption signals, start the heartbeat."""
+    record_exits()
+    for name in signals:
+        signal.signal(getattr(signal, name), _received)
+    _state["heartbeat"] = heartbeat_file()
+
+
+def _received(number: int, frame: object) -> None:
+    _state["received"] = number
+
+
+def beat(step: int) -> None:
+    """This rank finished STEP (at most one write a second)."""
+    heartbeat = _state["heartbeat"]
+    if isinstance(heartbeat, HeartbeatFile):
+        heartbeat.progress(step)
+
+
+def stop_requested() -> bool:
+    """Whether a preemption signal reached any rank (all ranks get the same answer: call it on every
+    rank at the same point of each step, as it is a collective when torch.distributed is running)."""
+    mine = int(_state["received"])  # type: ignore[call-overload]
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return mine != 0
+    dist = torch.distributed
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    flag = torch.tensor([mine], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item()) != 0
+
+
+def exit_preempted() -> None:
+    """After the checkpoint, on every rank: wait for the others (so none is still writing when the
+    launcher ends them), then exit with the code that asks the batch script to requeue the job."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    exits.record(None, PREEMPTED_EXIT_CODE)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(PREEMPTED_EXIT_CODE)
+
+
+def finished() -> None:
+    """The run is over on this rank: the watchdog stops expecting steps from it."""
+    heartbeat = _state["heartbeat"]
+    if isinstance(heartbeat, HeartbeatFile):
+        heartbeat.done()
