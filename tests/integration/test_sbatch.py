@@ -7,6 +7,7 @@ requeue runs are short (a few steps each). Every job costs about a minute of sta
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -247,6 +248,61 @@ def test_time_limit_warning_requeues_and_resumes(project: Project, cpu_sif: Path
     assert resumed_steps and min(resumed_steps) > stopped, resumed_steps  # it went on, it did not start over
     assert "saved the final model and tokenizer to /outputs/requeue/final" in second
     assert (project.path / "outputs" / "requeue" / "final" / "config.json").is_file()
+
+
+# --- a training script of your own, through `ctrain submit -- SCRIPT` ---------------------------------
+
+
+def _losses(log: str) -> dict[str, float]:
+    """The per-step losses examples/train_clm.py prints at its end (rank 0, srun's label before it)."""
+    found = re.search(r"^\d+: losses (\{.*\})$", log, re.MULTILINE)
+    assert found, log[-6000:]
+    return json.loads(found[1])
+
+
+def test_own_trainer_script_checkpoints_at_the_warning_and_resumes_to_the_same_losses(project: Project,
+                                                                                      cpu_sif: Path) -> None:  # fmt: skip
+    """examples/train_clm.py (transformers' Trainer with ctrain's one-line callback), 2 nodes x 2
+    processes through `ctrain submit -- SCRIPT`: the time-limit warning makes every rank save the same
+    step and exit 75, the job is requeued, and the resumed run logs the losses of a run never warned."""
+    command = ("--", "examples/train_clm.py", "--max_steps", "80")
+    whole = submit(project, *command, "--output_dir", "/outputs/clm-whole", image=cpu_sif, nodes=2,
+                   job_name="clm-whole")  # fmt: skip
+    reference = _losses(finish(project, whole))
+    job_id = submit(project, *command, "--output_dir", "/outputs/clm", image=cpu_sif, nodes=2, job_name="clm")
+    beat = project.path / ".ctrain" / job_id / "heartbeat" / "rank-0"
+
+    def past_step_10() -> bool:
+        fields = beat.read_text().split() if beat.exists() else []
+        return bool(fields) and fields[0].isdigit() and int(fields[0]) >= 10
+
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not past_step_10():
+        assert time.monotonic() < deadline, project.log(job_id)[-6000:]
+        assert project.testbed.job_state(job_id) in ("PENDING", "RUNNING"), project.log(job_id)[-6000:]
+        time.sleep(0.5)
+    project.testbed.slurm.run(["scancel", "--batch", "--signal=USR1", job_id])
+    project.wait_for_log(job_id, r"^ctrain: requeueing job", timeout=600)
+    deadline = time.monotonic() + 120
+    while "Restarts=1" not in (record := project.testbed.slurm.run(["scontrol", "show", "job", "-o", job_id]).stdout):
+        assert time.monotonic() < deadline, record
+        time.sleep(1)
+    project.testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"])
+    log = finish(project, job_id)
+    first, _, second = log.partition("ctrain: requeueing job")
+    assert "your command: examples/train_clm.py --max_steps 80 --output_dir /outputs/clm " in first
+    assert "step exited with" in first and "after SIGUSR1" in first, first[-4000:]
+    assert "has not opted in" not in first  # its heartbeats said it would checkpoint
+    checkpoints = sorted(int(p.name.split("-")[1]) for p in (project.path / "outputs" / "clm").glob("checkpoint-*"))
+    assert len(checkpoints) == 1 and 10 <= checkpoints[0] < 80, checkpoints  # the step the ranks agreed on
+    assert "restart 1 on 2 node(s)" in second
+    resumed = _losses(second)
+    straddled = min(int(step) for step in reference if int(step) > checkpoints[0])
+    assert resumed.keys() == reference.keys()
+    for step, loss in reference.items():
+        if int(step) != straddled:  # that one's mean covers only the steps since the checkpoint
+            assert resumed[step] == pytest.approx(loss, rel=1e-3), (step, resumed, reference)
+    assert (project.path / "outputs" / "clm" / "final" / "config.json").is_file()
 
 
 # --- pyxis, to the boundary: the payload in the squashfs, through the pyxis double ----------------------

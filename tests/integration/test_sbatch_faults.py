@@ -7,6 +7,8 @@ training process per node).
 - A rank that stops making progress (SIGSTOP): the job's watchdog names it and ends the step
   within the configured budget.
 - A rank SIGKILLed on a live node: the step ends in seconds and the job is retried once, not twice.
+- A node lost under a plain DDP loop of the user's own (``-- examples/ddp_loop.py``, no ctrain import):
+  its step ends within a minute, as a recipe's does.
 - A NaN loss (a failure no retry changes): the ranks' own exit records say so and the job ends at
   the first run, with the rank's error line in the log and in ``ctrain status``.
 - A node lost (``Testbed.kill_node``: its slurmd and every process on it SIGKILLed): the batch
@@ -300,6 +302,31 @@ def test_lost_node_ends_the_step_within_a_minute(sbatch_project: Project, cpu_si
             "submit it again once node2 is back") in log  # fmt: skip
     assert state in ("FAILED", "NODE_FAIL"), f"job {job_id} ended {state}:\n{log[-6000:]}"
     assert restarts(project, job_id) == 0
+
+
+def test_a_lost_node_ends_a_plain_ddp_loop_of_your_own_within_a_minute(sbatch_project: Project,
+                                                                      cpu_sif: Path) -> None:  # fmt: skip
+    """examples/ddp_loop.py imports nothing of ctrain and writes no heartbeat: node2's loss is still
+    seen by the batch script (node1's launcher fails, node2 does not answer) and the step ends."""
+    project = sbatch_project
+    testbed = project.testbed
+    job_id = project.sbatch(f"--ntasks-per-node={PER_NODE}", "--job-name=ddp", "sbatch/apptainer_multinode.sbatch",
+                            "--", "examples/ddp_loop.py", "--steps", "1000000", "--step_seconds", "0.05",
+                            env={"IMAGE": str(cpu_sif)})  # fmt: skip
+    project.wait_for_log(job_id, r"^0: step 40/1000000 loss [0-9.]+ on 2 processes$", timeout=JOB_TIMEOUT)
+    try:
+        testbed.kill_node("node2")
+        killed = time.monotonic()
+        ended = wait_until("the step's end", lambda: "step exited with" in project.log(job_id), 90)
+        report("node2 killed under a plain DDP loop (-- SCRIPT): to the step's end", f"{ended - killed:.1f} s")
+    finally:
+        testbed.start_node("node2")
+    state = testbed.wait(job_id, timeout=120)
+    log = project.log(job_id)
+    assert "your command: examples/ddp_loop.py --steps 1000000 --step_seconds 0.05 (rendezvous " in log
+    assert ended - killed <= 60, log[-6000:]
+    assert "ctrain: failure: node lost: node2 (its launcher never ended and its slurmd does not answer)" in log
+    assert state in ("FAILED", "NODE_FAIL"), f"job {job_id} ended {state}:\n{log[-6000:]}"
 
 
 def test_lost_batch_host_is_decided_from_another_node(sbatch_project: Project, cpu_sif: Path) -> None:

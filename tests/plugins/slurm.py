@@ -96,12 +96,12 @@ class Project:
 
 @pytest.fixture(scope="session")
 def sbatch_project(testbed) -> Project:
-    """The project directory a user submits from: sbatch/, recipes/ and configs/ of this checkout."""
+    """The project directory a user submits from: sbatch/, recipes/, configs/ and examples/ of this checkout."""
     path = Path(testbed.shared_dir) / "sbatch-project"
     if path.exists():
         shutil.rmtree(path)
     path.mkdir()
-    for name in ("sbatch", "recipes", "configs"):
+    for name in ("sbatch", "recipes", "configs", "examples"):
         if (REPO / name).is_dir():
             shutil.copytree(REPO / name, path / name)
     (path / "logs").mkdir()
