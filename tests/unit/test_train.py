@@ -528,3 +528,24 @@ def test_shutdown_work_that_hangs_ends_the_process_with_the_outcome_and_says_whe
     assert result.stdout == "past the quick block\n"
     assert "ctrain: closing the process group has not finished after 1 s; " in result.stderr
     assert "(most recent call first)" in result.stderr and "line 7" in result.stderr, result.stderr
+
+
+def test_after_an_error_the_process_ends_without_freeing_what_it_kept() -> None:
+    """The error is reported as Python reports it, then the process ends with the cause's code and
+    never frees the kept objects (a DDP model's destructor can deadlock with gloo's threads)."""
+    program = (
+        "from ctrain.train.logs import exit_at_shutdown, keep_until_exit\n"
+        "class Model:\n"
+        "    def __del__(self):\n"
+        "        print('freed', flush=True)\n"
+        "keep_until_exit(Model())\n"
+        "exit_at_shutdown(3)\n"
+        "raise ValueError('shapes differ')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")},
+    )  # fmt: skip
+    assert result.returncode == 3
+    assert "Traceback" in result.stderr and "ValueError: shapes differ" in result.stderr
+    assert "freed" not in result.stdout

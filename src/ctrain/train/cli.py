@@ -57,7 +57,11 @@ def train(recipe: Path, overrides: tuple[str, ...], check: bool, world_size: int
 
         code = run(loaded)  # type: ignore[arg-type]
     except BaseException as exc:
-        exits.record(exc)  # for the batch script, which decides from it; the error itself goes on as before
+        from ctrain.train.logs import exit_at_shutdown, keep_until_exit
+
+        ended = exits.record(exc)  # for the batch script, which decides from it
+        keep_until_exit(exc)  # its frames hold the trainer: see keep_until_exit
+        exit_at_shutdown(ended.code)  # after the error is reported as before
         raise
     exits.record(None, code)
     from ctrain.train.logs import exit_process

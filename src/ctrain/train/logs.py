@@ -186,6 +186,38 @@ def deadline(what: str, code: int, seconds: float = SHUTDOWN_SECONDS) -> Iterato
         timer.cancel()
 
 
+#: What must not be freed before the process ends (:func:`keep_until_exit`).
+_KEPT: list[object] = []
+
+
+def keep_until_exit(*objects: object) -> None:
+    """Keep OBJECTS (a trainer, an exception and its frames) alive until the process ends.
+
+    Freeing a DDP model frees its reducer and with it the last reference to gloo's process group,
+    whose destructor joins gloo's worker threads while holding the GIL; a worker that is just
+    freeing a finished collective's tensors needs the GIL for that, and both wait for ever (seen in
+    CI: a 2-process run hung after it had finished, at the return from ``run``). ``ctrain train``
+    ends through ``os._exit`` (:func:`exit_process`, :func:`exit_at_shutdown`), so what is kept
+    here is never freed at all.
+    """
+    _KEPT.extend(objects)
+
+
+def exit_at_shutdown(code: int) -> None:
+    """End the process with CODE from an atexit handler, once the error has been reported, skipping
+    the interpreter's teardown (which would free what :func:`keep_until_exit` kept)."""
+    import atexit
+
+    def end() -> None:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+
+    atexit.register(end)
+
+
 def exit_process(code: int) -> None:
     """Exit with CODE once Python's own exit work is done, skipping the C++ teardown after it.
 

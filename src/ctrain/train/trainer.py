@@ -383,6 +383,23 @@ def openmp_defaults() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def _release_training_memory(trainer: Any) -> None:
+    """Give back the optimizer's state and the gradients once training is over. The model itself
+    stays (:func:`logs.keep_until_exit`: freeing a DDP model can deadlock with gloo's threads)."""
+    import gc
+
+    import torch
+
+    optimizer = getattr(trainer, "optimizer", None)
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.state.clear()
+    trainer.model.zero_grad(set_to_none=True)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run(recipe: Recipe) -> int:
     """Train the recipe in this process (one of the launcher's processes); returns the exit code."""
     openmp_defaults()
@@ -487,6 +504,7 @@ def run(recipe: Recipe) -> int:
         heartbeat = Heartbeat(Path(os.environ[HEARTBEAT_ENV]), rank)
         callbacks.append(heartbeat)
     trainer = build_trainer(recipe, layout, args, model, data, callbacks)
+    logs.keep_until_exit(trainer)  # never freed: the process ends through os._exit (see keep_until_exit)
     progress = Progress(
         output_dir, world, rank, peak_tflops(recipe.training.peak_tflops), recipe.logging.memory, run_id
     )
@@ -550,7 +568,7 @@ def run(recipe: Recipe) -> int:
         from ctrain.train.evaluate import evaluate, summary
 
         step = trainer.state.global_step
-        del trainer, model  # the evaluation loads the saved model: the training copy's memory goes back
+        _release_training_memory(trainer)  # the evaluation loads the saved model
         log.info("evaluating the final %s on the held-out examples (eval.after_training)",
                  "adapter" if recipe.peft.enabled else "model")  # fmt: skip
         beat = None if heartbeat is None else (lambda: heartbeat.beat(step))
