@@ -217,15 +217,9 @@ def test_launcher_on_two_nodes(launcher: str, project: Project, cpu_sif: Path) -
 # --- the time-limit warning: checkpoint, requeue, resume, finish -------------------------------------
 
 
-def test_time_limit_warning_requeues_and_resumes(project: Project, cpu_sif: Path) -> None:
-    # Long enough (under a minute on 2 cores) to be warned mid-run; saves only when warned. One
-    # process per node: the warning goes to each node's launcher, however many processes it runs.
-    steps = ("training.max_steps=150", "training.logging_steps=10", "training.save_steps=1000",
-             "training.output_dir=/outputs/requeue")  # fmt: skip
-    job_id = project.sbatch("--ntasks-per-node=1", "--job-name=requeue", "sbatch/apptainer_multinode.sbatch", DEMO,
-                            *steps, env={"IMAGE": str(cpu_sif)})  # fmt: skip
-    project.wait_for_log(job_id, r"step [1-9]\d+/150, loss", timeout=JOB_TIMEOUT)
-    # What `#SBATCH --signal=B:USR1@300` does near the time limit: USR1 to the batch shell only.
+def warn_and_release(project: Project, job_id: str) -> None:
+    """What `#SBATCH --signal=B:USR1@300` does near the time limit (USR1 to the batch shell only), then
+    wait for the batch script's requeue and let the requeued job start as soon as it can."""
     project.testbed.slurm.run(["scancel", "--batch", "--signal=USR1", job_id])
     project.wait_for_log(job_id, r"^ctrain: requeueing job", timeout=600)
     deadline = time.monotonic() + 120
@@ -235,6 +229,17 @@ def test_time_limit_warning_requeues_and_resumes(project: Project, cpu_sif: Path
     # Slurm holds a requeued job back (about two minutes): let it start once the old job's
     # credential has expired; starting it sooner gets "Job credential revoked" and the job fails.
     project.testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"])
+
+
+def test_time_limit_warning_requeues_and_resumes(project: Project, cpu_sif: Path) -> None:
+    # Long enough (under a minute on 2 cores) to be warned mid-run; saves only when warned. One
+    # process per node: the warning goes to each node's launcher, however many processes it runs.
+    steps = ("training.max_steps=150", "training.logging_steps=10", "training.save_steps=1000",
+             "training.output_dir=/outputs/requeue")  # fmt: skip
+    job_id = project.sbatch("--ntasks-per-node=1", "--job-name=requeue", "sbatch/apptainer_multinode.sbatch", DEMO,
+                            *steps, env={"IMAGE": str(cpu_sif)})  # fmt: skip
+    project.wait_for_log(job_id, r"step [1-9]\d+/150, loss", timeout=JOB_TIMEOUT)
+    warn_and_release(project, job_id)
     log = finish(project, job_id)
     first, _, second = log.partition("ctrain: requeueing job")
     stopped = int(re.search(r"saving a complete checkpoint at step (\d+)", first).group(1))
@@ -281,13 +286,7 @@ def test_own_trainer_script_checkpoints_at_the_warning_and_resumes_to_the_same_l
         assert time.monotonic() < deadline, project.log(job_id)[-6000:]
         assert project.testbed.job_state(job_id) in ("PENDING", "RUNNING"), project.log(job_id)[-6000:]
         time.sleep(0.5)
-    project.testbed.slurm.run(["scancel", "--batch", "--signal=USR1", job_id])
-    project.wait_for_log(job_id, r"^ctrain: requeueing job", timeout=600)
-    deadline = time.monotonic() + 120
-    while "Restarts=1" not in (record := project.testbed.slurm.run(["scontrol", "show", "job", "-o", job_id]).stdout):
-        assert time.monotonic() < deadline, record
-        time.sleep(1)
-    project.testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"])
+    warn_and_release(project, job_id)
     log = finish(project, job_id)
     first, _, second = log.partition("ctrain: requeueing job")
     assert "your command: examples/train_clm.py --max_steps 80 --output_dir /outputs/clm " in first

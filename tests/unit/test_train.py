@@ -481,6 +481,14 @@ def test_preemption_handler_survives_a_native_library_taking_the_signal() -> Non
         preemption.restore()
 
 
+def python_program(program: str) -> subprocess.CompletedProcess[str]:
+    """PROGRAM run by this Python with this checkout's ctrain, as its own process."""
+    return subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")},
+    )  # fmt: skip
+
+
 def test_exit_process_runs_exit_handlers_flushes_and_keeps_the_code(tmp_path: Path) -> None:
     """``ctrain train`` ends through exit_process: nothing Python would do at exit may be lost."""
     marker = tmp_path / "atexit-ran"
@@ -495,10 +503,7 @@ def test_exit_process_runs_exit_handlers_flushes_and_keeps_the_code(tmp_path: Pa
         "exit_process(75)\n"
         "print('never reached')\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")},
-    )  # fmt: skip
+    result = python_program(program)
     assert result.returncode == 75, result.stderr
     assert result.stdout == "buffered, no newline"
     assert "logged line" in result.stderr
@@ -519,10 +524,7 @@ def test_shutdown_work_that_hangs_ends_the_process_with_the_outcome_and_says_whe
         "print('never reached')\n"
     )
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")},
-    )  # fmt: skip
+    result = python_program(program)
     assert result.returncode == 75, result.stderr
     assert time.monotonic() - started < 30
     assert result.stdout == "past the quick block\n"
@@ -542,10 +544,7 @@ def test_after_an_error_the_process_ends_without_freeing_what_it_kept() -> None:
         "exit_at_shutdown(3)\n"
         "raise ValueError('shapes differ')\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")},
-    )  # fmt: skip
+    result = python_program(program)
     assert result.returncode == 3
     assert "Traceback" in result.stderr and "ValueError: shapes differ" in result.stderr
     assert "freed" not in result.stdout
