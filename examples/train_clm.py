@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -57,7 +58,9 @@ def main() -> None:
     )  # fmt: skip
     trainer = Trainer(model=model, args=training_args, train_dataset=Counting(4096, 32, vocab),
                       callbacks=[Callback()])  # ctrain  # fmt: skip
-    trainer.train(resume_from_checkpoint=get_last_checkpoint(args.output_dir))
+    # Resume from the newest checkpoint, after a requeue (the directory is made by rank 0's Trainer).
+    last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+    trainer.train(resume_from_checkpoint=last)
     if trainer.is_world_process_zero():
         losses = {entry["step"]: entry["loss"] for entry in trainer.state.log_history if "loss" in entry}
         print("losses " + json.dumps(losses), flush=True)

@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "train_clm.py"
-STEPS = 60
+STEPS = 100
 
 pytestmark = [pytest.mark.integration]
 
@@ -49,14 +49,14 @@ def test_a_signalled_script_checkpoints_exits_75_and_resumes_to_the_same_losses(
     first = start(run / "out", run)
     beat = run / "beats" / "rank-0"
     deadline = time.monotonic() + 300
-    while not (beat.exists() and beat.read_text().split()[0].isdigit() and int(beat.read_text().split()[0]) >= 15):
-        assert first.poll() is None and time.monotonic() < deadline, "no heartbeat past step 15"
-        time.sleep(0.1)
+    while not beat.exists():  # its first step is done
+        assert first.poll() is None and time.monotonic() < deadline, "no heartbeat"
+        time.sleep(0.02)
     first.send_signal(signal.SIGTERM)  # as Slurm sends it at a requeue or preemption
     log = first.communicate(timeout=300)[0]
     assert first.returncode == 75, log[-3000:]
     checkpoints = sorted(int(p.name.split("-")[1]) for p in (run / "out").glob("checkpoint-*"))
-    assert len(checkpoints) == 1 and 15 <= checkpoints[0] < STEPS, checkpoints
+    assert len(checkpoints) == 1 and 1 <= checkpoints[0] < STEPS, checkpoints
     assert (run / "exits" / "rank-0").read_text().startswith("75 preempted retry ")
     assert not (run / "out" / "final").exists()  # the script's own final save never ran
 

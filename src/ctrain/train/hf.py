@@ -2,7 +2,8 @@
 
     from ctrain.train.hf import Callback
     trainer = Trainer(..., callbacks=[Callback()])      # or trainer.add_callback(Callback())
-    trainer.train(resume_from_checkpoint=get_last_checkpoint(training_args.output_dir))
+    last = get_last_checkpoint(training_args.output_dir) if os.path.isdir(training_args.output_dir) else None
+    trainer.train(resume_from_checkpoint=last)
 
 It gives the script what a recipe run has: a preemption signal (Slurm's USR1 warning before the
 time limit, its TERM at a requeue or preemption) on any rank makes every rank save a checkpoint of
