@@ -288,8 +288,9 @@ def test_own_trainer_script_checkpoints_at_the_warning_and_resumes_to_the_same_l
     assert "your command: examples/train_clm.py --max_steps 80 --output_dir /outputs/clm " in first
     assert "step exited with" in first and "after SIGUSR1" in first, first[-4000:]
     assert "has not opted in" not in first  # its heartbeats said it would checkpoint
+    # The step the ranks agreed on, and the Trainer's own save at the last step (of the resumed run).
     checkpoints = sorted(int(p.name.split("-")[1]) for p in (project.path / "outputs" / "clm").glob("checkpoint-*"))
-    assert len(checkpoints) == 1 and 1 <= checkpoints[0] < 80, checkpoints  # the step the ranks agreed on
+    assert len(checkpoints) == 2 and 1 <= checkpoints[0] < 80 and checkpoints[1] == 80, checkpoints
     assert "restart 1 on 2 node(s)" in second
     resumed = _losses(second)
     straddled = min(int(step) for step in reference if int(step) > checkpoints[0])
