@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import resource
 import signal
-import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -23,7 +21,6 @@ from transformers import TrainerCallback
 from ctrain.errors import NonFiniteTraining
 from ctrain.train import checkpoint
 from ctrain.train.artifacts import METRICS_FILE, PREEMPTED_EXIT_CODE
-from ctrain.train.logs import deadline
 from ctrain.train.script import HeartbeatFile
 
 log = logging.getLogger("ctrain.train")
@@ -57,22 +54,6 @@ def barrier() -> None:
     dist = _distributed()
     if dist is not None:
         dist.barrier()
-
-
-def close_process_group(code: int = 0) -> None:
-    """End the process group on an orderly exit, while the interpreter is still whole.
-
-    Left to interpreter shutdown, gloo's worker threads can outlive the objects they hold and the
-    process aborts ("terminate called without an active exception", SIGABRT) after a run that
-    succeeded, and torchrun reports the run as failed. Only for exits every rank reaches together
-    (after a barrier): on an error another rank may still be inside a collective. Closing can
-    itself stay blocked in a backend thread (pytorch#75097); past :data:`logs.SHUTDOWN_SECONDS`
-    the rank exits with CODE, the outcome it had already reached.
-    """
-    dist = _distributed()
-    if dist is not None:
-        with deadline("closing the process group", code):
-            dist.destroy_process_group()
 
 
 def peak_tflops(configured: float | None) -> float | None:

@@ -19,10 +19,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ctrain.train import exits, script
-from ctrain.train.artifacts import PREEMPTED_EXIT_CODE
-from ctrain.train.callbacks import Preemption, close_process_group
-from ctrain.train.logs import exit_process
+from ctrain.train import script
+from ctrain.train.callbacks import Preemption
 
 
 class Callback(TrainerCallback):
@@ -51,14 +49,9 @@ class Callback(TrainerCallback):
         if self.heartbeat is not None:
             self.heartbeat.beat(state.global_step)
         if self.preemption is not None and self.preemption.stopped_at == state.global_step:
-            # The checkpoint of the agreed step is written: every rank waits for the others, then
-            # ends with the requeue code (the rest of the script, a final save say, must not run).
-            from ctrain.train.callbacks import barrier
-
-            barrier()
-            exits.record(None, PREEMPTED_EXIT_CODE)
-            close_process_group(PREEMPTED_EXIT_CODE)
-            exit_process(PREEMPTED_EXIT_CODE)
+            # The checkpoint of the agreed step is written: end with the requeue code (the rest of
+            # the script, a final save say, must not run).
+            script.exit_preempted()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.heartbeat is not None:

@@ -29,9 +29,11 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from ctrain.train import exits
 from ctrain.train.artifacts import PREEMPTED_EXIT_CODE
+from ctrain.train.logs import deadline, exit_process
 
 HEARTBEAT_ENV = "CTRAIN_HEARTBEATS"
 SIGNALS = ("SIGUSR1", "SIGTERM")
@@ -120,26 +122,52 @@ def stop_requested() -> bool:
     """Whether a preemption signal reached any rank (all ranks get the same answer: call it on every
     rank at the same point of each step, as it is a collective when torch.distributed is running)."""
     mine = int(_state["received"])  # type: ignore[call-overload]
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
+    dist = process_group()
+    if dist is None:
         return mine != 0
-    dist = torch.distributed
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    flag = torch.tensor([mine], device=device)
+    import torch
+
+    flag = torch.tensor([mine], device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return int(flag.item()) != 0
 
 
 def exit_preempted() -> None:
     """After the checkpoint, on every rank: wait for the others (so none is still writing when the
-    launcher ends them), then exit with the code that asks the batch script to requeue the job."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
+    launcher ends them), record it, close the process group, and exit with the code that asks the
+    batch script to requeue the job."""
+    dist = process_group()
+    if dist is not None:
+        dist.barrier()
     exits.record(None, PREEMPTED_EXIT_CODE)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(PREEMPTED_EXIT_CODE)
+    close_process_group(PREEMPTED_EXIT_CODE)
+    exit_process(PREEMPTED_EXIT_CODE)
+
+
+def process_group() -> Any:
+    """``torch.distributed`` while this process is in a process group, else None (torch is not imported here)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return None
+    return torch.distributed
+
+
+def close_process_group(code: int = 0) -> None:
+    """End the process group on an orderly exit, while the interpreter is still whole.
+
+    Left to interpreter shutdown, gloo's worker threads can outlive the objects they hold and the
+    process aborts ("terminate called without an active exception", SIGABRT) after a run that
+    succeeded, and torchrun reports the run as failed. Only for exits every rank reaches together
+    (after a barrier): on an error another rank may still be inside a collective. Closing can
+    itself stay blocked in a backend thread (pytorch#75097); past :data:`logs.SHUTDOWN_SECONDS`
+    the rank exits with CODE, the outcome it had already reached.
+    """
+    dist = process_group()
+    if dist is not None:
+        with deadline("closing the process group", code):
+            dist.destroy_process_group()
+
+
 
 
 def finished() -> None:

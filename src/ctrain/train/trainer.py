@@ -36,7 +36,7 @@ from ctrain.train.artifacts import (
 from ctrain.train.layout import batch_layout
 from ctrain.train.preflight import check_trainer_args, preflight, trainer_config_class
 from ctrain.train.recipe import RESUME_WORDS, Recipe, expand_path, signal_number
-from ctrain.train.script import HEARTBEAT_ENV
+from ctrain.train.script import HEARTBEAT_ENV, close_process_group
 
 log = logging.getLogger("ctrain.train")
 
@@ -448,7 +448,6 @@ def run(recipe: Recipe) -> int:
         Progress,
         StopAtMaxSteps,
         barrier,
-        close_process_group,
         peak_tflops,
     )
     from ctrain.train.model import (
