@@ -22,7 +22,9 @@
 #              image cache; torch.compile's caches in the project's .cache; each rank's own exit
 #              record decides, so a NaN loss, a recipe error or an exception in the training code
 #              ends the job at once instead of costing a retry
-CTRAIN_LIB_VERSION=2
+#   version 3: one decision per run, made once (the run's states: CTRAIN_LIFE); a batch host that dies
+#              slowly, or a step that fails with no cause, is decided and named instead of left silent
+CTRAIN_LIB_VERSION=3
 
 # --- settings -------------------------------------------------------------------------------------
 
@@ -137,6 +139,8 @@ ctrain_allocation() {
     [[ -n ${SLURM_JOB_ID:-} && -n ${SLURM_NNODES:-} && -n ${SLURM_JOB_NODELIST:-} ]] ||
         ctrain_die "no Slurm allocation here: submit this script with sbatch (or run it inside salloc)"
     CTRAIN_NNODES=$SLURM_NNODES
+    # The node this batch script runs on: lost, it takes the script with it (ctrain_sentinel).
+    CTRAIN_BATCH_HOST=${SLURMD_NODENAME:-$(uname -n)}
     # One worker per GPU on the node; without GPUs one per task Slurm placed on the node
     # (SLURM_TASKS_PER_NODE looks like "2(x3),1": the first node's count).
     if [[ ${SLURM_GPUS_ON_NODE:-0} -gt 0 ]]; then
@@ -424,6 +428,7 @@ ctrain_run() {
     [[ -z $CTRAIN_IMAGE_ENTRY ]] || ctrain_image_cache
     "${CTRAIN_SRUN[@]}" &
     CTRAIN_STEP_PID=$!
+    ctrain_transition launched
     local watchdog= guard alive= sentinel=
     if ((CTRAIN_NNODES > 1)); then
         ctrain_alive &
@@ -441,7 +446,7 @@ ctrain_run() {
     trap 'ctrain_forward USR1' USR1
     # Preemption and scancel send TERM to every process of the job themselves: keep waiting
     # for the workers' checkpoint instead of dying first.
-    trap 'CTRAIN_SIGNAL=TERM' TERM
+    trap 'CTRAIN_SIGNAL=TERM; ctrain_transition terminated' TERM
     local rc
     while :; do
         wait "$CTRAIN_STEP_PID"
@@ -453,12 +458,11 @@ ctrain_run() {
     kill "$guard" 2>/dev/null
     local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS
     echo "ctrain: step exited with $rc${CTRAIN_SIGNAL:+ after SIG$CTRAIN_SIGNAL}"
-    ctrain_decide "$dir" "$rc"
+    ctrain_decide "$dir" "$rc" exited
     # The sentinel watches until the decision is made: a batch host lost while deciding is still seen.
     if [[ -n $sentinel ]]; then
         kill "$alive" 2>/dev/null
         wait "$alive" 2>/dev/null
-        echo stop >"$dir/batch-alive"
         ctrain_stop "$sentinel"
     fi
     rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_PIDS"
@@ -466,6 +470,71 @@ ctrain_run() {
     [[ -n $CTRAIN_REQUEUED ]] || rm -f "$CTRAIN_PROJECT_DIR/.ctrain/$SLURM_JOB_ID.retried"
     rmdir "$CTRAIN_PROJECT_DIR/.ctrain" 2>/dev/null
     return "$rc"
+}
+
+# --- the run's life -------------------------------------------------------------------------------
+#
+# One run (one start of the job) moves through these states; ctrain_transition EVENT is the only
+# writer of CTRAIN_PIDS/state ("RESTART STATE"), and an event the table has no entry for, from the
+# current state, changes nothing and fails with a line saying so. Who sends each event:
+#   launched     ctrain_run, once the training step's srun started
+#   warned       ctrain_forward: Slurm's USR1 before the time limit, passed to the workers
+#   terminated   ctrain_run's TERM trap: Slurm's TERM (scancel, scontrol requeue, preemption)
+#   ending       ctrain_guard (a launcher failed, a node does not answer), ctrain_hung (a hang)
+#   exited       ctrain_decide in the batch script, after the step's srun exited
+#   batch-gone   ctrain_decide in the sentinel: the batch script is gone (its host lost, or the job
+#                left RUNNING) before it decided
+#   requeued, left (Slurm's TERM: Slurm decides), finished, ended   ctrain_decide's outcome
+# The decided states (requeued, left, finished, ended) have no way out: a second decider (the
+# sentinel after the batch script, or the reverse) is refused, so the job's fate is decided once.
+# docs/architecture.md draws the table; a unit test walks every entry.
+# A node dying slowly (out of memory, a failing disk) loses its processes over seconds, in any order,
+# while its slurmd may answer until the last: a failure that nothing explains is attributed to a node
+# only after this many seconds (ctrain_decide, ctrain_sentinel).
+CTRAIN_SETTLE=3
+
+declare -A CTRAIN_LIFE=(
+    [starting:launched]=running
+    [running:warned]=running
+    [running:terminated]=terminating
+    [running:ending]=ending
+    [running:exited]=deciding
+    [running:batch-gone]=deciding
+    [ending:warned]=ending
+    [ending:terminated]=terminating
+    [ending:ending]=ending
+    [ending:exited]=deciding
+    [ending:batch-gone]=deciding
+    [terminating:warned]=terminating
+    [terminating:terminated]=terminating
+    [terminating:ending]=terminating
+    [terminating:exited]=deciding
+    [deciding:batch-gone]=deciding
+    [deciding:requeued]=requeued
+    [deciding:left]=left
+    [deciding:finished]=finished
+    [deciding:ended]=ended
+)
+
+# ctrain_state: this run's state (starting before any transition, or when the file is another run's).
+ctrain_state() {
+    local run state
+    read -r run state <"$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/state" 2>/dev/null &&
+        [[ $run == "${SLURM_RESTART_COUNT:-0}" && -n $state ]] || state=starting
+    echo "$state"
+}
+
+# ctrain_transition EVENT: move this run along CTRAIN_LIFE, or fail (nothing changed) where the
+# table has no entry for EVENT from the current state.
+ctrain_transition() {
+    local file=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/state state next
+    state=$(ctrain_state)
+    next=${CTRAIN_LIFE[$state:$1]-}
+    if [[ -z $next ]]; then
+        echo "ctrain: the run is $state: '$1' is not one of its transitions (CTRAIN_LIFE); nothing done"
+        return 1
+    fi
+    echo "${SLURM_RESTART_COUNT:-0} $next" >"$file.$BASHPID" && mv -f "$file.$BASHPID" "$file"
 }
 
 # ctrain_failed_node DIR: "EXIT-CODE HOST" of the node whose launcher failed first (an exit code
@@ -478,22 +547,43 @@ ctrain_failed_node() {
     done < <(ls -1tr "$1"/node-*.done 2>/dev/null)
 }
 
-# ctrain_decide DIR RC: after the step (srun exited RC), the job's fate, from what the step left
-# in DIR (CTRAIN_PIDS) and the signal this shell got, most specific cause first: a lost node
-# (ctrain_guard's `lost`): requeue without it; a rank's own record that a retry cannot help
-# (ctrain_rank_exit): end; a hang (the watchdog's `hung`) or a launcher that failed on a live node:
-# retry once; else requeue when the run or Slurm's warning asked for it. One `ctrain: failure:`
-# line names the cause; CTRAIN_REQUEUED says whether the job was requeued.
+# ctrain_decide DIR RC EVENT: the run's fate, decided once, by the batch script after the step
+# (EVENT exited: srun exited RC) or by the sentinel in its place (batch-gone), from what the step left
+# in DIR (CTRAIN_PIDS) and the signal the batch script got; most specific cause first:
+#   a lost node (ctrain_guard's or the sentinel's `lost`, or, after a step that failed with no
+#   rank's record to explain it, a node that does not answer CTRAIN_SETTLE seconds later): requeue
+#   without it;
+#   a rank's own record that a retry cannot help (ctrain_rank_exit): end;
+#   a hang (the watchdog's `hung`), a launcher that failed on a live node, or a failed step that
+#   nothing explains: retry once;
+#   else requeue when the run or Slurm's warning asked for it.
+# One `ctrain: failure:` line names the cause. The run's state (ctrain_transition) makes it once: a
+# second decider finds the run decided, or deciding on a live host, and does nothing.
 ctrain_decide() {
-    local dir=$1 rc=$2 hung= lost= failed final
+    local dir=$1 rc=$2 event=$3 hung= lost= failed final nodes=() outcome
+    ctrain_transition "$event" || return 0
     [[ ! -e $dir/hung ]] || hung=1
-    [[ ! -e $dir/lost ]] || lost=$(<"$dir/lost")
+    [[ ! -e $dir/lost ]] || lost=$(sort -u "$dir/lost" | paste -sd' ')
     failed=$(ctrain_failed_node "$dir")
     final=$(ctrain_rank_exit "$dir/exit")
     CTRAIN_REQUEUED=
+    if [[ -z $lost && -z $final && $rc != 0 && $rc != "$CTRAIN_REQUEUE_EXIT" && $CTRAIN_SIGNAL != TERM ]]; then
+        # A node dying slowly takes its processes in any order (a launcher, this step's srun, the
+        # guard) while its slurmd may still answer: after CTRAIN_SETTLE seconds every node is asked.
+        sleep "$CTRAIN_SETTLE"
+        mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+        lost=$(ctrain_unanswered "${nodes[@]}" | paste -sd' ')
+    fi
     if [[ -n $lost ]]; then
-        echo "ctrain: failure: node lost: $lost (its launcher never ended and its slurmd does not answer)"
+        echo "ctrain: failure: node lost: $lost (${CTRAIN_LOST_WHY:-its launcher never ended and its slurmd does not answer})"
+        # shellcheck disable=SC2086 # one word per node
         ctrain_requeue_without $lost
+        # The job's end cannot reach Slurm from a lost batch host (or from a sentinel's decision):
+        # without the scancel it would stay RUNNING until Slurm declares the node dead.
+        if [[ -z $CTRAIN_REQUEUED && " $lost " == *" $CTRAIN_BATCH_HOST "* ]] && { ctrain_job_is RUNNING || ctrain_job_is PENDING; }; then
+            echo "ctrain: ending job $SLURM_JOB_ID (scancel): its batch script was lost with $CTRAIN_BATCH_HOST"
+            scancel "$SLURM_JOB_ID"
+        fi
     elif [[ -n $final && -z $CTRAIN_SIGNAL ]]; then
         local rank code cause host message
         read -r rank code cause host message <<<"$final"
@@ -506,9 +596,59 @@ ctrain_decide() {
         echo "ctrain: failure: a rank failed on a live node: ${failed#* }'s launcher exited with ${failed%% *}" \
             "first (a rank killed, e.g. out of memory, or an error in the training code)"
         ctrain_retry_once
+    elif [[ $rc != 0 && $rc != "$CTRAIN_REQUEUE_EXIT" && -z $CTRAIN_SIGNAL ]]; then
+        echo "ctrain: failure: the training step ended with $rc and no node or rank said why (its srun or" \
+            "launchers were killed, e.g. out of memory); every node answers"
+        ctrain_retry_once
     else
         ctrain_requeue_if_asked "$rc"
     fi
+    if [[ -n $CTRAIN_REQUEUED ]]; then
+        outcome=requeued
+    elif [[ $CTRAIN_SIGNAL == TERM ]]; then
+        outcome=left
+    elif [[ $rc == 0 && -z $lost ]]; then
+        outcome=finished
+    else
+        outcome=ended
+    fi
+    ctrain_transition "$outcome"
+}
+
+# ctrain_unreported DIR: the hosts of the job whose launcher has not reported its end (no node-N.done).
+ctrain_unreported() {
+    local hosts=() node
+    mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    for node in "${!hosts[@]}"; do
+        [[ -e $1/node-$node.done ]] || echo "${hosts[node]}"
+    done
+}
+
+# ctrain_unanswered NODE...: the nodes whose slurmd does not answer, asked all at once. While the
+# job runs: a short step on each (10 s). Once Slurm has ended or requeued it (the sentinel, after
+# the batch script died before deciding): a connection to the node's slurmd port (5 s).
+ctrain_unanswered() {
+    local nodes=("$@") probes=() node port= addr
+    if ! ctrain_job_is RUNNING; then
+        port=$(scontrol show config | sed -n 's/^SlurmdPort *= *\([0-9]*\)$/\1/p')
+    fi
+    for node in "${nodes[@]}"; do
+        if [[ -z $port ]]; then
+            timeout --signal=KILL 10 srun --overlap --nodes=1 --ntasks=1 --nodelist="$node" true >/dev/null 2>&1 &
+        else
+            addr=$(scontrol show node -o "$node" | grep -o 'NodeAddr=[^ ]*')
+            timeout --signal=KILL 5 bash -c ': <>"/dev/tcp/$0/$1"' "${addr#NodeAddr=}" "$port" >/dev/null 2>&1 &
+        fi
+        probes+=($!)
+    done
+    for node in "${!nodes[@]}"; do
+        wait "${probes[node]}" || echo "${nodes[node]}"
+    done
+}
+
+# ctrain_job_is STATE: whether Slurm has the job in STATE (RUNNING, PENDING, ...).
+ctrain_job_is() {
+    [[ $(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) == *"JobState=$1 "* ]]
 }
 
 # ctrain_rank_exit DIR: "RANK CODE CAUSE HOST MESSAGE" of the first rank (by time) whose own record
@@ -534,33 +674,24 @@ ctrain_rank_exit() {
 # CTRAIN_PIDS/lost, for ctrain_run), and the step is ended: SIGKILL to what is left of it, then
 # to srun. A step whose launchers have all ended is left alone (Apptainer may still be cleaning up).
 ctrain_guard() {
-    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS failed= since node
-    local hosts=() missing=() probes=() lost=()
-    mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS failed= since
+    local missing=() lost=()
     while [[ -z $failed ]]; do
         sleep 1
         failed=$(ctrain_failed_node "$dir")
     done
     since=$SECONDS
     while :; do
-        missing=()
-        for node in "${!hosts[@]}"; do
-            [[ -e $dir/node-$node.done ]] || missing+=("${hosts[node]}")
-        done
+        mapfile -t missing < <(ctrain_unreported "$dir")
         ((${#missing[@]} > 0)) || return 0
         ((SECONDS - since < CTRAIN_STEP_GRACE)) || break
         sleep 1
     done
-    for node in "${missing[@]}"; do
-        timeout --signal=KILL 10 srun --overlap --nodes=1 --ntasks=1 --nodelist="$node" true >/dev/null 2>&1 &
-        probes+=($!)
-    done
-    for node in "${!missing[@]}"; do
-        wait "${probes[node]}" || lost+=("${missing[node]}")
-    done
+    mapfile -t lost < <(ctrain_unanswered "${missing[@]}")
     echo "ctrain: ${failed#* }'s launcher exited with ${failed%% *}; ${CTRAIN_STEP_GRACE}s later" \
         "${missing[*]} had not ended${lost[*]:+, and ${lost[*]} does not answer}: ending the step"
     ((${#lost[@]} == 0)) || echo "${lost[*]}" >"$dir/lost"
+    ctrain_transition ending
     ctrain_end_step
 }
 
@@ -574,6 +705,13 @@ ctrain_alive() {
         sleep 2
     done
 }
+
+# What ctrain_sentinel runs on its node, which has only what ctrain_sentinel_step sends (`declare -f`).
+CTRAIN_SENTINEL_NEEDS=(
+    ctrain_sentinel ctrain_state ctrain_transition ctrain_decide ctrain_unreported ctrain_unanswered ctrain_job_is
+    ctrain_failed_node ctrain_rank_exit ctrain_kill_step ctrain_requeue_without ctrain_requeue ctrain_retry_once
+    ctrain_requeue_if_asked
+)
 
 # ctrain_sentinel_step (in the background, beside the training step): ctrain_sentinel on one other
 # node, on the host (not in the container: it needs Slurm's commands). The batch script decides
@@ -592,36 +730,32 @@ ctrain_sentinel_step() {
     log=$(readlink -f /proc/$$/fd/1 2>/dev/null)
     [[ -f $log ]] || log=
     local code
-    code="$(declare -p CTRAIN_PROJECT_DIR CTRAIN_PIDS CTRAIN_NNODES CTRAIN_MAX_REQUEUES CTRAIN_STEP_GRACE)
-$(declare -f ctrain_sentinel ctrain_sentinel_current ctrain_requeue_without ctrain_kill_step)
+    code="$(declare -p CTRAIN_PROJECT_DIR CTRAIN_PIDS CTRAIN_NNODES CTRAIN_MAX_REQUEUES CTRAIN_STEP_GRACE \
+        CTRAIN_REQUEUE_EXIT CTRAIN_BATCH_HOST CTRAIN_LIFE CTRAIN_SETTLE)
+$(declare -f "${CTRAIN_SENTINEL_NEEDS[@]}")
+CTRAIN_SIGNAL=
 ctrain_sentinel \"\$@\""
     [[ -z $log ]] || exec >/dev/null 2>&1 # srun's own lines (the step's end) would only be noise
     # shellcheck disable=SC2016 # expanded by the step's shell
-    exec srun --overlap --nodes=1 --ntasks=1 --exclude="$SLURMD_NODENAME" bash -c '
+    exec srun --overlap --nodes=1 --ntasks=1 --exclude="$CTRAIN_BATCH_HOST" bash -c '
         pid=$( (setsid bash -c "$0" "$@" </dev/null >/dev/null 2>&1 & echo $!) )
-        while kill -0 "$pid" 2>/dev/null; do sleep 1; done' "$code" ctrain-sentinel "$SLURMD_NODENAME" "$log"
+        while kill -0 "$pid" 2>/dev/null; do sleep 1; done' "$code" ctrain-sentinel "$CTRAIN_BATCH_HOST" "$log"
 }
 
-# ctrain_sentinel_current RESTARTS: whether the job is still RUNNING the run that started the
-# sentinel (not ended, not requeued since).
-ctrain_sentinel_current() {
-    local record
-    record=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) || return 1
-    [[ $record == *"JobState=RUNNING "* && $record == *" Restarts=$1 "* ]]
-}
-
-# ctrain_sentinel BATCH-HOST LOG: watch the batch host's heartbeat from another node. When it has
-# not changed for CTRAIN_STEP_GRACE seconds and the batch host's slurmd does not answer a short
-# step either, the batch host is lost: decide as the batch script would (ctrain_requeue_without),
-# and when the job cannot be requeued without it, end the job (scancel) so that it neither holds
-# the other nodes until Slurm notices nor waits, requeued by Slurm, for the lost node.
-# "stop" in the heartbeat file: the batch script is ending the sentinel. Slurm also ends the
-# sentinel's step when the batch host dies (its srun ran there): a TERM while the job is still
-# RUNNING and the heartbeat has not said "stop" means just that, so the batch host is asked at once
-# instead of after the grace, and the decision comes well before the SIGKILL that follows KillWait
-# seconds later (30 by default). A batch host that answers keeps its sentinel watching.
+# ctrain_sentinel BATCH-HOST LOG: decide in the batch script's place when it cannot. It watches the
+# batch host's heartbeat from another node, and the run's state. The batch host is lost when its
+# heartbeat has not changed for CTRAIN_STEP_GRACE seconds, or Slurm ended the sentinel's step (its
+# srun ran there: a TERM while the run is undecided means just that, so the batch host is asked at
+# once, well before the SIGKILL KillWait seconds later), and its slurmd does not answer either.
+# A batch host that dies slowly may also take the batch script first while its slurmd still
+# reports the death: Slurm then ends the job (FAILED) or requeues it with no decision made; an
+# undecided run whose job left RUNNING is decided here as well. Either way ctrain_decide makes the
+# decision, so it is the batch script's own: requeued without the lost node where the partition has
+# enough other nodes, else ended (scancel), so that the job neither holds the other nodes until
+# Slurm notices nor waits, requeued by Slurm, for the lost node. It ends itself once the run is
+# decided (by either of them) or its directory is gone.
 ctrain_sentinel() {
-    local batch=$1 log=$2 file=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/batch-alive beat last= seen=$SECONDS termed= why
+    local batch=$1 log=$2 dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS beat last= seen=$SECONDS termed= why state record
     local restarts=${SLURM_RESTART_COUNT:-0}
     [[ -z $log ]] || exec >>"$log" 2>&1
     trap 'termed=1' TERM
@@ -629,10 +763,29 @@ ctrain_sentinel() {
         sleep 1 &
         wait $!
         # The batch script removes the directory when its run ends; a requeued run makes it anew.
-        [[ -d ${file%/*} ]] || return 0
-        beat=$(cat "$file" 2>/dev/null)
-        [[ $beat != stop ]] || return 0
-        if [[ -n $termed ]]; then
+        [[ -d $dir ]] || return 0
+        state=$(ctrain_state)
+        case $state in
+            running | ending | deciding) ;;
+            *) return 0 ;; # decided, Slurm's TERM (Slurm decides), or a later run's
+        esac
+        beat=$(cat "$dir/batch-alive" 2>/dev/null)
+        record=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) || continue # slurmctld restarting: wait
+        if [[ $record != *"JobState=RUNNING "*" Restarts=$restarts "* ]]; then
+            # Slurm ended or requeued the job, and the run is undecided: the batch script is gone,
+            # maybe the first of its node's processes to go.
+            sleep "$CTRAIN_SETTLE"
+            if [[ -n $(ctrain_unanswered "$batch") ]]; then
+                why="the job left RUNNING undecided"
+                break
+            fi
+            # A run that is deciding may have requeued the job itself; it is alive.
+            [[ $state != deciding ]] || return 0
+            echo "ctrain: the batch script on $batch ended before it decided (the job left RUNNING);" \
+                "deciding from $(uname -n)"
+            ctrain_decide "$dir" 137 batch-gone
+            return
+        elif [[ -n $termed ]]; then
             termed=
             why="Slurm ended the sentinel's step, whose srun ran there,"
         elif [[ $beat != "$last" ]]; then
@@ -643,24 +796,15 @@ ctrain_sentinel() {
         else
             continue
         fi
-        ctrain_sentinel_current "$restarts" || return 0
-        { timeout --signal=KILL 10 srun --overlap --nodes=1 --ntasks=1 --nodelist="$batch" true; } >/dev/null 2>&1 ||
-            break
+        [[ -z $(ctrain_unanswered "$batch") ]] || break
         last=$beat seen=$SECONDS # the batch host answers: only its heartbeat was late
     done
-    ctrain_sentinel_current "$restarts" || return 0 # the run ended while the batch host was asked
-    echo "ctrain: failure: node lost: $batch, the batch host ($why and its slurmd does not answer;" \
-        "seen from $(uname -n))"
+    echo "$batch" >>"$dir/lost"
+    CTRAIN_LOST_WHY="the batch host: $why and its slurmd does not answer; seen from $(uname -n)"
     # What is left of the training step goes at once (SIGKILL): a rank waiting on the lost node in a
     # collective would otherwise outlive the decision by up to KillWait seconds, or longer.
     ctrain_kill_step
-    CTRAIN_REQUEUED=
-    ctrain_requeue_without "$batch"
-    if [[ -z $CTRAIN_REQUEUED ]]; then
-        echo "ctrain: ending job $SLURM_JOB_ID (scancel): its batch script was lost with $batch"
-        rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_PIDS"
-        scancel "$SLURM_JOB_ID"
-    fi
+    ctrain_decide "$dir" 137 batch-gone
 }
 
 # ctrain_stop PID: end a background srun (TERM, then KILL after 2 s: with a node gone, srun may wait).
@@ -753,6 +897,7 @@ ctrain_hung() {
         echo "ctrain: hang: every rank is alive but none finishes a step: a collective that some rank never joined?"
     fi
     echo "$*" >"$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/hung"
+    ctrain_transition ending
     ctrain_on_nodes 'pkill -KILL -P "$(cat "$1/$(uname -n).pid")"' "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS"
 }
 
@@ -765,6 +910,7 @@ ctrain_hung() {
 # the job is requeued now, and the next run starts from the script's own last checkpoint.
 ctrain_forward() {
     CTRAIN_SIGNAL=$1
+    ctrain_transition warned
     echo "ctrain: SIG$1 (time limit near): passing it to the training processes on every node"
     ctrain_on_nodes 'pkill -"$2" -P "$(cat "$1/$(uname -n).pid")"' "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS" "$1"
     if ((${#CTRAIN_COMMAND[@]} > 0)) && ! compgen -G "$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS/rank-*" >/dev/null; then
@@ -886,7 +1032,21 @@ ctrain_requeue_if_asked() {
         return 0
     fi
     echo "ctrain: requeueing job $SLURM_JOB_ID (restart $((restarts + 1))); it resumes from the last checkpoint"
-    scontrol requeue "$SLURM_JOB_ID" && CTRAIN_REQUEUED=1
+    ctrain_requeue
+}
+
+# ctrain_requeue [EXCLUDED]: requeue the job (once Slurm has requeued it, as after a node failure, only
+# its excluded nodes change), with EXCLUDED as its ExcNodeList; sets CTRAIN_REQUEUED. A requeue TERMs
+# this shell, which is ignored until the decision is recorded (Slurm's SIGKILL comes KillWait
+# seconds later); only a pending job's ExcNodeList can change, so it is set after the requeue.
+ctrain_requeue() {
+    trap '' TERM
+    if ctrain_job_is PENDING || scontrol requeue "$SLURM_JOB_ID"; then
+        if [[ -z ${1-} ]] || scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$1"; then
+            CTRAIN_REQUEUED=1
+        fi
+    fi
+    trap - TERM
 }
 
 # ctrain_retry_once: a rank failed or hung on a node that is still up (killed by the kernel for
@@ -902,7 +1062,7 @@ ctrain_retry_once() {
     else
         : >"$marker"
         echo "ctrain: requeueing job $SLURM_JOB_ID once (restart $((restarts + 1))); it resumes from the last checkpoint"
-        scontrol requeue "$SLURM_JOB_ID" && CTRAIN_REQUEUED=1
+        ctrain_requeue
     fi
 }
 
@@ -930,15 +1090,8 @@ ctrain_requeue_without() {
     else
         echo "ctrain: requeueing job $SLURM_JOB_ID (restart $((restarts + 1))) without $excluded" \
             "(ExcNodeList); it resumes from the last checkpoint once Slurm has let go of the lost node"
-        # Only a pending job's ExcNodeList can change, and the requeue TERMs this shell: ignore it
-        # until the update is in (Slurm's SIGKILL comes KillWait seconds later).
-        trap '' TERM
-        if scontrol requeue "$SLURM_JOB_ID" && scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$excluded"; then
-            CTRAIN_REQUEUED=1
-        else
-            echo "ctrain: requeueing without $excluded failed (above)"
-        fi
-        trap - TERM
+        ctrain_requeue "$excluded"
+        [[ -n $CTRAIN_REQUEUED ]] || echo "ctrain: requeueing without $excluded failed (above)"
     fi
 }
 

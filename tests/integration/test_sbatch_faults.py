@@ -346,7 +346,7 @@ def test_lost_batch_host_is_decided_from_another_node(sbatch_project: Project, c
         killed = time.monotonic()
         gone = wait_until("node2's ranks to end", lambda: not any(map(alive, survivors)), 60,
                           detail=lambda: f"{[host.proc_info(pid) for pid in survivors]}\n{project.log(job_id)[-3000:]}")
-        lost = wait_until("the sentinel", lambda: "node lost: node1, the batch host" in project.log(job_id), 90)
+        lost = wait_until("the sentinel", lambda: "node lost: node1 (the batch host" in project.log(job_id), 90)
         decided = wait_until("the decision", lambda: "not requeueing" in project.log(job_id), 30)
         ended = wait_until("the job's end", lambda: testbed.job_state(job_id) != "RUNNING", 60, every=0.5)
         report("node1 (batch host) killed: processes killed", str(count))
@@ -360,9 +360,10 @@ def test_lost_batch_host_is_decided_from_another_node(sbatch_project: Project, c
     log = project.log(job_id)
     assert decided - killed <= 60, log[-6000:]
     # Which sign came first: Slurm ending the sentinel's step (its srun ran on node1) or the heartbeat's grace.
-    assert re.search(r"ctrain: failure: node lost: node1, the batch host \((Slurm ended the sentinel's step, whose "
+    assert re.search(r"ctrain: failure: node lost: node1 \(the batch host: (Slurm ended the sentinel's step, whose "
                      r"srun ran there,|no heartbeat for 10s) and its slurmd does not answer; seen from node2\)",
                      log), log[-6000:]  # fmt: skip
+    assert log.count("ctrain: failure:") == 1, log[-6000:]
     assert ("not requeueing: partition debug has 1 node(s) in service besides node1, the job needs 2; "
             "submit it again once node1 is back") in log  # fmt: skip
     assert f"ctrain: ending job {job_id} (scancel): its batch script was lost with node1" in log
@@ -370,7 +371,7 @@ def test_lost_batch_host_is_decided_from_another_node(sbatch_project: Project, c
     assert restarts(project, job_id) == 0
     assert not (project.path / ".ctrain" / job_id).exists()
     status = CliRunner().invoke(main, ["status", job_id])
-    assert f"job {job_id}: failure: node lost: node1, the batch host" in status.output, status.output
+    assert f"job {job_id}: failure: node lost: node1 (the batch host" in status.output, status.output
     assert f"job {job_id}: not requeueing: partition debug has 1 node(s)" in status.output, status.output
 
 

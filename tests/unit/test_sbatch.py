@@ -457,7 +457,10 @@ def fake_slurm(tmp_path: Path, slurm_conf: Path) -> Path:
         "scontrol": f"""echo "scontrol $*" >>"$FAKE/calls.log"
 case "$1 $2" in
     "show hostnames" | "show hostlist") exec {real} "$@" ;;
-    "show job") echo "JobId=4242 ExcNodeList=$(cat "$FAKE/excluded" 2>/dev/null || echo '(null)') Restarts=0" ;;
+    "show job") echo "JobId=4242 JobState=$(cat "$FAKE/jobstate" 2>/dev/null || echo RUNNING) Restarts=0" \
+        "ExcNodeList=$(cat "$FAKE/excluded" 2>/dev/null || echo '(null)')" ;;
+    "show config") echo "SlurmdPort              = $(cat "$FAKE/port")" ;;
+    "show node") echo "NodeName=$4 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=$4" ;;
 esac""",
         "sinfo": 'echo "sinfo $*" >>"$FAKE/calls.log"; cat "$FAKE/sinfo"',
         "scancel": 'echo "scancel $*" >>"$FAKE/calls.log"',
@@ -477,7 +480,8 @@ def library(fake: Path, commands: str, slurm_conf: Path, **env: str) -> subproce
     base = {"PATH": f"{fake / 'bin'}:{os.environ['PATH']}", "FAKE": str(fake), "SLURM_CONF": str(slurm_conf),
             "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[001-002]", "SLURM_JOB_PARTITION": "p",
             "CTRAIN_NNODES": "2", "CTRAIN_MAX_REQUEUES": "10", "CTRAIN_REQUEUE_EXIT": "75",
-            "CTRAIN_PROJECT_DIR": str(fake), "CTRAIN_PIDS": "pids", "CTRAIN_STEP_GRACE": "1"}  # fmt: skip
+            "CTRAIN_PROJECT_DIR": str(fake), "CTRAIN_PIDS": "pids", "CTRAIN_STEP_GRACE": "1",
+            "CTRAIN_BATCH_HOST": "gpu001"}  # fmt: skip
     return subprocess.run(["bash", "-c", f'source "$0"; {commands}', LIB], env={**base, **env}, cwd=fake,
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
 
@@ -529,6 +533,7 @@ def _step_left(fake: Path, done: dict[int, str], records: dict[int, str]) -> Non
     """What a step leaves for ctrain_decide: node-N.done files and the ranks' exit records, oldest first."""
     pids = fake / "pids"
     (pids / "exit").mkdir(parents=True)
+    (pids / "state").write_text("0 running\n")
     (fake / ".ctrain").mkdir()
     stamp = time.time() - 100
     for node, line in done.items():
@@ -546,7 +551,7 @@ def test_a_ranks_own_record_that_a_retry_cannot_help_ends_the_job(fake_slurm: Pa
     _step_left(fake_slurm, {0: "1 gpu001", 1: "1 gpu002"},
                {1: "1 peer retry gpu001 RuntimeError: Connection reset by peer",
                 3: "65 nonfinite end gpu002 step 5: loss nan; lower training.learning_rate"})  # fmt: skip
-    out = library(fake_slurm, 'ctrain_decide pids 1; echo "requeued=$CTRAIN_REQUEUED"', slurm_conf).stdout
+    out = library(fake_slurm, 'ctrain_decide pids 1 exited; echo "requeued=$CTRAIN_REQUEUED"', slurm_conf).stdout
     assert out.splitlines() == [
         "ctrain: failure: rank 3 on gpu002 ended with 65 (nonfinite): step 5: loss nan; lower training.learning_rate",
         "ctrain: not requeueing: a nonfinite failure repeats on a retry; fix it and submit again",
@@ -559,7 +564,7 @@ def test_records_that_a_retry_can_help_leave_the_retry_once(fake_slurm: Path, sl
     """A peer's failed collective and a rank killed without a record: the failed rank is retried once."""
     _step_left(fake_slurm, {0: "1 gpu001", 1: "137 gpu002"},
                {0: "1 peer retry gpu001 RuntimeError: Connection reset by peer", 1: "0 done end gpu001"})  # fmt: skip
-    out = library(fake_slurm, "ctrain_decide pids 1", slurm_conf).stdout
+    out = library(fake_slurm, "ctrain_decide pids 1 exited", slurm_conf).stdout
     assert "ctrain: failure: a rank failed on a live node: gpu001's launcher exited with 1 first" in out
     assert "ctrain: requeueing job 4242 once (restart 1)" in out
     assert calls(fake_slurm, "scontrol requeue") == ["scontrol requeue 4242"]
@@ -570,7 +575,7 @@ def test_a_lost_node_outranks_the_records_of_the_ranks_it_took_down(fake_slurm: 
     _step_left(fake_slurm, {0: "1 gpu001"}, {0: "1 exception end gpu001 ValueError: odd batch after the loss"})
     (fake_slurm / "pids" / "lost").write_text("gpu002\n")
     (fake_slurm / "sinfo").write_text("gpu001 alloc\ngpu002 alloc\ngpu003 idle\n")
-    out = library(fake_slurm, "ctrain_decide pids 137", slurm_conf).stdout
+    out = library(fake_slurm, "ctrain_decide pids 137 exited", slurm_conf).stdout
     assert out.startswith("ctrain: failure: node lost: gpu002 ")
     assert "ctrain: requeueing job 4242 (restart 1) without gpu002 (ExcNodeList)" in out
     assert "ended with" not in out
@@ -580,7 +585,7 @@ def test_a_ranks_message_is_printed_never_run(fake_slurm: Path, slurm_conf: Path
     """The record is a file every rank can write: its words reach the log as text, not as shell."""
     hostile = "exception end gpu002 $(touch pwned) `touch pwned2` ; touch pwned3 \\ \"'"
     _step_left(fake_slurm, {1: "1 gpu002"}, {1: f"1 {hostile}"})
-    out = library(fake_slurm, "ctrain_decide pids 1", slurm_conf).stdout
+    out = library(fake_slurm, "ctrain_decide pids 1 exited", slurm_conf).stdout
     assert "ended with 1 (exception): $(touch pwned) `touch pwned2` ; touch pwned3 \\ \"'" in out, out
     assert not list(fake_slurm.glob("pwned*"))
 
@@ -588,7 +593,7 @@ def test_a_ranks_message_is_printed_never_run(fake_slurm: Path, slurm_conf: Path
 def test_after_slurms_term_the_records_do_not_decide(fake_slurm: Path, slurm_conf: Path) -> None:
     """TERM came from Slurm (scancel, requeue, preemption): Slurm decides, whatever a rank recorded."""
     _step_left(fake_slurm, {0: "1 gpu001"}, {0: "1 exception end gpu001 KeyError: 'x'"})
-    out = library(fake_slurm, "CTRAIN_SIGNAL=TERM; ctrain_decide pids 1", slurm_conf).stdout
+    out = library(fake_slurm, "CTRAIN_SIGNAL=TERM; ctrain_decide pids 1 exited", slurm_conf).stdout
     assert "ended with" not in out and "SIGTERM came from Slurm" in out
 
 
@@ -608,6 +613,163 @@ def test_the_warning_requeues_at_once_a_command_that_cannot_checkpoint(fake_slur
         out = library(fake_slurm, commands.format(setup), slurm_conf).stdout
         assert "passing it to the training processes" in out and "requeued=\n" in out, out
     assert not calls(fake_slurm, "scontrol requeue")
+
+
+# --- a run's life: the states, the one decision ------------------------------------------------------
+
+DECIDED = {"requeued", "left", "finished", "ended"}
+
+
+def _life_in_the_library() -> dict[tuple[str, str], str]:
+    out = subprocess.run(["bash", "-c", 'source "$0"; for k in "${!CTRAIN_LIFE[@]}"; do echo "$k ${CTRAIN_LIFE[$k]}"; done',
+                          LIB], capture_output=True, text=True, check=True).stdout  # fmt: skip
+    table = {}
+    for line in out.splitlines():
+        key, to = line.split()
+        state, event = key.split(":")
+        table[(state, event)] = to
+    return table
+
+
+def _life_in_the_docs() -> dict[tuple[str, str], str]:
+    text = (REPO / "docs" / "architecture.md").read_text().split("## A run's life")[1].split("\n## ")[0]
+    rows = re.findall(r"^\| ([a-z-]+) \| ([a-z-]+) \| ([a-z-]+) \| .+ \|$", text, re.MULTILINE)
+    return {(state, event): to for state, event, to in rows[2:]}  # (the header and its rule first)
+
+
+def test_the_runs_life_is_the_documented_table_and_every_run_can_end() -> None:
+    """docs/architecture.md's table is the library's; the decided states have no way out (so a second
+    decider is refused); every state is reachable from `starting`, and every undecided one after
+    `launched` can reach a decision."""
+    table = _life_in_the_library()
+    assert table == _life_in_the_docs()
+    states = {s for s, _ in table} | set(table.values())
+    assert DECIDED <= states and not {s for s, _ in table} & DECIDED
+
+    def reachable(start: str) -> set[str]:
+        seen, todo = {start}, [start]
+        while todo:
+            here = todo.pop()
+            for (state, _), to in table.items():
+                if state == here and to not in seen:
+                    seen.add(to)
+                    todo.append(to)
+        return seen
+
+    assert reachable("starting") == states
+    for state in states - DECIDED - {"starting"}:
+        assert reachable(state) & DECIDED, state
+
+
+def test_every_transition_and_every_refusal(tmp_path: Path) -> None:
+    """Each row moves the state file to its target; each other (state, event) pair is refused with a
+    line that names both, and leaves the file as it was. A state file of another run counts as
+    `starting`."""
+    table = _life_in_the_library()
+    states = sorted({s for s, _ in table} | set(table.values()))
+    events = sorted({e for _, e in table})
+    cases = [(state, event) for state in states for event in events]
+    script = 'source "$0"; while read -r state event; do echo "$SLURM_RESTART_COUNT $state" >pids/state; ' \
+             'out=$(ctrain_transition "$event"); echo "$state $event $? $(<pids/state) | $out"; done'
+    (tmp_path / "pids").mkdir()
+    result = subprocess.run(["bash", "-c", script, LIB], input="".join(f"{s} {e}\n" for s, e in cases),
+                            env={"PATH": os.environ["PATH"], "CTRAIN_PROJECT_DIR": str(tmp_path), "CTRAIN_PIDS": "pids",
+                                 "SLURM_RESTART_COUNT": "3"}, cwd=tmp_path, capture_output=True, text=True,
+                            check=True)  # fmt: skip
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(cases)
+    for (state, event), line in zip(cases, lines, strict=True):
+        if (state, event) in table:
+            assert line == f"{state} {event} 0 3 {table[state, event]} | ", line
+        else:
+            assert line == (f"{state} {event} 1 3 {state} | ctrain: the run is {state}: '{event}' is not one of its "
+                            f"transitions (CTRAIN_LIFE); nothing done"), line  # fmt: skip
+    (tmp_path / "pids" / "state").write_text("2 deciding\n")  # the run before this one
+    out = subprocess.run(["bash", "-c", 'source "$0"; ctrain_state; ctrain_transition launched; ctrain_state', LIB],
+                         env={"PATH": os.environ["PATH"], "CTRAIN_PROJECT_DIR": str(tmp_path), "CTRAIN_PIDS": "pids",
+                              "SLURM_RESTART_COUNT": "3"}, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert out.splitlines() == ["starting", "running"]
+
+
+def test_a_decided_run_is_not_decided_again(fake_slurm: Path, slurm_conf: Path) -> None:
+    """The batch script requeued the job; the sentinel, deciding late, is refused and touches nothing."""
+    _step_left(fake_slurm, {}, {})
+    (fake_slurm / "pids" / "state").write_text("0 requeued\n")
+    (fake_slurm / "dead").write_text("gpu001\ngpu002\n")
+    out = library(fake_slurm, "ctrain_decide pids 137 batch-gone; echo rc=$?", slurm_conf).stdout
+    assert out.splitlines() == ["ctrain: the run is requeued: 'batch-gone' is not one of its transitions (CTRAIN_LIFE); "
+                                "nothing done", "rc=0"]  # fmt: skip
+    assert not calls(fake_slurm, "scontrol requeue") and not calls(fake_slurm, "srun") and not calls(fake_slurm, "scancel")
+
+
+def test_a_step_that_failed_with_no_cause_asks_every_node(fake_slurm: Path,
+                                                                             slurm_conf: Path) -> None:  # fmt: skip
+    """The batch host dying slowly: srun killed (137), no launcher reported, no record, no guard. The
+    decision asks both nodes after CTRAIN_SETTLE; gpu001 (the batch host) does not answer, so it is the lost node, and
+    with too few nodes left the job is ended by scancel (its end could not reach Slurm otherwise)."""
+    _step_left(fake_slurm, {}, {})
+    (fake_slurm / "dead").write_text("gpu001\n")
+    (fake_slurm / "sinfo").write_text("gpu001 alloc\ngpu002 alloc\n")
+    out = library(fake_slurm, "ctrain_decide pids 137 exited; ctrain_state", slurm_conf).stdout
+    assert out.splitlines() == [
+        "ctrain: failure: node lost: gpu001 (its launcher never ended and its slurmd does not answer)",
+        "ctrain: not requeueing: partition p has 1 node(s) in service besides gpu001, the job needs 2; submit it "
+        "again once gpu001 is back (sinfo -n gpu001), or on fewer nodes; it resumes from the last checkpoint",
+        "ctrain: ending job 4242 (scancel): its batch script was lost with gpu001",
+        "ended",
+    ]
+    assert sorted(c.split("--nodelist=")[1].split()[0] for c in calls(fake_slurm, "srun")) == ["gpu001", "gpu002"]
+    assert calls(fake_slurm, "scancel") == ["scancel 4242"]
+
+
+def test_a_step_that_failed_with_no_cause_on_live_nodes_is_retried_once(fake_slurm: Path, slurm_conf: Path) -> None:
+    """Every node answers and nothing says why the step failed: never silent, retried once."""
+    _step_left(fake_slurm, {}, {})
+    out = library(fake_slurm, "ctrain_decide pids 137 exited; ctrain_state", slurm_conf).stdout
+    assert out.splitlines() == [
+        "ctrain: failure: the training step ended with 137 and no node or rank said why (its srun or launchers were "
+        "killed, e.g. out of memory); every node answers",
+        "ctrain: requeueing job 4242 once (restart 1); it resumes from the last checkpoint",
+        "requeued",
+    ]
+
+
+def test_the_sentinel_decides_a_job_slurm_ended_before_its_batch_script_decided(fake_slurm: Path,
+                                                                               slurm_conf: Path) -> None:  # fmt: skip
+    """Slurm already requeued the job (PENDING, restart 1) with the run undecided, and the batch
+    host's slurmd port refuses connections: the sentinel names the batch host, and, the partition
+    having another node, only sets the excluded node of the job Slurm requeued."""
+    _step_left(fake_slurm, {}, {})
+    (fake_slurm / "jobstate").write_text("PENDING")
+    (fake_slurm / "sinfo").write_text("gpu001 down*\ngpu002 idle\ngpu003 idle\n")
+    with socket.socket() as closed:  # a port nobody listens on: what a dead slurmd's port does
+        closed.bind(("127.0.0.1", 0))
+        (fake_slurm / "port").write_text(str(closed.getsockname()[1]))
+    started = time.monotonic()
+    out = library(fake_slurm, "ctrain_sentinel gpu001 ''; ctrain_state", slurm_conf).stdout
+    assert time.monotonic() - started < 15
+    lines = out.splitlines()
+    assert re.fullmatch(r"ctrain: failure: node lost: gpu001 \(the batch host: the job left RUNNING undecided and "
+                        r"its slurmd does not answer; seen from \S+\)", lines[0]), out  # fmt: skip
+    assert lines[1:] == ["ctrain: requeueing job 4242 (restart 1) without gpu001 (ExcNodeList); it resumes from the "
+                         "last checkpoint once Slurm has let go of the lost node", "requeued"]  # fmt: skip
+    assert not calls(fake_slurm, "scontrol requeue")
+    assert calls(fake_slurm, "scontrol update") == ["scontrol update JobId=4242 ExcNodeList=gpu001"]
+    assert not calls(fake_slurm, "scancel 4242")
+
+
+def test_the_sentinel_leaves_a_decided_run_and_slurms_term_alone(fake_slurm: Path, slurm_conf: Path) -> None:
+    """The job left RUNNING, but the run was decided (or Slurm's TERM came: Slurm decides): the
+    sentinel ends at once, saying and doing nothing."""
+    for state in ("finished", "requeued", "terminating"):
+        _step_left(fake_slurm, {}, {})
+        (fake_slurm / "pids" / "state").write_text(f"0 {state}\n")
+        (fake_slurm / "jobstate").write_text("COMPLETED")
+        out = library(fake_slurm, "ctrain_sentinel gpu001 ''; echo rc=$?", slurm_conf).stdout
+        assert out.splitlines() == ["rc=0"], (state, out)
+        assert not calls(fake_slurm, "scontrol requeue") and not calls(fake_slurm, "scancel")
+        shutil.rmtree(fake_slurm / "pids")
+        shutil.rmtree(fake_slurm / ".ctrain")
 
 
 def test_guard_ends_the_step_and_names_the_node_that_does_not_answer(fake_slurm: Path, slurm_conf: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import random
 import re
 import shlex
 import shutil
@@ -256,19 +257,24 @@ class Testbed:
                 return node
         raise CtrainError(f"the testbed has no node {name!r} (nodes: {', '.join(n.name for n in self.nodes)})")
 
-    def kill_node(self, name: str) -> int:
+    def kill_node(self, name: str, *, over: float = 0, seed: int = 0) -> int:
         """Lose a node as a power cut or a kernel panic loses it: its slurmd and every process in its
         network namespace (steps, containers, workers) stopped at once, then SIGKILLed, nothing told
-        first, Slurm included (:func:`ctrain.testbed.host.kill_netns_now`).
+        first, Slurm included (:func:`ctrain.testbed.host.kill_netns_now`). With ``over`` seconds,
+        the node dies slowly instead: its processes, slurmd among them, SIGKILLed one at a time in an
+        order drawn from ``seed`` (:func:`ctrain.testbed.host.kill_netns_slowly`).
 
         Returns how many processes died. :meth:`start_node` brings the node back.
         """
         node = self._node(name)
         daemon = self._daemons(self._state()).get(f"slurmd-{name}")
         ours = daemon is not None and host.is_ours(daemon, self.marker)
-        if ours:
-            os.kill(daemon.pid, signal.SIGSTOP)
-        count = host.kill_netns_now(node.netns)
+        if over > 0:
+            count = host.kill_netns_slowly(node.netns, over, random.Random(seed))
+        else:
+            if ours:
+                os.kill(daemon.pid, signal.SIGSTOP)
+            count = host.kill_netns_now(node.netns)
         if ours and host.is_ours(daemon, self.marker):  # in the namespace, it is gone already
             os.kill(daemon.pid, signal.SIGKILL)
         return count

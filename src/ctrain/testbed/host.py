@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import shutil
 import signal
 import stat
@@ -223,6 +224,26 @@ def kill_netns_now(name: str, timeout: float = 5) -> int:
             _signal(pid, signal.SIGKILL)
         killed.update(pids)
         time.sleep(0.05)
+    return len(killed)
+
+
+def kill_netns_slowly(name: str, seconds: float, rng: random.Random, timeout: float = 10) -> int:
+    """SIGKILL the namespace's processes one at a time, in random order, spread over ``seconds``.
+
+    How a node often dies in practice (an out-of-memory cascade, a failing disk, a job's processes
+    killed one by one): the ones left alive see the others go and act on it, in whatever order the
+    deaths came. Processes started meanwhile are killed too. Returns how many were killed.
+    """
+    start = time.monotonic()
+    killed: set[int] = set()
+    while pids := sorted(pid for pid in netns_pids(name) if _alive(pid)):
+        if time.monotonic() > start + seconds + timeout:
+            raise CtrainError(f"process(es) {', '.join(map(str, pids))} in {name} still alive after SIGKILL")
+        pid = rng.choice(pids)
+        _signal(pid, signal.SIGKILL)
+        killed.add(pid)
+        left = start + seconds - time.monotonic()
+        time.sleep(max(left, 0) / len(pids) if left > 0 else 0.01)
     return len(killed)
 
 
