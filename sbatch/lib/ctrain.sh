@@ -572,7 +572,8 @@ ctrain_decide() {
         # guard) while its slurmd may still answer: after CTRAIN_SETTLE seconds every node is asked.
         sleep "$CTRAIN_SETTLE"
         mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-        lost=$(ctrain_unanswered "${nodes[@]}" | paste -sd' ')
+        ctrain_probe "${nodes[@]}"
+        lost=${CTRAIN_UNANSWERED[*]}
     fi
     if [[ -n $lost ]]; then
         echo "ctrain: failure: node lost: $lost (${CTRAIN_LOST_WHY:-its launcher never ended and its slurmd does not answer})"
@@ -624,11 +625,14 @@ ctrain_unreported() {
     done
 }
 
-# ctrain_unanswered NODE...: the nodes whose slurmd does not answer, asked all at once. While the
-# job runs: a short step on each (10 s). Once Slurm has ended or requeued it (the sentinel, after
-# the batch script died before deciding): a connection to the node's slurmd port (5 s).
-ctrain_unanswered() {
+# ctrain_probe NODE...: CTRAIN_UNANSWERED, the nodes whose slurmd does not answer, asked all at once.
+# While the job runs: a short step on each (10 s). Once Slurm has ended or requeued it (the sentinel,
+# after the batch script died before deciding): a connection to the node's slurmd port (5 s). The
+# answer is an array, not output: on a dying node a command substitution's subshell can be killed
+# and return nothing, which would read as "every node answers"; a probe killed counts as no answer.
+ctrain_probe() {
     local nodes=("$@") probes=() node port= addr
+    CTRAIN_UNANSWERED=()
     if ! ctrain_job_is RUNNING; then
         port=$(scontrol show config | sed -n 's/^SlurmdPort *= *\([0-9]*\)$/\1/p')
     fi
@@ -642,7 +646,7 @@ ctrain_unanswered() {
         probes+=($!)
     done
     for node in "${!nodes[@]}"; do
-        wait "${probes[node]}" || echo "${nodes[node]}"
+        wait "${probes[node]}" || CTRAIN_UNANSWERED+=("${nodes[node]}")
     done
 }
 
@@ -687,7 +691,8 @@ ctrain_guard() {
         ((SECONDS - since < CTRAIN_STEP_GRACE)) || break
         sleep 1
     done
-    mapfile -t lost < <(ctrain_unanswered "${missing[@]}")
+    ctrain_probe "${missing[@]}"
+    lost=("${CTRAIN_UNANSWERED[@]}")
     echo "ctrain: ${failed#* }'s launcher exited with ${failed%% *}; ${CTRAIN_STEP_GRACE}s later" \
         "${missing[*]} had not ended${lost[*]:+, and ${lost[*]} does not answer}: ending the step"
     ((${#lost[@]} == 0)) || echo "${lost[*]}" >"$dir/lost"
@@ -708,27 +713,33 @@ ctrain_alive() {
 
 # What ctrain_sentinel runs on its node, which has only what ctrain_sentinel_step sends (`declare -f`).
 CTRAIN_SENTINEL_NEEDS=(
-    ctrain_sentinel ctrain_state ctrain_transition ctrain_decide ctrain_unreported ctrain_unanswered ctrain_job_is
+    ctrain_sentinel ctrain_state ctrain_transition ctrain_decide ctrain_unreported ctrain_probe ctrain_job_is
     ctrain_failed_node ctrain_rank_exit ctrain_kill_step ctrain_requeue_without ctrain_requeue ctrain_retry_once
     ctrain_requeue_if_asked
 )
 
-# ctrain_sentinel_step (in the background, beside the training step): ctrain_sentinel on one other
-# node, on the host (not in the container: it needs Slurm's commands). The batch script decides
-# what happens after a failure, but it runs on the first node, which is also the rendezvous host:
-# when that node dies, the batch script dies with it, and without the sentinel the job would stay
-# RUNNING with no trainer anywhere until Slurm declares the node dead (SlurmdTimeout), then wait,
-# requeued, for that node. The sentinel writes straight to the job's log: srun, which would carry
-# its output, ran on the lost node too.
-# The sentinel runs in a session of its own, no longer a child of its step's task (which waits for
+# ctrain_sentinel_step (in the background, beside the training step): ctrain_sentinel on the second
+# node and, in a job of 3 nodes or more, on the last one too, on the host (not in the container: it
+# needs Slurm's commands). The batch script decides what happens after a failure, but it runs on the
+# first node, which is also the rendezvous host: when that node dies, the batch script dies with
+# it, and without a sentinel the job would stay RUNNING with no trainer anywhere until Slurm
+# declares the node dead (SlurmdTimeout), then wait, requeued, for that node. Two sentinels, so
+# that losing the first two nodes at once (one switch, one power feed) is decided as well; the first
+# of them to claim the decision (CTRAIN_PIDS/claim, made by mkdir, which is atomic on shared file
+# systems) makes it. A sentinel writes straight to the job's log: srun, which would carry its
+# output, ran on the lost node too.
+# Each sentinel runs in a session of its own, no longer a child of its step's task (which waits for
 # it): when the batch host dies, slurmctld may SIGKILL every step whose srun ran there, the
 # sentinel's own step included, at once (seen on the testbed in about one run in four). Where Slurm
 # tracks a step's processes by parentage (proctrack/linuxproc, pgid) that kill does not reach the
 # sentinel; with proctrack/cgroup it does, and Slurm's own node-failure handling is left.
 ctrain_sentinel_step() {
-    local log
+    local log hosts=() watchers
     log=$(readlink -f /proc/$$/fd/1 2>/dev/null)
     [[ -f $log ]] || log=
+    mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    watchers=${hosts[1]}
+    ((${#hosts[@]} < 3)) || watchers+=,${hosts[-1]}
     local code
     code="$(declare -p CTRAIN_PROJECT_DIR CTRAIN_PIDS CTRAIN_NNODES CTRAIN_MAX_REQUEUES CTRAIN_STEP_GRACE \
         CTRAIN_REQUEUE_EXIT CTRAIN_BATCH_HOST CTRAIN_LIFE CTRAIN_SETTLE)
@@ -737,7 +748,7 @@ CTRAIN_SIGNAL=
 ctrain_sentinel \"\$@\""
     [[ -z $log ]] || exec >/dev/null 2>&1 # srun's own lines (the step's end) would only be noise
     # shellcheck disable=SC2016 # expanded by the step's shell
-    exec srun --overlap --nodes=1 --ntasks=1 --exclude="$CTRAIN_BATCH_HOST" bash -c '
+    exec srun --overlap --nodes="$((${#hosts[@]} < 3 ? 1 : 2))" --ntasks-per-node=1 --nodelist="$watchers" bash -c '
         pid=$( (setsid bash -c "$0" "$@" </dev/null >/dev/null 2>&1 & echo $!) )
         while kill -0 "$pid" 2>/dev/null; do sleep 1; done' "$code" ctrain-sentinel "$CTRAIN_BATCH_HOST" "$log"
 }
@@ -771,19 +782,22 @@ ctrain_sentinel() {
         esac
         beat=$(cat "$dir/batch-alive" 2>/dev/null)
         record=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) || continue # slurmctld restarting: wait
-        if [[ $record != *"JobState=RUNNING "*" Restarts=$restarts "* ]]; then
+        if [[ $record != *" JobState=RUNNING "* || $record != *" Restarts=$restarts "* ]]; then
             # Slurm ended or requeued the job, and the run is undecided: the batch script is gone,
             # maybe the first of its node's processes to go.
             sleep "$CTRAIN_SETTLE"
-            if [[ -n $(ctrain_unanswered "$batch") ]]; then
+            ctrain_probe "$batch"
+            if ((${#CTRAIN_UNANSWERED[@]} > 0)); then
                 why="the job left RUNNING undecided"
                 break
             fi
             # A run that is deciding may have requeued the job itself; it is alive.
             [[ $state != deciding ]] || return 0
+            mkdir "$dir/claim" 2>/dev/null || return 0 # the other sentinel decides
             echo "ctrain: the batch script on $batch ended before it decided (the job left RUNNING);" \
-                "deciding from $(uname -n)"
+                "deciding from ${SLURMD_NODENAME:-$(uname -n)}"
             ctrain_decide "$dir" 137 batch-gone
+            [[ $(ctrain_state) != ended ]] || rm -rf "${dir:?}"
             return
         elif [[ -n $termed ]]; then
             termed=
@@ -796,15 +810,28 @@ ctrain_sentinel() {
         else
             continue
         fi
-        [[ -z $(ctrain_unanswered "$batch") ]] || break
+        ctrain_probe "$batch"
+        ((${#CTRAIN_UNANSWERED[@]} == 0)) || break
         last=$beat seen=$SECONDS # the batch host answers: only its heartbeat was late
     done
-    echo "$batch" >>"$dir/lost"
-    CTRAIN_LOST_WHY="the batch host: $why and its slurmd does not answer; seen from $(uname -n)"
+    mkdir "$dir/claim" 2>/dev/null || return 0 # the other sentinel decides
+    # The nodes lost with the batch host (one switch, one power feed) are not requeued onto either.
+    local nodes=() node
+    local me=${SLURMD_NODENAME:-$(uname -n)}
+    mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST" | grep -vx -e "$batch" -e "$me")
+    ctrain_probe "${nodes[@]}"
+    for node in "$batch" "${CTRAIN_UNANSWERED[@]}"; do echo "$node"; done >>"$dir/lost"
+    if ((${#CTRAIN_UNANSWERED[@]} == 0)); then
+        CTRAIN_LOST_WHY="the batch host: $why and its slurmd does not answer; seen from $me"
+    else
+        CTRAIN_LOST_WHY="the batch host and ${CTRAIN_UNANSWERED[*]}: $why and their slurmds do not answer; seen from $me"
+    fi
     # What is left of the training step goes at once (SIGKILL): a rank waiting on the lost node in a
     # collective would otherwise outlive the decision by up to KillWait seconds, or longer.
     ctrain_kill_step
     ctrain_decide "$dir" 137 batch-gone
+    # No batch script is left to clear the run's files; a requeued run clears them as it starts.
+    [[ $(ctrain_state) != ended ]] || rm -rf "${dir:?}"
 }
 
 # ctrain_stop PID: end a background srun (TERM, then KILL after 2 s: with a node gone, srun may wait).

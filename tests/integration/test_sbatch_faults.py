@@ -15,7 +15,8 @@ training process per node).
   script ends the step within a minute instead of srun waiting for Slurm to declare the node dead,
   and does not requeue the job onto it; a requeue with a node excluded runs on another.
 - The batch host lost (node1, also the rendezvous node): the batch script dies with it; the
-  sentinel on node2 decides in its place, within a minute, and ends the job.
+  sentinel on node2 decides in its place, within a minute, and ends the job. The same when node1
+  dies slowly, its processes killed one by one in random order (``kill_node(over=...)``).
 
 Each test prints ``reliability | ...`` lines with the figures docs/reliability.md records.
 """
@@ -373,6 +374,40 @@ def test_lost_batch_host_is_decided_from_another_node(sbatch_project: Project, c
     status = CliRunner().invoke(main, ["status", job_id])
     assert f"job {job_id}: failure: node lost: node1 (the batch host" in status.output, status.output
     assert f"job {job_id}: not requeueing: partition debug has 1 node(s)" in status.output, status.output
+
+
+def test_batch_host_dying_slowly_is_decided_whatever_dies_first(sbatch_project: Project, cpu_sif: Path) -> None:
+    """node1 (the batch host) dies over 2 s, its processes SIGKILLed one by one in random order,
+    slurmd among them (an out-of-memory cascade looks like this): srun, the guard, the heartbeat and
+    the batch script go in any order, and slurmd may report the batch script's death first (Slurm
+    then ends the job with nothing decided). Whichever way, within 60 s the job has left RUNNING,
+    one failure line names node1, and the decision is the documented one (no other node: not
+    requeued), never PENDING for the dead node."""
+    project = sbatch_project
+    testbed = project.testbed
+    job_id = submit(project, cpu_sif, "slowdeath", "training.max_steps=5000", "training.logging_steps=5",
+                    "training.save_steps=100000")  # fmt: skip
+    training(project, job_id)
+    try:
+        count = testbed.kill_node("node1", over=2.0, seed=int(job_id))
+        killed = time.monotonic()
+        ended = wait_until("the job's end", lambda: testbed.job_state(job_id) != "RUNNING", 60, every=0.5)
+        decided = wait_until("the decision", lambda: "not requeueing" in project.log(job_id), 60)
+        report("node1 (batch host) dying over 2 s: processes killed", str(count))
+        report("node1 (batch host) dying over 2 s: to the job leaving RUNNING", f"{ended - killed:.1f} s")
+        report("node1 (batch host) dying over 2 s: to the decision", f"{decided - killed:.1f} s")
+    finally:
+        testbed.start_node("node1")
+    state = testbed.wait(job_id, timeout=120)
+    log = project.log(job_id)
+    assert ended - killed <= 60 and decided - killed <= 60, log[-6000:]
+    assert log.count("ctrain: failure:") == 1, log[-6000:]
+    assert re.search(r"^ctrain: failure: node lost: node1 \((its launcher never ended|the batch host: [^)]+) and its "
+                     r"slurmd does not answer", log, re.MULTILINE), log[-6000:]  # fmt: skip
+    assert ("not requeueing: partition debug has 1 node(s) in service besides node1, the job needs 2; "
+            "submit it again once node1 is back") in log  # fmt: skip
+    assert state in ("FAILED", "CANCELLED"), f"job {job_id} ended {state}:\n{log[-6000:]}"
+    assert restarts(project, job_id) == 0
 
 
 def test_requeue_without_a_lost_node_runs_on_another(sbatch_project: Project) -> None:

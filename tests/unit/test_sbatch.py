@@ -464,8 +464,10 @@ case "$1 $2" in
 esac""",
         "sinfo": 'echo "sinfo $*" >>"$FAKE/calls.log"; cat "$FAKE/sinfo"',
         "scancel": 'echo "scancel $*" >>"$FAKE/calls.log"',
-        # A probe of a node named in $FAKE/dead hangs, as srun does for a node whose slurmd is gone.
+        # A probe of a node named in $FAKE/dead hangs, as srun does for a node whose slurmd is gone;
+        # one named in $FAKE/refused fails at once, as for a node whose slurmd port refuses.
         "srun": 'echo "srun $*" >>"$FAKE/calls.log"; for a; do case $a in --nodelist=*) '
+                '! grep -qx "${a#*=}" "$FAKE/refused" 2>/dev/null || exit 1; '
                 '! grep -qx "${a#*=}" "$FAKE/dead" 2>/dev/null || exec sleep 60 ;; esac; done',
     }
     for name, body in scripts.items():
@@ -746,7 +748,7 @@ def test_the_sentinel_decides_a_job_slurm_ended_before_its_batch_script_decided(
         closed.bind(("127.0.0.1", 0))
         (fake_slurm / "port").write_text(str(closed.getsockname()[1]))
     started = time.monotonic()
-    out = library(fake_slurm, "ctrain_sentinel gpu001 ''; ctrain_state", slurm_conf).stdout
+    out = library(fake_slurm, "ctrain_sentinel gpu001 ''; ctrain_state", slurm_conf, SLURMD_NODENAME="gpu002").stdout
     assert time.monotonic() - started < 15
     lines = out.splitlines()
     assert re.fullmatch(r"ctrain: failure: node lost: gpu001 \(the batch host: the job left RUNNING undecided and "
@@ -756,6 +758,40 @@ def test_the_sentinel_decides_a_job_slurm_ended_before_its_batch_script_decided(
     assert not calls(fake_slurm, "scontrol requeue")
     assert calls(fake_slurm, "scontrol update") == ["scontrol update JobId=4242 ExcNodeList=gpu001"]
     assert not calls(fake_slurm, "scancel 4242")
+
+
+def test_the_last_nodes_sentinel_decides_when_the_first_two_nodes_are_lost(fake_slurm: Path,
+                                                                          slurm_conf: Path) -> None:  # fmt: skip
+    """A 3-node job loses gpu001 (the batch host) and gpu002 (the first sentinel) together: the
+    sentinel on gpu003 sees the heartbeat stop, finds both silent, names both and, with too few
+    nodes left, ends the job."""
+    _step_left(fake_slurm, {}, {})
+    (fake_slurm / "refused").write_text("gpu001\ngpu002\n")
+    (fake_slurm / "sinfo").write_text("gpu001 down*\ngpu002 down*\ngpu003 alloc\ngpu004 idle\n")
+    out = library(fake_slurm, "ctrain_sentinel gpu001 ''; ctrain_state", slurm_conf, SLURMD_NODENAME="gpu003",
+                  SLURM_JOB_NODELIST="gpu[001-003]", CTRAIN_NNODES="3").stdout  # fmt: skip
+    lines = out.splitlines()
+    assert lines[0] == ("ctrain: failure: node lost: gpu001 gpu002 (the batch host and gpu002: no heartbeat for 1s "
+                        "and their slurmds do not answer; seen from gpu003)"), out  # fmt: skip
+    assert lines[1].startswith("ctrain: not requeueing: partition p has 2 node(s) in service besides gpu[001-002], "
+                               "the job needs 3"), out  # fmt: skip
+    assert lines[2:] == ["ctrain: ending job 4242 (scancel): its batch script was lost with gpu001", "starting"]
+    assert calls(fake_slurm, "scancel 4242") == ["scancel 4242"]
+    assert not (fake_slurm / "pids").exists()  # no batch script is left to clear the run's files
+
+
+def test_of_two_sentinels_one_decides(fake_slurm: Path, slurm_conf: Path) -> None:
+    """Both sentinels of a 3-node job see the batch host go at the same moment: the first to claim
+    the decision makes it, the other says nothing."""
+    _step_left(fake_slurm, {}, {})
+    (fake_slurm / "refused").write_text("gpu001\n")
+    (fake_slurm / "sinfo").write_text("gpu001 down*\ngpu002 alloc\ngpu003 alloc\ngpu004 idle\n")
+    both = ("SLURMD_NODENAME=gpu002 ctrain_sentinel gpu001 '' & SLURMD_NODENAME=gpu003 ctrain_sentinel gpu001 '' & "
+            "wait")  # fmt: skip
+    out = library(fake_slurm, both, slurm_conf, SLURM_JOB_NODELIST="gpu[001-003]", CTRAIN_NNODES="3").stdout
+    assert out.count("ctrain: failure: node lost: gpu001 (the batch host: no heartbeat for 1s") == 1, out
+    assert out.count("ctrain: requeueing job 4242 (restart 1) without gpu001") == 1, out
+    assert calls(fake_slurm, "scontrol requeue") == ["scontrol requeue 4242"]
 
 
 def test_the_sentinel_leaves_a_decided_run_and_slurms_term_alone(fake_slurm: Path, slurm_conf: Path) -> None:
