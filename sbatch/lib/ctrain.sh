@@ -519,7 +519,7 @@ declare -A CTRAIN_LIFE=(
 # ctrain_state: this run's state (starting before any transition, or when the file is another run's).
 ctrain_state() {
     local run state
-    read -r run state <"$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/state" 2>/dev/null &&
+    read -r run state 2>/dev/null <"$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/state" &&
         [[ $run == "${SLURM_RESTART_COUNT:-0}" && -n $state ]] || state=starting
     echo "$state"
 }
@@ -734,12 +734,12 @@ CTRAIN_SENTINEL_NEEDS=(
 # tracks a step's processes by parentage (proctrack/linuxproc, pgid) that kill does not reach the
 # sentinel; with proctrack/cgroup it does, and Slurm's own node-failure handling is left.
 ctrain_sentinel_step() {
-    local log hosts=() watchers
+    local log hosts=() watchers count=1
     log=$(readlink -f /proc/$$/fd/1 2>/dev/null)
     [[ -f $log ]] || log=
     mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
     watchers=${hosts[1]}
-    ((${#hosts[@]} < 3)) || watchers+=,${hosts[-1]}
+    ((${#hosts[@]} < 3)) || { watchers+=,${hosts[-1]} count=2; }
     local code
     code="$(declare -p CTRAIN_PROJECT_DIR CTRAIN_PIDS CTRAIN_NNODES CTRAIN_MAX_REQUEUES CTRAIN_STEP_GRACE \
         CTRAIN_REQUEUE_EXIT CTRAIN_BATCH_HOST CTRAIN_LIFE CTRAIN_SETTLE)
@@ -748,7 +748,7 @@ CTRAIN_SIGNAL=
 ctrain_sentinel \"\$@\""
     [[ -z $log ]] || exec >/dev/null 2>&1 # srun's own lines (the step's end) would only be noise
     # shellcheck disable=SC2016 # expanded by the step's shell
-    exec srun --overlap --nodes="$((${#hosts[@]} < 3 ? 1 : 2))" --ntasks-per-node=1 --nodelist="$watchers" bash -c '
+    exec srun --overlap --nodes="$count" --ntasks="$count" --nodelist="$watchers" bash -c '
         pid=$( (setsid bash -c "$0" "$@" </dev/null >/dev/null 2>&1 & echo $!) )
         while kill -0 "$pid" 2>/dev/null; do sleep 1; done' "$code" ctrain-sentinel "$CTRAIN_BATCH_HOST" "$log"
 }

@@ -16,7 +16,9 @@ training process per node).
   and does not requeue the job onto it; a requeue with a node excluded runs on another.
 - The batch host lost (node1, also the rendezvous node): the batch script dies with it; the
   sentinel on node2 decides in its place, within a minute, and ends the job. The same when node1
-  dies slowly, its processes killed one by one in random order (``kill_node(over=...)``).
+  dies slowly, its processes killed one by one in random order (``kill_node(over=...)``), after
+  slurmctld was restarted mid-job (which decides nothing).
+- The training step's srun killed alone on the batch host: named, retried once.
 
 Each test prints ``reliability | ...`` lines with the figures docs/reliability.md records.
 """
@@ -382,12 +384,22 @@ def test_batch_host_dying_slowly_is_decided_whatever_dies_first(sbatch_project: 
     the batch script go in any order, and slurmd may report the batch script's death first (Slurm
     then ends the job with nothing decided). Whichever way, within 60 s the job has left RUNNING,
     one failure line names node1, and the decision is the documented one (no other node: not
-    requeued), never PENDING for the dead node."""
+    requeued), never PENDING for the dead node. Before that, slurmctld is restarted mid-job (5 s
+    without a controller): the run trains on and nothing is decided."""
     project = sbatch_project
     testbed = project.testbed
     job_id = submit(project, cpu_sif, "slowdeath", "training.max_steps=5000", "training.logging_steps=5",
                     "training.save_steps=100000")  # fmt: skip
-    training(project, job_id)
+    beats = training(project, job_id)
+    restarted = time.monotonic()
+    testbed.restart_controller(down=5)
+    back = time.monotonic()
+    training(project, job_id, past=max(step for step, _, _ in beats.values()) + 20)
+    trains = time.monotonic()
+    report("slurmctld restarted mid-job (5 s down): to the controller answering", f"{back - restarted:.1f} s")
+    report("slurmctld restarted mid-job (5 s down): to 20 more steps on every rank", f"{trains - restarted:.1f} s")
+    assert "ctrain: failure" not in project.log(job_id) and testbed.job_state(job_id) == "RUNNING"
+    assert restarts(project, job_id) == 0
     try:
         count = testbed.kill_node("node1", over=2.0, seed=int(job_id))
         killed = time.monotonic()
@@ -408,6 +420,33 @@ def test_batch_host_dying_slowly_is_decided_whatever_dies_first(sbatch_project: 
             "submit it again once node1 is back") in log  # fmt: skip
     assert state in ("FAILED", "CANCELLED"), f"job {job_id} ended {state}:\n{log[-6000:]}"
     assert restarts(project, job_id) == 0
+
+
+def test_the_steps_srun_killed_alone_is_named_and_retried_once(sbatch_project: Project, cpu_sif: Path) -> None:
+    """SIGKILL of the training step's srun on the batch host, nothing else: the batch script sees the
+    step end with 137 while every launcher still runs and no rank recorded anything. It waits
+    CTRAIN_SETTLE, finds every node answering, says so in one failure line and retries once."""
+    project = sbatch_project
+    testbed = project.testbed
+    job_id = submit(project, cpu_sif, "srunkill", "training.max_steps=5000", "training.logging_steps=5",
+                    "training.save_steps=100000")  # fmt: skip
+    training(project, job_id)
+    node1 = next(n for n in testbed.nodes if n.name == "node1")
+    sruns = [pid for pid in host.netns_pids(node1.netns)
+             if (info := host.proc_info(pid)) and info.cmdline.startswith("srun --label ")]  # fmt: skip
+    assert len(sruns) == 1, [host.proc_info(pid) for pid in host.netns_pids(node1.netns)]
+    os.kill(sruns[0], signal.SIGKILL)
+    killed = time.monotonic()
+    requeued = wait_until("the requeue", lambda: restarts(project, job_id) == 1, 60, every=0.5)
+    report("the step's srun SIGKILLed on the batch host: to the retry's requeue", f"{requeued - killed:.1f} s")
+    testbed.slurm.run(["scancel", job_id])
+    testbed.wait(job_id, timeout=120)
+    log = project.log(job_id)
+    assert "ctrain: step exited with 137\n" in log
+    assert log.count("ctrain: failure:") == 1, log[-6000:]
+    assert ("ctrain: failure: the training step ended with 137 and no node or rank said why (its srun or launchers "
+            "were killed, e.g. out of memory); every node answers") in log  # fmt: skip
+    assert f"ctrain: requeueing job {job_id} once (restart 1)" in log
 
 
 def test_requeue_without_a_lost_node_runs_on_another(sbatch_project: Project) -> None:

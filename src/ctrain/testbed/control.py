@@ -302,6 +302,24 @@ class Testbed:
                 raise CtrainError(f"{name} is {now} {timeout:.0f}s after its slurmd started again")
             time.sleep(0.5)
 
+    def restart_controller(self, *, down: float = 5.0) -> None:
+        """Restart slurmctld mid-job as an administrator's restart or upgrade does: SIGTERM (it saves
+        its state and exits), ``down`` seconds without a controller, then the same slurmctld again,
+        which recovers the jobs from its state; returns once it answers."""
+        state = self._state() or {}
+        daemon = self._daemons(state).get("slurmctld")
+        if daemon is None or not host.is_ours(daemon, self.marker):
+            raise CtrainError("the testbed's slurmctld is not running: `ctrain testbed up` first")
+        if host.end_processes([daemon.pid], term_timeout=30):
+            raise CtrainError(f"slurmctld (pid {daemon.pid}) did not exit")
+        host.wait_reaped([daemon.pid])
+        time.sleep(down)
+        argv = [proc.require("slurmctld"), "-f", str(self.slurm_conf)]
+        started = host.start_daemon(argv, "slurmctld", self.layout.pid_file("slurmctld"), self.marker)
+        state.setdefault("daemons", {})["slurmctld"] = started.to_json()
+        self._save(state)
+        self._wait_controller()
+
     def node_state(self, name: str) -> str:
         """The node's state as ``sinfo`` prints it (``idle``, ``allocated``, ``down*``, ...)."""
         return self.slurm.node_states(name).get(name, "missing")
