@@ -629,9 +629,10 @@ ctrain_unreported() {
 # While the job runs: a short step on each (10 s). Once Slurm has ended or requeued it (the sentinel,
 # after the batch script died before deciding): a connection to the node's slurmd port (5 s). The
 # answer is an array, not output: on a dying node a command substitution's subshell can be killed
-# and return nothing, which would read as "every node answers"; a probe killed counts as no answer.
+# and return nothing, which would read as "every node answers". A probe SIGKILLed before its time
+# is up was killed on this node, which is dying: this node is counted, not the one it asked.
 ctrain_probe() {
-    local nodes=("$@") probes=() node port= addr
+    local nodes=("$@") probes=() node port= addr started=$SECONDS here=${SLURMD_NODENAME:-$CTRAIN_BATCH_HOST}
     CTRAIN_UNANSWERED=()
     if ! ctrain_job_is RUNNING; then
         port=$(scontrol show config | sed -n 's/^SlurmdPort *= *\([0-9]*\)$/\1/p')
@@ -646,7 +647,12 @@ ctrain_probe() {
         probes+=($!)
     done
     for node in "${!nodes[@]}"; do
-        wait "${probes[node]}" || CTRAIN_UNANSWERED+=("${nodes[node]}")
+        wait "${probes[node]}" && continue
+        if (($? == 137 && SECONDS - started < 3)); then
+            [[ " ${CTRAIN_UNANSWERED[*]} " == *" $here "* ]] || CTRAIN_UNANSWERED+=("$here")
+        elif [[ " ${CTRAIN_UNANSWERED[*]} " != *" ${nodes[node]} "* ]]; then
+            CTRAIN_UNANSWERED+=("${nodes[node]}")
+        fi
     done
 }
 

@@ -19,6 +19,8 @@ training process per node).
   dies slowly, its processes killed one by one in random order (``kill_node(over=...)``), after
   slurmctld was restarted mid-job (which decides nothing).
 - The training step's srun killed alone on the batch host: named, retried once.
+- The first two nodes of a 3-node job lost at once (the batch host and the first sentinel's
+  node): the sentinel on the last node decides.
 
 Each test prints ``reliability | ...`` lines with the figures docs/reliability.md records.
 """
@@ -197,6 +199,10 @@ def training(project: Project, job_id: str, past: int = 5, earlier: frozenset[in
     wait_until(f"{RANKS} ranks past step {past}", ready, JOB_TIMEOUT, every=0.5,
                detail=lambda: str(heartbeats(project, job_id)))  # fmt: skip
     return heartbeats(project, job_id)
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def alive(pid: int) -> bool:
@@ -422,6 +428,47 @@ def test_batch_host_dying_slowly_is_decided_whatever_dies_first(sbatch_project: 
     assert restarts(project, job_id) == 0
 
 
+def test_the_first_two_nodes_lost_together_are_decided_by_the_last_nodes_sentinel(sbatch_project: Project,
+                                                                                   cpu_sif: Path) -> None:  # fmt: skip
+    """A 3-node job (a 3-node testbed for this test only) loses node1, the batch host, and node2,
+    which runs the first sentinel, at once (one switch, one power feed): the sentinel on node3
+    names both within 60 s and, with no other node to run on, ends the job."""
+    project = sbatch_project
+    testbed = project.testbed
+    testbed.down()
+    testbed.up(3)
+    try:
+        job_id = project.sbatch("--nodes=3", f"--ntasks-per-node={PER_NODE}", "--job-name=twolost",
+                                "sbatch/apptainer_multinode.sbatch", DEMO, "training.max_steps=5000",
+                                "training.logging_steps=5", "training.save_steps=100000",
+                                "training.output_dir=/outputs/twolost", env={"IMAGE": str(cpu_sif)})  # fmt: skip
+        wait_until("3 ranks past step 5", lambda: len(beats := heartbeats(project, job_id)) == 3
+                   and min(step for step, _, _ in beats.values()) >= 5, JOB_TIMEOUT, every=0.5)  # fmt: skip
+        assert testbed.slurm.job(job_id).where == "node[1-3]"
+        try:
+            testbed.kill_node("node1")
+            testbed.kill_node("node2")
+            killed = time.monotonic()
+            decided = wait_until("the decision", lambda: "not requeueing" in project.log(job_id), 60)
+            ended = wait_until("the job's end", lambda: testbed.job_state(job_id) != "RUNNING", 30, every=0.5)
+            report("node1 (batch host) and node2 (first sentinel) killed at once, 3 nodes: to the decision",
+                   f"{decided - killed:.1f} s")  # fmt: skip
+            report("node1 and node2 killed at once, 3 nodes: to the job leaving RUNNING", f"{ended - killed:.1f} s")
+        finally:
+            testbed.start_node("node1")
+            testbed.start_node("node2")
+        state = testbed.wait(job_id, timeout=120)
+        log = project.log(job_id)
+        assert log.count("ctrain: failure:") == 1, log[-6000:]
+        assert re.search(r"^ctrain: failure: node lost: node1 node2 \(the batch host and node2: [^)]+ and their slurmds "
+                         r"do not answer; seen from node3\)$", log, re.MULTILINE), log[-6000:]  # fmt: skip
+        assert ("not requeueing: partition debug has 1 node(s) in service besides node[1-2], the job needs 3") in log
+        assert state == "CANCELLED", f"job {job_id} ended {state}:\n{log[-6000:]}"
+    finally:
+        testbed.down()
+        testbed.up(2)
+
+
 def test_the_steps_srun_killed_alone_is_named_and_retried_once(sbatch_project: Project, cpu_sif: Path) -> None:
     """SIGKILL of the training step's srun on the batch host, nothing else: the batch script sees the
     step end with 137 while every launcher still runs and no rank recorded anything. It waits
@@ -434,6 +481,8 @@ def test_the_steps_srun_killed_alone_is_named_and_retried_once(sbatch_project: P
     node1 = next(n for n in testbed.nodes if n.name == "node1")
     sruns = [pid for pid in host.netns_pids(node1.netns)
              if (info := host.proc_info(pid)) and info.cmdline.startswith("srun --label ")]  # fmt: skip
+    # srun forks a helper of its own: the step's srun is the one whose parent is the batch script.
+    sruns = [pid for pid in sruns if _parent(pid) not in sruns]
     assert len(sruns) == 1, [host.proc_info(pid) for pid in host.netns_pids(node1.netns)]
     os.kill(sruns[0], signal.SIGKILL)
     killed = time.monotonic()

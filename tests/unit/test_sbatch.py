@@ -465,9 +465,11 @@ esac""",
         "sinfo": 'echo "sinfo $*" >>"$FAKE/calls.log"; cat "$FAKE/sinfo"',
         "scancel": 'echo "scancel $*" >>"$FAKE/calls.log"',
         # A probe of a node named in $FAKE/dead hangs, as srun does for a node whose slurmd is gone;
-        # one named in $FAKE/refused fails at once, as for a node whose slurmd port refuses.
+        # one named in $FAKE/refused fails at once, as for a node whose slurmd port refuses; one named
+        # in $FAKE/killed is SIGKILLed, as a probe is when the node it runs on is dying.
         "srun": 'echo "srun $*" >>"$FAKE/calls.log"; for a; do case $a in --nodelist=*) '
                 '! grep -qx "${a#*=}" "$FAKE/refused" 2>/dev/null || exit 1; '
+                '! grep -qx "${a#*=}" "$FAKE/killed" 2>/dev/null || kill -KILL $$; '
                 '! grep -qx "${a#*=}" "$FAKE/dead" 2>/dev/null || exec sleep 60 ;; esac; done',
     }
     for name, body in scripts.items():
@@ -722,6 +724,18 @@ def test_a_step_that_failed_with_no_cause_asks_every_node(fake_slurm: Path,
     ]
     assert sorted(c.split("--nodelist=")[1].split()[0] for c in calls(fake_slurm, "srun")) == ["gpu001", "gpu002"]
     assert calls(fake_slurm, "scancel") == ["scancel 4242"]
+
+
+def test_a_probe_killed_under_it_names_the_dying_batch_host_not_the_node_it_asked(fake_slurm: Path,
+                                                                                  slurm_conf: Path) -> None:  # fmt: skip
+    """The batch host dying slowly kills the decision's own probes: the probe of gpu002 is SIGKILLed
+    at once, which says this node (gpu001) is going, not that gpu002 is."""
+    _step_left(fake_slurm, {}, {})
+    (fake_slurm / "killed").write_text("gpu002\n")
+    (fake_slurm / "sinfo").write_text("gpu001 alloc\ngpu002 alloc\ngpu003 idle\n")
+    out = library(fake_slurm, "ctrain_decide pids 137 exited", slurm_conf).stdout
+    assert out.splitlines()[0] == "ctrain: failure: node lost: gpu001 (its launcher never ended and its slurmd does not answer)"
+    assert calls(fake_slurm, "scontrol update") == ["scontrol update JobId=4242 ExcNodeList=gpu001"]
 
 
 def test_a_step_that_failed_with_no_cause_on_live_nodes_is_retried_once(fake_slurm: Path, slurm_conf: Path) -> None:
