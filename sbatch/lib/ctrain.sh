@@ -773,7 +773,9 @@ ctrain_sentinel \"\$@\""
 # decided (by either of them) or its directory is gone.
 ctrain_sentinel() {
     local batch=$1 log=$2 dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS beat last= seen=$SECONDS termed= why state record
-    local restarts=${SLURM_RESTART_COUNT:-0}
+    local restarts=${SLURM_RESTART_COUNT:-0} me=${SLURMD_NODENAME:-$(uname -n)} others=() node
+    # The nodes lost with the batch host (one switch, one power feed) are asked at the same time.
+    mapfile -t others < <(scontrol show hostnames "$SLURM_JOB_NODELIST" | grep -vx -e "$batch" -e "$me")
     [[ -z $log ]] || exec >>"$log" 2>&1
     trap 'termed=1' TERM
     while :; do
@@ -792,8 +794,8 @@ ctrain_sentinel() {
             # Slurm ended or requeued the job, and the run is undecided: the batch script is gone,
             # maybe the first of its node's processes to go.
             sleep "$CTRAIN_SETTLE"
-            ctrain_probe "$batch"
-            if ((${#CTRAIN_UNANSWERED[@]} > 0)); then
+            ctrain_probe "$batch" "${others[@]}"
+            if [[ " ${CTRAIN_UNANSWERED[*]} " == *" $batch "* ]]; then
                 why="the job left RUNNING undecided"
                 break
             fi
@@ -816,21 +818,20 @@ ctrain_sentinel() {
         else
             continue
         fi
-        ctrain_probe "$batch"
-        ((${#CTRAIN_UNANSWERED[@]} == 0)) || break
+        ctrain_probe "$batch" "${others[@]}"
+        [[ " ${CTRAIN_UNANSWERED[*]} " != *" $batch "* ]] || break
         last=$beat seen=$SECONDS # the batch host answers: only its heartbeat was late
     done
     mkdir "$dir/claim" 2>/dev/null || return 0 # the other sentinel decides
-    # The nodes lost with the batch host (one switch, one power feed) are not requeued onto either.
-    local nodes=() node
-    local me=${SLURMD_NODENAME:-$(uname -n)}
-    mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST" | grep -vx -e "$batch" -e "$me")
-    ctrain_probe "${nodes[@]}"
-    for node in "$batch" "${CTRAIN_UNANSWERED[@]}"; do echo "$node"; done >>"$dir/lost"
-    if ((${#CTRAIN_UNANSWERED[@]} == 0)); then
+    local with=()
+    for node in "${CTRAIN_UNANSWERED[@]}"; do
+        echo "$node" >>"$dir/lost"
+        [[ $node == "$batch" ]] || with+=("$node")
+    done
+    if ((${#with[@]} == 0)); then
         CTRAIN_LOST_WHY="the batch host: $why and its slurmd does not answer; seen from $me"
     else
-        CTRAIN_LOST_WHY="the batch host and ${CTRAIN_UNANSWERED[*]}: $why and their slurmds do not answer; seen from $me"
+        CTRAIN_LOST_WHY="the batch host and ${with[*]}: $why and their slurmds do not answer; seen from $me"
     fi
     # What is left of the training step goes at once (SIGKILL): a rank waiting on the lost node in a
     # collective would otherwise outlive the decision by up to KillWait seconds, or longer.

@@ -441,7 +441,8 @@ def test_the_first_two_nodes_lost_together_are_decided_by_the_last_nodes_sentine
         job_id = project.sbatch("--nodes=3", f"--ntasks-per-node={PER_NODE}", "--job-name=twolost",
                                 "sbatch/apptainer_multinode.sbatch", DEMO, "training.max_steps=5000",
                                 "training.logging_steps=5", "training.save_steps=100000",
-                                "training.output_dir=/outputs/twolost", env={"IMAGE": str(cpu_sif)})  # fmt: skip
+                                "training.output_dir=/outputs/twolost", "training.global_batch_size=48",
+                                env={"IMAGE": str(cpu_sif)})  # fmt: skip
         wait_until("3 ranks past step 5", lambda: len(beats := heartbeats(project, job_id)) == 3
                    and min(step for step, _, _ in beats.values()) >= 5, JOB_TIMEOUT, every=0.5)  # fmt: skip
         assert testbed.slurm.job(job_id).where == "node[1-3]"
