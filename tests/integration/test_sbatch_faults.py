@@ -205,6 +205,14 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def not_requeued(log: str, lost: str, needs: int = 2) -> None:
+    """The job lost ``lost`` on a testbed with no node to spare: one failure line, and the decision
+    not to requeue, naming the node(s) to wait for."""
+    assert log.count("ctrain: failure:") == 1, log[-6000:]
+    assert (f"not requeueing: partition debug has 1 node(s) in service besides {lost}, the job needs {needs}; "
+            f"submit it again once ") in log, log[-6000:]  # fmt: skip
+
+
 def alive(pid: int) -> bool:
     info = host.proc_info(pid)
     return info is not None and info.state not in ("Z", "X")
@@ -307,8 +315,7 @@ def test_lost_node_ends_the_step_within_a_minute(sbatch_project: Project, cpu_si
     log = project.log(job_id)
     assert ended - killed <= 60, log[-6000:]
     assert "ctrain: failure: node lost: node2 (its launcher never ended and its slurmd does not answer)" in log
-    assert ("not requeueing: partition debug has 1 node(s) in service besides node2, the job needs 2; "
-            "submit it again once node2 is back") in log  # fmt: skip
+    not_requeued(log, "node2")
     assert state in ("FAILED", "NODE_FAIL"), f"job {job_id} ended {state}:\n{log[-6000:]}"
     assert restarts(project, job_id) == 0
 
@@ -372,9 +379,7 @@ def test_lost_batch_host_is_decided_from_another_node(sbatch_project: Project, c
     assert re.search(r"ctrain: failure: node lost: node1 \(the batch host: (Slurm ended the sentinel's step, whose "
                      r"srun ran there,|no heartbeat for 10s) and its slurmd does not answer; seen from node2\)",
                      log), log[-6000:]  # fmt: skip
-    assert log.count("ctrain: failure:") == 1, log[-6000:]
-    assert ("not requeueing: partition debug has 1 node(s) in service besides node1, the job needs 2; "
-            "submit it again once node1 is back") in log  # fmt: skip
+    not_requeued(log, "node1")
     assert f"ctrain: ending job {job_id} (scancel): its batch script was lost with node1" in log
     assert state == "CANCELLED", f"job {job_id} ended {state}:\n{log[-6000:]}"
     assert restarts(project, job_id) == 0
@@ -419,11 +424,9 @@ def test_batch_host_dying_slowly_is_decided_whatever_dies_first(sbatch_project: 
     state = testbed.wait(job_id, timeout=120)
     log = project.log(job_id)
     assert ended - killed <= 60 and decided - killed <= 60, log[-6000:]
-    assert log.count("ctrain: failure:") == 1, log[-6000:]
     assert re.search(r"^ctrain: failure: node lost: node1 \((its launcher never ended|the batch host: [^)]+) and its "
                      r"slurmd does not answer", log, re.MULTILINE), log[-6000:]  # fmt: skip
-    assert ("not requeueing: partition debug has 1 node(s) in service besides node1, the job needs 2; "
-            "submit it again once node1 is back") in log  # fmt: skip
+    not_requeued(log, "node1")
     assert state in ("FAILED", "CANCELLED"), f"job {job_id} ended {state}:\n{log[-6000:]}"
     assert restarts(project, job_id) == 0
 
@@ -460,10 +463,9 @@ def test_the_first_two_nodes_lost_together_are_decided_by_the_last_nodes_sentine
             testbed.start_node("node2")
         state = testbed.wait(job_id, timeout=120)
         log = project.log(job_id)
-        assert log.count("ctrain: failure:") == 1, log[-6000:]
         assert re.search(r"^ctrain: failure: node lost: node1 node2 \(the batch host and node2: [^)]+ and their slurmds "
                          r"do not answer; seen from node3\)$", log, re.MULTILINE), log[-6000:]  # fmt: skip
-        assert ("not requeueing: partition debug has 1 node(s) in service besides node[1-2], the job needs 3") in log
+        not_requeued(log, "node[1-2]", needs=3)
         assert state == "CANCELLED", f"job {job_id} ended {state}:\n{log[-6000:]}"
     finally:
         testbed.down()
