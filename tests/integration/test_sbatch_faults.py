@@ -431,6 +431,7 @@ def test_batch_host_dying_slowly_is_decided_whatever_dies_first(sbatch_project: 
     assert restarts(project, job_id) == 0
 
 
+@pytest.mark.by_hand  # a 3-node testbed for one test costs CI about a minute: run with -m by_hand
 def test_the_first_two_nodes_lost_together_are_decided_by_the_last_nodes_sentinel(sbatch_project: Project,
                                                                                    cpu_sif: Path) -> None:  # fmt: skip
     """A 3-node job (a 3-node testbed for this test only) loses node1, the batch host, and node2,
