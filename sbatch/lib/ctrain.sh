@@ -488,11 +488,6 @@ ctrain_run() {
 # The decided states (requeued, left, finished, ended) have no way out: a second decider (the
 # sentinel after the batch script, or the reverse) is refused, so the job's fate is decided once.
 # docs/architecture.md draws the table; a unit test walks every entry.
-# A node dying slowly (out of memory, a failing disk) loses its processes over seconds, in any order,
-# while its slurmd may answer until the last: a failure that nothing explains is attributed to a node
-# only after this many seconds (ctrain_decide, ctrain_sentinel).
-CTRAIN_SETTLE=3
-
 declare -A CTRAIN_LIFE=(
     [starting:launched]=running
     [running:warned]=running
@@ -515,6 +510,11 @@ declare -A CTRAIN_LIFE=(
     [deciding:finished]=finished
     [deciding:ended]=ended
 )
+
+# A node dying slowly (out of memory, a failing disk) loses its processes over seconds, in any order,
+# while its slurmd may answer until the last: a failure that nothing explains is attributed to a node
+# only after this many seconds (ctrain_decide, ctrain_sentinel).
+CTRAIN_SETTLE=3
 
 # ctrain_state: this run's state (starting before any transition, or when the file is another run's).
 ctrain_state() {
@@ -581,7 +581,7 @@ ctrain_decide() {
         ctrain_requeue_without $lost
         # The job's end cannot reach Slurm from a lost batch host (or from a sentinel's decision):
         # without the scancel it would stay RUNNING until Slurm declares the node dead.
-        if [[ -z $CTRAIN_REQUEUED && " $lost " == *" $CTRAIN_BATCH_HOST "* ]] && { ctrain_job_is RUNNING || ctrain_job_is PENDING; }; then
+        if [[ -z $CTRAIN_REQUEUED && " $lost " == *" $CTRAIN_BATCH_HOST "* ]] && ctrain_job_is RUNNING PENDING; then
             echo "ctrain: ending job $SLURM_JOB_ID (scancel): its batch script was lost with $CTRAIN_BATCH_HOST"
             scancel "$SLURM_JOB_ID"
         fi
@@ -656,9 +656,14 @@ ctrain_probe() {
     done
 }
 
-# ctrain_job_is STATE: whether Slurm has the job in STATE (RUNNING, PENDING, ...).
+# ctrain_job_is STATE...: whether Slurm has the job in one of the STATEs (RUNNING, PENDING, ...).
 ctrain_job_is() {
-    [[ $(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) == *"JobState=$1 "* ]]
+    local record state
+    record=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) || return 1
+    for state; do
+        [[ $record != *" JobState=$state "* ]] || return 0
+    done
+    return 1
 }
 
 # ctrain_rank_exit DIR: "RANK CODE CAUSE HOST MESSAGE" of the first rank (by time) whose own record
@@ -719,7 +724,7 @@ ctrain_alive() {
 
 # What ctrain_sentinel runs on its node, which has only what ctrain_sentinel_step sends (`declare -f`).
 CTRAIN_SENTINEL_NEEDS=(
-    ctrain_sentinel ctrain_state ctrain_transition ctrain_decide ctrain_unreported ctrain_probe ctrain_job_is
+    ctrain_sentinel ctrain_state ctrain_transition ctrain_decide ctrain_probe ctrain_job_is
     ctrain_failed_node ctrain_rank_exit ctrain_kill_step ctrain_requeue_without ctrain_requeue ctrain_retry_once
     ctrain_requeue_if_asked
 )
@@ -795,18 +800,10 @@ ctrain_sentinel() {
             # maybe the first of its node's processes to go.
             sleep "$CTRAIN_SETTLE"
             ctrain_probe "$batch" "${others[@]}"
-            if [[ " ${CTRAIN_UNANSWERED[*]} " == *" $batch "* ]]; then
-                why="the job left RUNNING undecided"
-                break
-            fi
-            # A run that is deciding may have requeued the job itself; it is alive.
-            [[ $state != deciding ]] || return 0
-            mkdir "$dir/claim" 2>/dev/null || return 0 # the other sentinel decides
-            echo "ctrain: the batch script on $batch ended before it decided (the job left RUNNING);" \
-                "deciding from ${SLURMD_NODENAME:-$(uname -n)}"
-            ctrain_decide "$dir" 137 batch-gone
-            [[ $(ctrain_state) != ended ]] || rm -rf "${dir:?}"
-            return
+            why="the job left RUNNING undecided"
+            # A run that is deciding, on a batch host that answers, may have requeued the job itself.
+            [[ $state != deciding || " ${CTRAIN_UNANSWERED[*]} " == *" $batch "* ]] || return 0
+            break
         elif [[ -n $termed ]]; then
             termed=
             why="Slurm ended the sentinel's step, whose srun ran there,"
@@ -823,19 +820,24 @@ ctrain_sentinel() {
         last=$beat seen=$SECONDS # the batch host answers: only its heartbeat was late
     done
     mkdir "$dir/claim" 2>/dev/null || return 0 # the other sentinel decides
-    local with=()
-    for node in "${CTRAIN_UNANSWERED[@]}"; do
-        echo "$node" >>"$dir/lost"
-        [[ $node == "$batch" ]] || with+=("$node")
-    done
-    if ((${#with[@]} == 0)); then
-        CTRAIN_LOST_WHY="the batch host: $why and its slurmd does not answer; seen from $me"
+    if [[ " ${CTRAIN_UNANSWERED[*]} " != *" $batch "* ]]; then
+        # Only the job left RUNNING: its batch script died on a host that still answers.
+        echo "ctrain: the batch script on $batch ended before it decided (the job left RUNNING); deciding from $me"
     else
-        CTRAIN_LOST_WHY="the batch host and ${with[*]}: $why and their slurmds do not answer; seen from $me"
+        local with=()
+        for node in "${CTRAIN_UNANSWERED[@]}"; do
+            echo "$node" >>"$dir/lost"
+            [[ $node == "$batch" ]] || with+=("$node")
+        done
+        if ((${#with[@]} == 0)); then
+            CTRAIN_LOST_WHY="the batch host: $why and its slurmd does not answer; seen from $me"
+        else
+            CTRAIN_LOST_WHY="the batch host and ${with[*]}: $why and their slurmds do not answer; seen from $me"
+        fi
+        # What is left of the training step goes at once (SIGKILL): a rank waiting on the lost node in
+        # a collective would otherwise outlive the decision by up to KillWait seconds, or longer.
+        ctrain_kill_step
     fi
-    # What is left of the training step goes at once (SIGKILL): a rank waiting on the lost node in a
-    # collective would otherwise outlive the decision by up to KillWait seconds, or longer.
-    ctrain_kill_step
     ctrain_decide "$dir" 137 batch-gone
     # No batch script is left to clear the run's files; a requeued run clears them as it starts.
     [[ $(ctrain_state) != ended ]] || rm -rf "${dir:?}"

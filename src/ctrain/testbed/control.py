@@ -314,8 +314,8 @@ class Testbed:
             raise CtrainError(f"slurmctld (pid {daemon.pid}) did not exit")
         host.wait_reaped([daemon.pid])
         time.sleep(down)
-        argv = [proc.require("slurmctld"), "-f", str(self.slurm_conf)]
-        started = host.start_daemon(argv, "slurmctld", self.layout.pid_file("slurmctld"), self.marker)
+        started = host.start_daemon(self._slurmctld_argv(), "slurmctld", self.layout.pid_file("slurmctld"),
+                                    self.marker)
         state.setdefault("daemons", {})["slurmctld"] = started.to_json()
         self._save(state)
         self._wait_controller()
@@ -498,7 +498,7 @@ class Testbed:
         host.write_in_place(host.HOSTS_FILE, hosts_with_ours(host.HOSTS_FILE.read_text(), plan))
         log("starting munged, slurmctld")
         start("munged", self._munged_argv())
-        start("slurmctld", [proc.require("slurmctld"), "-f", str(self.slurm_conf)])
+        start("slurmctld", self._slurmctld_argv())
         self._wait_controller()
         # Jobs saved by a controller that crashed would otherwise run again on the new nodes.
         stale = self.slurm.queued_ids()
@@ -560,6 +560,9 @@ class Testbed:
             f"--log-file={lay.log_file('munged')}",
             f"--seed-file={lay.munge_dir / 'munged.seed'}",
         ]
+
+    def _slurmctld_argv(self) -> list[str]:
+        return [proc.require("slurmctld"), "-f", str(self.slurm_conf)]
 
     def _slurmd_argv(self, node: Node) -> list[str]:
         """slurmd in the node's network namespace, with the node's hostname in a new UTS namespace.

@@ -243,7 +243,7 @@ def kill_netns_slowly(name: str, seconds: float, rng: random.Random, timeout: fl
         _signal(pid, signal.SIGKILL)
         killed.add(pid)
         left = start + seconds - time.monotonic()
-        time.sleep(max(left, 0) / len(pids) if left > 0 else 0.01)
+        time.sleep(left / len(pids) if left > 0 else 0.01)
     return len(killed)
 
 
