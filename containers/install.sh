@@ -77,6 +77,11 @@ ctrain() {
     src=$1
     "$python" -m pip install --no-deps --no-build-isolation --no-index "$src"
     rm -rf "$src/build" "$src"/src/*.egg-info
+    # enroot (pyxis) starts a container through a login shell, and Debian's /etc/profile then resets
+    # a non-root user's PATH, dropping the venv that the image's PATH puts first: put it back.
+    cat >/etc/profile.d/ctrain-venv.sh <<EOF
+case ":\$PATH:" in *":$venv/bin:"*) ;; *) PATH="$venv/bin:\$PATH"; export PATH ;; esac
+EOF
     "$venv/bin/ctrain" --version
 }
 

@@ -27,6 +27,8 @@ PACKAGES: dict[str, tuple[str, ...]] = {
     "push": ("rsync", "openssh-client", "openssh-server"),
     # ParallelCluster's CLI generates CloudFormation with the AWS CDK, which runs on Node.js (also for dry runs).
     "cluster": ("nodejs",),
+    # enroot and pyxis built from source for the testbed (ctrain.testbed.pyxis), and what enroot runs.
+    "pyxis": ("make", "gcc", "libc6-dev", "makeself", "libslurm-dev", "jq", "zstd", "squashfs-tools"),
 }
 
 # The programs ctrain runs from each package; a package whose programs are all on PATH needs no
@@ -50,6 +52,11 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "openssh-client": ("ssh", "scp"),
     "openssh-server": ("sshd",),
     "nodejs": ("node",),
+    "make": ("make",),
+    "gcc": ("gcc",),
+    "makeself": ("makeself",),
+    "jq": ("jq",),
+    "zstd": ("zstd",),
 }
 
 SID_SOURCE = Path("/etc/apt/sources.list.d/ctrain-sid.sources")

@@ -7,15 +7,19 @@ started it. The lifecycle tests take the testbed down and up themselves, so they
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ctrain.testbed import Testbed, build_demo_image
-from tests.conftest import need_root
+from ctrain.testbed.pyxis import Sources
+from tests.conftest import need, need_root
 
 REPO = Path(__file__).resolve().parents[2]
+# enroot's and pyxis's release tarballs; a user gets them from GitHub, this machine has no route there.
+PYXIS_SOURCES = Path(os.environ.get("CTRAIN_PYXIS_SOURCES", REPO.parent / "shared" / "vendor"))
 LIFECYCLE_TESTS = "tests/integration/test_testbed_lifecycle.py"
 MIN_NODES = 2
 
@@ -30,19 +34,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[Testbed]:
-    """A running testbed with at least 2 nodes, as a :class:`ctrain.testbed.Testbed`.
+    """A running testbed with at least 2 nodes and pyxis, as a :class:`ctrain.testbed.Testbed`.
 
     Useful members: ``user``, ``shared_dir``, ``nodes``, ``run_as_user(args, env=, cwd=, input=)``,
     ``submit(script, *sbatch_args, env=) -> job id``, ``wait(job_id, timeout) -> final state``,
     ``job_state(job_id)``, ``slurm`` (the Slurm client as root: ``slurm.run(args)``, ``slurm.job(id)``).
     """
     need_root()
+    need(any(PYXIS_SOURCES.glob("pyxis*")), f"enroot's and pyxis's sources in {PYXIS_SOURCES} (CTRAIN_PYXIS_SOURCES)")
     tb = Testbed()
     was_up = tb.is_up()
     if was_up and len(tb.nodes) < MIN_NODES:
         tb.down()
         was_up = False
-    tb.up(len(tb.nodes) if was_up else MIN_NODES)  # harmless when up; restarts one with an outdated config
+    # Harmless when up; restarts one with an outdated config. pyxis is loaded, as on ParallelCluster.
+    tb.up(len(tb.nodes) if was_up else MIN_NODES, with_pyxis=Sources.from_dir(PYXIS_SOURCES))
     yield tb
     if not was_up:
         tb.down()

@@ -31,16 +31,20 @@ def testbed() -> None:
 
 @testbed.command("up")
 @click.option("--nodes", "-N", type=int, default=2, show_default=True, help="Number of Slurm nodes.")
+@click.option("--pyxis", "pyxis_sources", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Also run pyxis and enroot, built from the enroot-VERSION.tar.gz and pyxis-VERSION.tar.gz "
+              "(their GitHub releases) or source trees in this directory; they stay until `down --purge`.")
 @_state_dir_option
-def testbed_up(nodes: int, state_dir: Path | None) -> None:
+def testbed_up(nodes: int, pyxis_sources: Path | None, state_dir: Path | None) -> None:
     """Start munged, slurmctld and one slurmd per node (as root); wait until all nodes are idle.
 
     Running it again with the same --nodes is harmless; a half-started testbed is cleaned up first.
     """
     from ctrain.testbed import Testbed, usage
+    from ctrain.testbed.pyxis import Sources
 
     tb = Testbed(state_dir)
-    tb.up(nodes)
+    tb.up(nodes, with_pyxis=Sources.from_dir(pyxis_sources) if pyxis_sources else None)
     click.echo(usage(tb), nl=False)
 
 

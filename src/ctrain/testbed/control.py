@@ -27,7 +27,7 @@ from ctrain import proc, system, ui
 from ctrain.errors import CtrainError
 from ctrain.files import atomic_write_json
 from ctrain.slurm import Local, Slurm
-from ctrain.testbed import host
+from ctrain.testbed import host, pyxis
 from ctrain.testbed.plan import (
     BRIDGE,
     CONTROLLER_IP,
@@ -385,14 +385,22 @@ class Testbed:
 
     # --- up ------------------------------------------------------------------------------------------------
 
-    def up(self, nodes: int = 2, *, log: Log = ui.info) -> None:
-        """Start a testbed with ``nodes`` nodes (harmless if the same one is already up)."""
+    def up(self, nodes: int = 2, *, with_pyxis: pyxis.Sources | None = None, log: Log = ui.info) -> None:
+        """Start a testbed with ``nodes`` nodes (harmless if the same one is already up).
+
+        ``with_pyxis``: build enroot and pyxis from these sources first and load pyxis in every slurmd;
+        once installed they stay (a later ``up`` keeps them) until ``down --purge``.
+        """
         memory_mb = machine_memory_mb()
         check_nodes(nodes, memory_mb)
         if not system.is_root():
             raise CtrainError(
                 "`ctrain testbed up` must run as root: it starts Slurm daemons and creates network namespaces"
             )
+        if with_pyxis is not None:
+            system.ensure("pyxis")
+            self.layout.root.mkdir(parents=True, exist_ok=True)
+            pyxis.install(self.layout, with_pyxis, log)
         current = self.status()
         plan = node_plan(nodes)
         gpus = split_gpus(machine_gpus(), plan)
@@ -433,10 +441,15 @@ class Testbed:
         return render_slurm_conf(self.layout, host_name, plan, machine_cpus(), memory_mb, gpus)
 
     def _config_changed(self, plan: list[Node], memory_mb: int, gpus: dict[str, list[Gpu]]) -> bool:
+        """Whether the running daemons read other files than these (a pyxis built since counts)."""
+        found = pyxis.installed(self.layout)
+        if (self._state() or {}).get("pyxis") != (found.fingerprint if found else None):
+            return True
         try:
-            return self.slurm_conf.read_text() != self._render(plan, memory_mb, gpus)
+            written = self.slurm_conf.read_text(), self.layout.plugstack_conf.read_text()
         except FileNotFoundError:
             return True
+        return written != (self._render(plan, memory_mb, gpus), pyxis.render_plugstack(self.layout, found is not None))
 
     def _refuse_foreign(self, plan: list[Node]) -> None:
         """Never take over a Slurm setup, host names or a directory the testbed did not create."""
@@ -477,11 +490,13 @@ class Testbed:
         for node in nodes:
             if gpus[node["name"]]:
                 node["gpus"] = [g.path for g in gpus[node["name"]]]
+        found = pyxis.installed(self.layout)
         state: dict = {
             "user": JOB_USER,
             "controller_host": socket.gethostname().split(".")[0],
             "nodes": nodes,
             "daemons": {},
+            "pyxis": found.fingerprint if found else None,
         }
         self._save(state)
 
@@ -505,6 +520,8 @@ class Testbed:
         if stale:
             self.slurm.run(["scancel", *stale])
             log(f"cancelled {len(stale)} job(s) left from before the last stop")
+        if found:
+            log(f"pyxis {found.pyxis} and enroot {found.enroot}: loaded by every slurmd and srun ({self.layout.plugstack_conf})")
         log(f"starting slurmd on {', '.join(n.name for n in plan)}")
         for node in plan:
             start(f"slurmd-{node.name}", self._slurmd_argv(node))
@@ -539,6 +556,7 @@ class Testbed:
                 handle.write(os.urandom(1024))
         lay.slurm_conf.write_text(self._render(plan, memory_mb, gpus))
         lay.cgroup_conf.write_text(render_cgroup_conf())
+        lay.plugstack_conf.write_text(pyxis.render_plugstack(lay, pyxis.installed(lay) is not None))
         if any(gpus.values()):
             lay.gres_conf.write_text(render_gres_conf(gpus))
             lay.task_prolog.write_text(render_task_prolog(gpus))
@@ -571,7 +589,10 @@ class Testbed:
         cgroup mounts slurmd needs.
         """
         enter = ["nsenter", f"--net=/run/netns/{node.netns}", "unshare", "--uts", "--"]
-        set_hostname = ["/bin/sh", "-c", f'{shlex.quote(proc.require("hostname"))} "$0" && exec "$@"', node.name]
+        # pyxis runs `enroot` from slurmd's PATH (the only variable it keeps from slurmstepd).
+        path = f"PATH={shlex.quote(str(pyxis.bin_dir(self.layout)))}:$PATH " if pyxis.installed(self.layout) else ""
+        script = f'{shlex.quote(proc.require("hostname"))} "$0" && {path}exec "$@"'
+        set_hostname = ["/bin/sh", "-c", script, node.name]
         return [*enter, *set_hostname, proc.require("slurmd"), "-f", str(self.slurm_conf), "-N", node.name]
 
     def _wait_controller(self) -> None:

@@ -202,6 +202,15 @@ class Layout:
     def shared_dir(self) -> Path:
         return self.root / "shared"
 
+    @property
+    def plugstack_conf(self) -> Path:
+        return self.root / "plugstack.conf"
+
+    @property
+    def pyxis_prefix(self) -> Path:
+        """Where enroot and pyxis are installed when the testbed runs them (``up --pyxis``)."""
+        return self.root / "pyxis"
+
     def pid_file(self, daemon: str) -> Path:
         return self.run_dir / f"{daemon}.pid"
 
@@ -256,6 +265,9 @@ SlurmctldPidFile={layout.pid_file("slurmctld")}
 SlurmdPidFile={layout.pid_file("slurmd-%n")}
 SlurmctldLogFile={layout.log_file("slurmctld")}
 SlurmdLogFile={layout.log_file("slurmd-%n")}
+# SPANK plugins (pyxis, with `ctrain testbed up --pyxis`): one file for every slurmd and srun,
+# whichever slurm.conf path they were given.
+PlugStackConfig={layout.plugstack_conf}
 
 # All nodes share one kernel: track job processes by parent PID, no cgroups, no CPU binding.
 ProctrackType=proctrack/linuxproc
