@@ -3,18 +3,25 @@
 # 2-node Slurm cluster on this machine (`ctrain testbed`), build a small Apptainer image as the
 # cluster's unprivileged job user, and run a 2-node sbatch job whose tasks run inside the image
 # and report their node. Fails unless the tasks ran on 2 distinct nodes. Safe to rerun.
+#   scripts/hello-nodes.sh                  the tasks run in Apptainer
+#   scripts/hello-nodes.sh --pyxis DIR      they run through pyxis and enroot, built from the
+#                                           enroot-*.tar.gz and pyxis-*.tar.gz in DIR (their releases)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+pyxis=()
+if [ "${1:-}" = --pyxis ]; then
+    pyxis=(--pyxis "${2:?usage: scripts/hello-nodes.sh [--pyxis DIR]}")
+fi
 
-scripts/setup.sh testbed apptainer
+scripts/setup.sh testbed apptainer ${pyxis[@]+pyxis}
 export PATH="$PWD/.venv/bin:$PATH"
 
 echo "== 1/3 a 2-node Slurm cluster on this machine"
-ctrain testbed up --nodes 2
+ctrain testbed up --nodes 2 ${pyxis[@]+"${pyxis[@]}"}
 shared=$(ctrain testbed status --shared-dir)   # like a cluster's /scratch: same path on every node
 
-echo "== 2/3 a small Apptainer image, built as the unprivileged job user"
-image=$(ctrain testbed demo-image examples/hello-node.def)
+echo "== 2/3 a small image, built as the unprivileged job user"
+image=$(ctrain testbed demo-image examples/hello-node.def ${pyxis[@]+--sqsh})
 
 echo "== 3/3 a 2-node job: one task per node, each inside the image"
 install -m 0644 examples/hello-nodes.sbatch "$shared/hello-nodes.sbatch"

@@ -21,7 +21,7 @@ STRICT = bool(os.environ.get("CTRAIN_STRICT") or os.environ.get("CI"))
 # job on it made runs in one pytest-xdist group (one worker, in collection order), beside the tests
 # that need no testbed (scripts/test.sh runs two workers). These fixtures mark such a test.
 TESTBED_FIXTURES = frozenset({"testbed", "tb", "quickstart", "demo_run", "sbatch_project", "login_host",
-                              "pyxis_double", "demo_image"})  # fmt: skip
+                              "demo_image"})  # fmt: skip
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -164,7 +164,7 @@ def init(directory: Path, force: bool, upgrade: bool) -> None:
     multiple=True,
     metavar="WORKFLOW",
     help="Fail (exit 1) unless this workflow is ready; repeatable. "
-    "One of: build, sif, sqsh, push, slurm, apptainer-jobs, gpu, train, cluster.",
+    "One of: build, sif, sqsh, push, slurm, apptainer-jobs, pyxis-jobs, gpu, train, cluster.",
 )
 def doctor(workflows: tuple[str, ...]) -> None:
     """Show which tools are present for each workflow, and what is missing.

@@ -52,6 +52,19 @@ def _controller() -> Check:
     return Check("slurm controller", up, text.splitlines()[0] if text else f"scontrol ping exited {out.returncode}")
 
 
+def _pyxis() -> Check:
+    """pyxis as srun loads it (plugstack.conf): its options appear in ``srun --help`` only then."""
+    if not proc.which("srun"):
+        return Check("pyxis", False, "srun not found")
+    try:
+        out = proc.run(["srun", "--help"], check=False, timeout=20)
+    except CtrainError as exc:
+        return Check("pyxis", False, str(exc).splitlines()[0])
+    if "--container-image" not in out.stdout:
+        return Check("pyxis", False, "srun does not load pyxis (no --container-image in srun --help; see plugstack.conf)")
+    return Check("pyxis", True, "loaded by srun (--container-image)")
+
+
 def _gpus() -> Check:
     if not proc.which("nvidia-smi"):
         return Check("gpus", False, "nvidia-smi not found (no NVIDIA driver)")
@@ -86,6 +99,7 @@ CHECKS: dict[str, Callable[[], Check]] = {
     "umoci": _tool("umoci"),
     "mksquashfs": _tool("mksquashfs", ("-version",)),
     "enroot": _tool("enroot", ("version",)),
+    "pyxis": _pyxis,
     "rsync": _tool("rsync"),
     "ssh": _tool("ssh", ("-V",)),
     "sbatch": _tool("sbatch"),
@@ -111,6 +125,7 @@ WORKFLOWS: dict[str, tuple[tuple[str, ...], ...]] = {
     "push": (("skopeo", "podman", "docker", "apptainer", "rsync"),),
     "slurm": (("sbatch",), ("srun",), ("slurm controller",)),
     "apptainer-jobs": (("sbatch",), ("srun",), ("slurm controller",), ("apptainer",)),
+    "pyxis-jobs": (("sbatch",), ("srun",), ("slurm controller",), ("pyxis",)),
     "gpu": (("nvidia-smi",), ("gpus",)),
     "train": (("torch",), ("transformers",), ("trl",), ("datasets",), ("accelerate",)),
     "cluster": (("pcluster",),),

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from ctrain import slurm
 from ctrain.cli import main
+from tests import golden_files
 
 # The testbed fixture points SLURM_CONF at the testbed: a plain client is what `ctrain status` uses.
 SLURM = slurm.Slurm()
@@ -120,6 +121,22 @@ def test_scripts_pass_sbatch_test_only(testbed, sbatch_project, script: str) -> 
     assert re.search(
         rf"Job \d+ to start at \S+ using \d+ processors on nodes {re.escape(nodes)} in partition", out.stderr
     ), out.stderr
+
+
+def test_the_pyxis_options_the_scripts_are_checked_against_are_real_pyxis_options(testbed) -> None:
+    """tests/golden/sbatch/pyxis-srun-options.txt, which every --container-* flag of the scripts is
+    checked against, is exactly what the pyxis the testbed runs adds to `srun --help`."""
+    text = testbed.run_as_user(["srun", "--help"]).stdout
+    entries = re.split(r"\n(?=\s{2,6}-)", text)
+    real = {}
+    for entry in entries:
+        match = re.match(r"\s*--([a-z-]+)(?:=(\S+))?", entry)
+        if match and "[pyxis]" in entry:
+            real[match[1]] = match[2] or "-"
+    assert real == golden_files.pyxis_options()
+    doctor = CliRunner().invoke(main, ["doctor", "--for", "pyxis-jobs"])
+    assert doctor.exit_code == 0, doctor.output
+    assert re.search(r"^pyxis\s+ok\s+loaded by srun", doctor.output, re.MULTILINE), doctor.output
 
 
 def test_submit_queues_the_text_and_keeps_a_copy_beside_the_log(testbed, tmp_path: Path) -> None:

@@ -530,3 +530,52 @@ echo "run ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME"
     assert f"ctrain: requeueing job {job_id} (restart 1) without {first} (ExcNodeList)" in log
     record = project.testbed.slurm.run(["scontrol", "show", "job", "-o", job_id]).stdout
     assert f"ExcNodeList={first} " in record, record
+
+
+def test_through_pyxis_term_and_a_killed_rank_behave_as_under_apptainer(sbatch_project: Project,
+                                                                        cpu_sqsh: Path) -> None:  # fmt: skip
+    """A job of `ctrain submit --runtime pyxis` (real pyxis and enroot): Slurm's TERM in the first run
+    reaches the ranks in their containers, which checkpoint the signalled step; in the requeued run a
+    rank is SIGKILLed and the job is retried once; the retry resumes from the TERM's checkpoint and
+    finishes. Each run starts from the squashfs, which pyxis unpacks on every node at every start."""
+    project = sbatch_project
+    steps = 150
+    script = project.path / "logs" / f"pyxis-faults-{time.monotonic_ns()}.sbatch"
+    result = CliRunner().invoke(main, [
+        "submit", "--runtime=pyxis", f"--image={cpu_sqsh}", "--nodes=2", f"--ntasks-per-node={PER_NODE}",
+        "--job-name=pyxis-faults", f"--write-script={script}", DEMO, f"training.max_steps={steps}",
+        "training.logging_steps=5", "training.save_steps=100000", "training.output_dir=/outputs/pyxis-faults"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    project.own(script)
+    job_id = project.sbatch(str(script))
+    pattern = rf"step (\d+)/{steps}, loss"
+    beats = training(project, job_id, past=10)
+    sent = time.monotonic()
+    project.testbed.slurm.run(["scontrol", "requeue", job_id])
+    saved = wait_until("the checkpoint", lambda: "checkpoint /outputs/pyxis-faults/checkpoint-" in project.log(job_id),
+                       120)  # fmt: skip
+    report("pyxis: TERM: to checkpoint complete", f"{saved - sent:.1f} s")
+    wait_until("Slurm's requeue", lambda: restarts(project, job_id) == 1, 120, every=1)
+    project.testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"],
+                              check=False)  # fmt: skip
+    beats = training(project, job_id, past=1, earlier=frozenset(pid for _, _, pid in beats.values()))
+    _, node, pid = beats[LAST]
+    os.kill(pid, signal.SIGKILL)  # enroot shares the host's PID namespace: the heartbeat's PID is the rank's
+    killed = time.monotonic()
+    ended = wait_until("the step's end", lambda: project.log(job_id).count("step exited with") == 2, 60)
+    report(f"pyxis: SIGKILL of rank {LAST} on {node}: to the step's end", f"{ended - killed:.1f} s")
+    state = project.testbed.wait(job_id, timeout=JOB_TIMEOUT)
+    log = project.log(job_id)
+    assert state == "COMPLETED", f"job {job_id} ended {state}:\n{log[-6000:]}"
+    runs = log.split("ctrain: job ")[1:]
+    assert len(runs) == 3, log[-6000:]
+    assert all(f"ctrain: pyxis image {cpu_sqsh}, torchrun" in run for run in runs), log[-6000:]
+    stopped = int(re.search(r"preemption \(SIGTERM\): saving a complete checkpoint at step (\d+)", runs[0]).group(1))
+    assert f"checkpoint /outputs/pyxis-faults/checkpoint-{stopped} complete" in runs[0]
+    assert max(int(n) for n in re.findall(pattern, runs[0])) <= stopped
+    assert "ctrain: failure: a rank failed on a live node: " in runs[1], runs[1][-4000:]
+    assert re.search(rf"ctrain: requeueing job {job_id} once \(restart \d\)", runs[1]), runs[1][-4000:]
+    assert f"resuming from /outputs/pyxis-faults/checkpoint-{stopped} " in runs[2]
+    assert min(int(n) for n in re.findall(pattern, runs[2])) > stopped
+    assert "saved the final model and tokenizer to /outputs/pyxis-faults/final" in runs[2]
+    assert not re.search(r"slurmstepd-node\d: error: pyxis", log), log[-6000:]

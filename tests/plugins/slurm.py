@@ -1,12 +1,5 @@
 """Fixtures for the sbatch scripts on the testbed: a user's project directory on the shared
-filesystem, jobs submitted as the job user, and a test double of pyxis.
-
-pyxis and enroot cannot run on the testbed. ``pyxis_double`` is an ``srun`` in front of the real
-one that turns pyxis's ``--container-*`` options into ``apptainer exec`` (which runs the enroot
-squashfs as it is), refuses container options it does not know, and plants wrong ``RANK``,
-``WORLD_SIZE`` and ``MASTER_*`` values in the container, as enroot's PyTorch hook would. It is a
-double: it shows the pyxis scripts' payload and environment handling work, not pyxis itself.
-"""
+filesystem and jobs submitted as the job user (the testbed runs Apptainer, and pyxis with enroot)."""
 
 from __future__ import annotations
 
@@ -24,40 +17,6 @@ from ctrain.slurm import Slurm
 
 REPO = Path(__file__).resolve().parents[2]
 
-# What enroot's 50-slurm-pytorch.sh would write into the container, with values no run can use.
-HOOK_VALUES = {"MASTER_ADDR": "hook.invalid", "MASTER_PORT": "1", "RANK": "99", "WORLD_SIZE": "99", "LOCAL_RANK": "99"}
-
-_DOUBLE = r"""#!/bin/bash
-# Test double of pyxis (tests/plugins/slurm.py): srun --container-* -> srun apptainer exec.
-set -euo pipefail
-options=() container=(apptainer exec) image=
-while [[ $# -gt 0 && $1 == -* ]]; do
-    case $1 in
-        --container-image=*) image=${1#*=} ;;
-        --container-mounts=*)
-            IFS=, read -ra mounts <<<"${1#*=}"
-            for mount in "${mounts[@]}"; do container+=(--bind "${mount//+/,}"); done ;;
-        --container-workdir=*) container+=(--pwd "${1#*=}") ;;
-        --no-container-mount-home) container+=(--no-home) ;;
-        --container-mount-home | --no-container-remap-root | --no-container-entrypoint) ;;
-        --container-env=*)
-            IFS=, read -ra names <<<"${1#*=}"
-            for name in "${names[@]}"; do export "APPTAINERENV_$name=${!name}"; done ;;
-        --container-* | --no-container-*) echo "srun (pyxis double): unsupported option $1" >&2; exit 1 ;;
-        *) options+=("$1") ;;
-    esac
-    shift
-done
-[[ -n $image ]] || exec REAL_SRUN "${options[@]}" "$@" # no container: plain srun, as with pyxis
-# enroot starts the container with the image's /etc/environment (Apptainer reads its own files).
-environment=$(mktemp -t pyxis-double-environment.XXXXXX)
-trap 'rm -f "$environment"' EXIT
-unsquashfs -cat "$image" etc/environment >"$environment"
-container+=(--env-file "$environment")
-HOOK
-echo "pyxis double: ${options[*]} ${container[*]} $image $1 ..." >&2
-REAL_SRUN "${options[@]}" "${container[@]}" "$image" "$@"
-"""
 
 
 @dataclass
@@ -151,22 +110,3 @@ def leaves_testbed_clean(request, sbatch_project: Project):
             if state.startswith(("down", "drain", "fail")):
                 testbed.slurm.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], check=False)
         time.sleep(0.5)
-
-
-@pytest.fixture(scope="session")
-def pyxis_double(testbed) -> Path:
-    """A directory holding the pyxis double ``srun``: put it first on the job's PATH."""
-    real = shutil.which("srun")
-    assert real, "srun not found"
-    hook = "\n".join(f"export APPTAINERENV_{k}={v}" for k, v in HOOK_VALUES.items())
-    hook += "\necho 'pyxis double: planted " + " ".join(f"{k}={v}" for k, v in HOOK_VALUES.items()) + "' >&2"
-    directory = Path(testbed.shared_dir) / "pyxis-double"
-    directory.mkdir(exist_ok=True)
-    double = directory / "srun"
-    double.write_text(
-        _DOUBLE.replace("HOOK", "# the PyTorch hook's variables, wrong on purpose\n" + hook).replace("REAL_SRUN", real)
-    )
-    double.chmod(0o755)
-    # Made by root, run by the job user: it may read and run it, and writes nothing beside it.
-    directory.chmod(0o755)
-    return directory

@@ -312,20 +312,10 @@ def test_bad_launcher_is_a_clear_error(slurm_conf: Path) -> None:
 # --- pyxis: every container flag is one pyxis documents -------------------------------------------
 
 
-def pyxis_options() -> dict[str, bool]:
-    """pyxis's srun options (tests/golden/sbatch/pyxis-srun-options.txt): name -> takes a value."""
-    options = {}
-    for line in (GOLDEN / "pyxis-srun-options.txt").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, argument = line.split(None, 1)
-            options[name] = argument.strip() != "-"
-    return options
-
-
 @pytest.mark.parametrize("mount_home", ["0", "1"])
 @pytest.mark.parametrize("script", ["pyxis", "pyxis_multinode"])
 def test_pyxis_flags_are_documented_pyxis_options(script: str, mount_home: str, slurm_conf: Path) -> None:
-    documented = pyxis_options()
+    documented = {name: argument != "-" for name, argument in golden_files.pyxis_options().items()}
     env = {
         **allocation(2),
         "CTRAIN_MOUNT_HOME": mount_home,
@@ -350,7 +340,7 @@ def test_pyxis_flags_are_documented_pyxis_options(script: str, mount_home: str, 
 
 def test_pyxis_option_list_cites_its_source() -> None:
     text = (GOLDEN / "pyxis-srun-options.txt").read_text()
-    assert "github.com/NVIDIA/pyxis" in text and "container-env" in pyxis_options()
+    assert "github.com/NVIDIA/pyxis" in text and "container-env" in golden_files.pyxis_options()
 
 
 # --- the scripts themselves -----------------------------------------------------------------------

@@ -115,10 +115,11 @@ def testbed_exec(state_dir: Path | None, command: tuple[str, ...]) -> None:
 @testbed.command("demo-image")
 @_state_dir_option
 @click.argument("definition", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="SIF to write "
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Image to write "
               "(default: DEFINITION's name in the shared dir).")  # fmt: skip
-def testbed_demo_image(state_dir: Path | None, definition: Path, output: Path | None) -> None:
-    """Build a small Apptainer DEFINITION into a SIF as the job user; print the SIF's path.
+@click.option("--sqsh", is_flag=True, help="Write a squashfs for pyxis (srun --container-image) instead of a SIF.")
+def testbed_demo_image(state_dir: Path | None, definition: Path, output: Path | None, sqsh: bool) -> None:
+    """Build a small Apptainer DEFINITION into a SIF as the job user; print the image's path.
 
     `{{ busybox }}` in the definition is a static busybox from Debian's busybox-static package
     (downloaded, not installed): enough for images that need no base image, like
@@ -126,4 +127,4 @@ def testbed_demo_image(state_dir: Path | None, definition: Path, output: Path | 
     """
     from ctrain.testbed import Testbed, build_demo_image
 
-    click.echo(build_demo_image(Testbed(state_dir), definition, output))
+    click.echo(build_demo_image(Testbed(state_dir), definition, output, sqsh=sqsh))

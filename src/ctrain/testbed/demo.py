@@ -40,10 +40,12 @@ def busybox(tb: Testbed, work: Path) -> Path:
     return binary
 
 
-def build_demo_image(tb: Testbed, definition: Path, output: Path | None = None, *, log: Log = ui.info) -> Path:
-    """Build ``definition`` (which may use ``{{ busybox }}``) into a SIF as the job user.
+def build_demo_image(tb: Testbed, definition: Path, output: Path | None = None, *, sqsh: bool = False,
+                     log: Log = ui.info) -> Path:
+    """Build ``definition`` (which may use ``{{ busybox }}``) into a SIF as the job user; with ``sqsh``,
+    into a squashfs for enroot (pyxis) instead, made from the SIF's root filesystem.
 
-    The SIF goes to ``output`` (default: the shared directory, named after the definition);
+    The image goes to ``output`` (default: the shared directory, named after the definition);
     rebuilding overwrites it.
     """
     definition = Path(definition)
@@ -51,7 +53,9 @@ def build_demo_image(tb: Testbed, definition: Path, output: Path | None = None, 
         raise CtrainError(f"definition {definition} does not exist")
     if not tb.shared_dir.is_dir():
         raise CtrainError(f"{tb.shared_dir} does not exist: run `ctrain testbed up` first")
-    output = Path(output).absolute() if output else tb.shared_dir / f"{definition.stem}.sif"
+    suffix = ".sqsh" if sqsh else ".sif"
+    output = Path(output).absolute() if output else tb.shared_dir / f"{definition.stem}{suffix}"
+    sif = output.with_suffix(".sif") if sqsh else output
     work = tb.shared_dir / ".demo-image"
     work.mkdir(exist_ok=True)
     _own(tb, work)
@@ -61,9 +65,21 @@ def build_demo_image(tb: Testbed, definition: Path, output: Path | None = None, 
     _own(tb, copy)
     log(f"building {output} from {definition} as {tb.user}")
     code = tb.stream_as_user(
-        ["apptainer", "build", "--force", "--build-arg", f"busybox={busybox(tb, work)}", str(output), str(copy)],
+        ["apptainer", "build", "--force", "--build-arg", f"busybox={busybox(tb, work)}", str(sif), str(copy)],
         on_line=lambda line: log("  apptainer: " + line),
     )
     if code != 0:
         raise CtrainError(f"apptainer build of {definition} failed (exit {code}); its output is above")
+    if sqsh:
+        rootfs = work / "rootfs"
+        commands = (
+            ["rm", "-rf", str(rootfs)],
+            ["apptainer", "build", "--force", "--sandbox", str(rootfs), str(sif)],
+            ["mksquashfs", str(rootfs), str(output), "-noappend", "-quiet", "-no-xattrs"],
+            ["rm", "-rf", str(rootfs)],
+        )
+        for argv in commands:
+            code = tb.stream_as_user(argv, on_line=lambda line: log("  " + line))
+            if code != 0:
+                raise CtrainError(f"{' '.join(argv[:2])} for the squashfs of {definition} failed (exit {code})")
     return output
