@@ -22,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from ctrain.cli import main
+from ctrain.testbed.demo import busybox
 from ctrain.testbed.plan import CRED_EXPIRE_S
 from tests.plugins.slurm import Project
 
@@ -317,3 +318,52 @@ def test_pyxis_multinode_trains_in_the_squashfs(project: Project, cpu_sqsh: Path
     # enroot unpacked the image on each node, into that node's own directory: pyxis reported nothing.
     assert not re.search(r"slurmstepd-node\d: error", log), log[-4000:]
     assert (project.path / "outputs" / "pyxis" / "final" / "config.json").is_file()
+
+
+def _tiny_sqsh(testbed, path: Path, *, venv_back: bool) -> Path:
+    """A busybox image laid out like a Debian one under enroot: its ENV PATH puts a venv with
+    `torchrun` and `python` first, and /etc/profile resets PATH as Debian's does; with ``venv_back``
+    /etc/profile.d puts the venv back, as containers/install.sh does."""
+    root = path.with_suffix(".root")
+    (root / "bin").mkdir(parents=True)
+    work = testbed.shared_dir / ".demo-image"  # where the job user downloads busybox for the demo image
+    work.mkdir(exist_ok=True)
+    shutil.chown(work, testbed.user)
+    shutil.copy(busybox(testbed, work), root / "bin" / "busybox")
+    for tool in ("sh", "cat", "echo"):
+        (root / "bin" / tool).symlink_to("busybox")
+    (root / "opt" / "v" / "bin").mkdir(parents=True)
+    for tool in ("torchrun", "python"):
+        (root / "opt" / "v" / "bin" / tool).write_text("#!/bin/sh\n")
+        (root / "opt" / "v" / "bin" / tool).chmod(0o755)
+    (root / "etc" / "profile.d").mkdir(parents=True)
+    (root / "etc" / "environment").write_text("PATH=/opt/v/bin:/usr/bin:/bin\n")
+    (root / "etc" / "rc").write_text('exec "$@"\n')
+    (root / "etc" / "profile").write_text(
+        'PATH="/usr/local/bin:/usr/bin:/bin"\nexport PATH\nfor i in /etc/profile.d/*.sh; do [ -r "$i" ] && . "$i"; done\n'
+    )
+    if venv_back:
+        (root / "etc" / "profile.d" / "venv.sh").write_text('PATH="/opt/v/bin:$PATH"; export PATH\n')
+    subprocess.run(["mksquashfs", str(root), str(path), "-all-root", "-noappend", "-quiet"], check=True)
+    return path
+
+
+def test_convert_starts_the_squashfs_with_enroot_before_calling_it_done(testbed, cpu_sqsh: Path, tmp_path: Path,
+                                                                        monkeypatch) -> None:  # fmt: skip
+    """ctrain convert's self-check starts the squashfs with enroot the way pyxis does (the testbed's
+    enroot): the image the tests train with passes; an image whose login shell loses the venv from
+    PATH fails with the reason, and one that puts it back in /etc/profile.d passes."""
+    from ctrain.errors import CtrainError
+    from ctrain.image import sqsh
+    from ctrain.testbed import pyxis
+
+    monkeypatch.setenv("PATH", f"{pyxis.bin_dir(testbed.layout)}:{os.environ['PATH']}")
+    said: list[str] = []
+    sqsh.self_check(cpu_sqsh, tmp_path / "real", said.append)
+    assert said == ["sqsh: started with enroot as pyxis does; torchrun and python are on the image's PATH"]
+    sqsh.self_check(_tiny_sqsh(testbed, tmp_path / "fixed.sqsh", venv_back=True), tmp_path / "fixed", said.append)
+    broken = _tiny_sqsh(testbed, tmp_path / "broken.sqsh", venv_back=False)
+    with pytest.raises(CtrainError) as caught:
+        sqsh.self_check(broken, tmp_path / "broken", said.append, shown="images/broken.sqsh")
+    assert str(caught.value).startswith("images/broken.sqsh does not start as pyxis starts it")
+    assert "torchrun is not on the container's PATH (/usr/local/bin:/usr/bin:/bin)" in str(caught.value)

@@ -539,7 +539,7 @@ def test_through_pyxis_term_and_a_killed_rank_behave_as_under_apptainer(sbatch_p
     rank is SIGKILLed and the job is retried once; the retry resumes from the TERM's checkpoint and
     finishes. Each run starts from the squashfs, which pyxis unpacks on every node at every start."""
     project = sbatch_project
-    steps = 150
+    steps = 80
     script = project.path / "logs" / f"pyxis-faults-{time.monotonic_ns()}.sbatch"
     result = CliRunner().invoke(main, [
         "submit", "--runtime=pyxis", f"--image={cpu_sqsh}", "--nodes=2", f"--ntasks-per-node={PER_NODE}",

@@ -318,6 +318,8 @@ def _write(
                     _sif(image, layout, tmp, compression, context, work, emit)
                 else:
                     sqsh.write(layout, "image", store.oci_config(layout), tmp, compression, work, emit=emit)
+        if to == "sqsh":
+            sqsh.self_check(tmp, work, emit, shown=str(output))
         tmp.chmod(0o644)
         _sidecar(output).unlink(missing_ok=True)
         os.replace(tmp, output)

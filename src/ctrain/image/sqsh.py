@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrain import proc, ui
+from ctrain.errors import CtrainError
 
 # mksquashfs options per compression. enroot's own default (ENROOT_SQUASH_OPTIONS) is
 # "-comp lzo -noD": lzo metadata, uncompressed data. pyxis recommends no compression for
@@ -162,3 +163,41 @@ def write(
         ],
         on_line=lambda line: emit("sqsh: " + line) if line.strip() else None,
     )
+
+
+# What the sbatch scripts run in the container (pyxis with --no-container-entrypoint): the launcher,
+# by name, from the image's PATH as enroot's login shell leaves it.
+LAUNCHERS = ("torchrun", "python")
+_FIND_LAUNCHERS = (
+    'for c in "$@"; do command -v "$c" >/dev/null || { echo "$c is not on the container\'s PATH ($PATH)"; exit 3; }; '
+    "done"
+)
+SELF_CHECK_TIMEOUT = 120.0
+
+
+def self_check(image: Path, workdir: Path, emit: Callable[[str], None] = ui.info, *, shown: str = "") -> None:
+    """Start ``image`` with enroot the way pyxis starts it (no entrypoint, enroot's login shell, the
+    image's environment) and find the launchers. Reading /etc/environment cannot show what the
+    login shell's /etc/profile does to PATH; enroot itself can. Skipped, and said, without enroot.
+    ``shown``: the name the error gives the image (the caller's output, not its temporary file)."""
+    enroot = proc.which("enroot")
+    if not enroot:
+        emit("sqsh: enroot is not on PATH here, so the squashfs was not started (pyxis starts it on the nodes)")
+        return
+    base = workdir / "enroot-check"
+    env = {f"ENROOT_{key}_PATH": str(base / key.lower()) for key in ("DATA", "CACHE", "RUNTIME", "TEMP")}
+    for path in env.values():
+        Path(path).mkdir(parents=True, exist_ok=True)
+    rc = base / "rc"  # enroot's stand-in for the image's /etc/rc: run the command, not the entrypoint
+    rc.write_text('exec "$@"\n')
+    argv = [enroot, "start", "--rc", rc, image, "sh", "-c", _FIND_LAUNCHERS, "check", *LAUNCHERS]
+    out = proc.run(argv, env=env, check=False, timeout=SELF_CHECK_TIMEOUT)
+    if out.returncode != 0:
+        said = (out.stdout + out.stderr).strip().splitlines()
+        raise CtrainError(
+            f"{shown or image.name} does not start as pyxis starts it (`enroot start IMAGE sh -c ...`): "
+            f"{said[-1] if said else f'exit {out.returncode}'}. An image built on Debian loses its ENV PATH to "
+            "/etc/profile in enroot's login shell: put it back in /etc/profile.d (containers/install.sh does; "
+            "docs/sbatch.md, 'PATH under pyxis')"
+        )
+    emit(f"sqsh: started with enroot as pyxis does; {' and '.join(LAUNCHERS)} are on the image's PATH")
