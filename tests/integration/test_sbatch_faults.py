@@ -532,14 +532,16 @@ echo "run ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME"
     assert f"ExcNodeList={first} " in record, record
 
 
-def test_through_pyxis_term_and_a_killed_rank_behave_as_under_apptainer(sbatch_project: Project,
-                                                                        cpu_sqsh: Path) -> None:  # fmt: skip
-    """A job of `ctrain submit --runtime pyxis` (real pyxis and enroot): Slurm's TERM in the first run
-    reaches the ranks in their containers, which checkpoint the signalled step; in the requeued run a
-    rank is SIGKILLed and the job is retried once; the retry resumes from the TERM's checkpoint and
-    finishes. Each run starts from the squashfs, which pyxis unpacks on every node at every start."""
+def test_through_pyxis_term_a_killed_rank_the_warning_and_a_lost_node_behave_as_under_apptainer(
+        sbatch_project: Project, cpu_sqsh: Path) -> None:  # fmt: skip
+    """One job of `ctrain submit --runtime pyxis` (real pyxis and enroot), a fault in each run: Slurm's
+    TERM reaches the ranks in their containers, which checkpoint the signalled step; a SIGKILLed rank
+    is retried once; the time-limit warning (USR1 to the batch shell) checkpoints and requeues; a lost
+    node is named and, with no node to spare, ends the job. Each run resumes from the last checkpoint;
+    each starts from the squashfs, which pyxis unpacks on every node at every start."""
     project = sbatch_project
-    steps = 80
+    testbed = project.testbed
+    steps = 400
     script = project.path / "logs" / f"pyxis-faults-{time.monotonic_ns()}.sbatch"
     result = CliRunner().invoke(main, [
         "submit", "--runtime=pyxis", f"--image={cpu_sqsh}", "--nodes=2", f"--ntasks-per-node={PER_NODE}",
@@ -548,34 +550,65 @@ def test_through_pyxis_term_and_a_killed_rank_behave_as_under_apptainer(sbatch_p
     assert result.exit_code == 0, result.output
     project.own(script)
     job_id = project.sbatch(str(script))
-    pattern = rf"step (\d+)/{steps}, loss"
-    beats = training(project, job_id, past=10)
-    sent = time.monotonic()
-    project.testbed.slurm.run(["scontrol", "requeue", job_id])
-    saved = wait_until("the checkpoint", lambda: "checkpoint /outputs/pyxis-faults/checkpoint-" in project.log(job_id),
-                       120)  # fmt: skip
-    report("pyxis: TERM: to checkpoint complete", f"{saved - sent:.1f} s")
-    wait_until("Slurm's requeue", lambda: restarts(project, job_id) == 1, 120, every=1)
-    project.testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"],
+    seen: frozenset[int] = frozenset()
+
+    def next_run(restart: int) -> dict[int, tuple[int, str, int]]:
+        """After the job's ``restart``-th requeue: let it start, and wait until this run trains."""
+        nonlocal seen
+        if restart:
+            wait_until("Slurm's requeue", lambda: restarts(project, job_id) == restart, 120, every=1)
+            testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"],
                               check=False)  # fmt: skip
-    beats = training(project, job_id, past=1, earlier=frozenset(pid for _, _, pid in beats.values()))
-    _, node, pid = beats[LAST]
-    os.kill(pid, signal.SIGKILL)  # enroot shares the host's PID namespace: the heartbeat's PID is the rank's
+        beats = training(project, job_id, past=3, earlier=seen)
+        seen = seen | {pid for _, _, pid in beats.values()}
+        return beats
+
+    next_run(0)
+    sent = time.monotonic()
+    testbed.slurm.run(["scontrol", "requeue", job_id])
+    saved = wait_until("the TERM's checkpoint", lambda: "checkpoint /outputs/pyxis-faults/checkpoint-"
+                       in project.log(job_id), 120)  # fmt: skip
+    report("pyxis: TERM: to checkpoint complete", f"{saved - sent:.1f} s")
+
+    _, node, pid = next_run(1)[LAST]
+    os.kill(pid, signal.SIGKILL)  # enroot keeps the host's PID namespace: the heartbeat's PID is the rank's
     killed = time.monotonic()
     ended = wait_until("the step's end", lambda: project.log(job_id).count("step exited with") == 2, 60)
     report(f"pyxis: SIGKILL of rank {LAST} on {node}: to the step's end", f"{ended - killed:.1f} s")
-    state = project.testbed.wait(job_id, timeout=JOB_TIMEOUT)
+
+    next_run(2)
+    sent = time.monotonic()
+    testbed.slurm.run(["scancel", "--batch", "--signal=USR1", job_id])
+    saved = wait_until("the warning's checkpoint", lambda: project.log(job_id).count("checkpoint /outputs/pyxis-faults/"
+                       "checkpoint-") == 2, 120)  # fmt: skip
+    report("pyxis: USR1 warning: to checkpoint complete", f"{saved - sent:.1f} s")
+
+    next_run(3)
+    try:
+        testbed.kill_node("node2")
+        killed = time.monotonic()
+        decided = wait_until("the decision", lambda: "not requeueing" in project.log(job_id).split("ctrain: job ")[-1],
+                             90)  # fmt: skip
+        report("pyxis: node2 killed: to the batch script's decision", f"{decided - killed:.1f} s")
+    finally:
+        testbed.start_node("node2")
+    state = testbed.wait(job_id, timeout=120)
     log = project.log(job_id)
-    assert state == "COMPLETED", f"job {job_id} ended {state}:\n{log[-6000:]}"
+    assert state in ("FAILED", "NODE_FAIL"), f"job {job_id} ended {state}:\n{log[-6000:]}"
     runs = log.split("ctrain: job ")[1:]
-    assert len(runs) == 3, log[-6000:]
+    assert len(runs) == 4, log[-6000:]
     assert all(f"ctrain: pyxis image {cpu_sqsh}, torchrun" in run for run in runs), log[-6000:]
-    stopped = int(re.search(r"preemption \(SIGTERM\): saving a complete checkpoint at step (\d+)", runs[0]).group(1))
-    assert f"checkpoint /outputs/pyxis-faults/checkpoint-{stopped} complete" in runs[0]
-    assert max(int(n) for n in re.findall(pattern, runs[0])) <= stopped
+    pattern = rf"step (\d+)/{steps}, loss"
+    term = int(re.search(r"preemption \(SIGTERM\): saving a complete checkpoint at step (\d+)", runs[0]).group(1))
+    assert f"checkpoint /outputs/pyxis-faults/checkpoint-{term} complete" in runs[0]
+    assert max(int(n) for n in re.findall(pattern, runs[0])) <= term
+    assert f"resuming from /outputs/pyxis-faults/checkpoint-{term} " in runs[1]
     assert "ctrain: failure: a rank failed on a live node: " in runs[1], runs[1][-4000:]
-    assert re.search(rf"ctrain: requeueing job {job_id} once \(restart \d\)", runs[1]), runs[1][-4000:]
-    assert f"resuming from /outputs/pyxis-faults/checkpoint-{stopped} " in runs[2]
-    assert min(int(n) for n in re.findall(pattern, runs[2])) > stopped
-    assert "saved the final model and tokenizer to /outputs/pyxis-faults/final" in runs[2]
+    assert re.search(rf"ctrain: requeueing job {job_id} once \(restart 2\)", runs[1]), runs[1][-4000:]
+    assert f"resuming from /outputs/pyxis-faults/checkpoint-{term} " in runs[2]
+    warned = int(re.search(r"saving a complete checkpoint at step (\d+)", runs[2]).group(1))
+    assert warned > term and "after SIGUSR1" in runs[2], runs[2][-4000:]
+    assert f"resuming from /outputs/pyxis-faults/checkpoint-{warned} " in runs[3]
+    assert "ctrain: failure: node lost: node2 (its launcher never ended and its slurmd does not answer)" in runs[3]
+    not_requeued(runs[3], "node2")
     assert not re.search(r"slurmstepd-node\d: error: pyxis", log), log[-6000:]
