@@ -24,7 +24,9 @@
 #              ends the job at once instead of costing a retry
 #   version 3: one decision per run, made once (the run's states: CTRAIN_LIFE); a batch host that dies
 #              slowly, or a step that fails with no cause, is decided and named instead of left silent
-CTRAIN_LIB_VERSION=3
+#   version 4: the job's timeline (.ctrain/JOBID.timeline), from which `ctrain report JOB` accounts
+#              for the job's time across requeues (queue, start-up, training, lost work)
+CTRAIN_LIB_VERSION=4
 
 # --- settings -------------------------------------------------------------------------------------
 
@@ -410,6 +412,7 @@ ctrain_run() {
     export CTRAIN_PIDS=.ctrain/$SLURM_JOB_ID    # relative to the project directory, on every node
     export CTRAIN_HEARTBEATS=$CTRAIN_PIDS/heartbeat # each rank's progress, written by the trainer
     export CTRAIN_EXITS=$CTRAIN_PIDS/exit           # why each rank ended, written by the trainer
+    export CTRAIN_TIMELINE=.ctrain/$SLURM_JOB_ID.timeline # the job's events, kept across requeues
     # Only the variables the job needs (ctrain_task_env, so after every export the tasks read); the
     # first node's task (CTRAIN_TASK) also gets the rendezvous store's address, to host it.
     CTRAIN_SRUN+=(--export="$(ctrain_task_env)${CTRAIN_STORE:+,CTRAIN_STORE=$CTRAIN_STORE}")
@@ -425,7 +428,9 @@ ctrain_run() {
     CTRAIN_SIGNAL=
     rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_PIDS" # what a killed run of this job left
     mkdir -p "$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS"
+    ctrain_mark start "$(ctrain_submitted)" "$CTRAIN_NNODES" "${SLURM_GPUS_ON_NODE:-0}"
     [[ -z $CTRAIN_IMAGE_ENTRY ]] || ctrain_image_cache
+    ctrain_mark launched
     "${CTRAIN_SRUN[@]}" &
     CTRAIN_STEP_PID=$!
     ctrain_transition launched
@@ -458,6 +463,7 @@ ctrain_run() {
     kill "$guard" 2>/dev/null
     local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS
     echo "ctrain: step exited with $rc${CTRAIN_SIGNAL:+ after SIG$CTRAIN_SIGNAL}"
+    ctrain_mark exited "$rc"
     ctrain_decide "$dir" "$rc" exited
     # The sentinel watches until the decision is made: a batch host lost while deciding is still seen.
     if [[ -n $sentinel ]]; then
@@ -537,6 +543,23 @@ ctrain_transition() {
     echo "${SLURM_RESTART_COUNT:-0} $next" >"$file.$BASHPID" && mv -f "$file.$BASHPID" "$file"
 }
 
+# ctrain_mark EVENT [ARG...]: one line of the job's timeline (CTRAIN_TIMELINE, kept across
+# requeues): `EPOCH RESTART EVENT ARG...`. The batch script (and a sentinel deciding in its place)
+# marks each run's start, launch, step end and decision; rank 0 marks what the trainer does
+# (ctrain.train.goodput, which also names every event). `ctrain report JOB` reads it.
+ctrain_mark() {
+    [[ ${CTRAIN_DRY_RUN:-0} != 1 && -n ${CTRAIN_TIMELINE:-} ]] || return 0
+    echo "$(date +%s.%N) ${SLURM_RESTART_COUNT:-0} $*" >>"$CTRAIN_PROJECT_DIR/$CTRAIN_TIMELINE" 2>/dev/null || true
+}
+
+# ctrain_submitted: when Slurm last queued the job (its SubmitTime, which a requeue renews), as
+# seconds since the epoch; "-" when the controller does not say.
+ctrain_submitted() {
+    local when
+    when=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/.* SubmitTime=\([0-9T:-]*\) .*/\1/p')
+    date -d "${when:-none}" +%s 2>/dev/null || echo -
+}
+
 # ctrain_failed_node DIR: "EXIT-CODE HOST" of the node whose launcher failed first (an exit code
 # other than 0 and CTRAIN_REQUEUE_EXIT in its node-N.done), nothing when none did.
 ctrain_failed_node() {
@@ -560,7 +583,7 @@ ctrain_failed_node() {
 # One `ctrain: failure:` line names the cause. The run's state (ctrain_transition) makes it once: a
 # second decider finds the run decided, or deciding on a live host, and does nothing.
 ctrain_decide() {
-    local dir=$1 rc=$2 event=$3 hung= lost= failed final nodes=() outcome
+    local dir=$1 rc=$2 event=$3 hung= lost= failed final nodes=() outcome cause=${CTRAIN_SIGNAL:-none}
     ctrain_transition "$event" || return 0
     [[ ! -e $dir/hung ]] || hung=1
     [[ ! -e $dir/lost ]] || lost=$(sort -u "$dir/lost" | paste -sd' ')
@@ -577,6 +600,7 @@ ctrain_decide() {
     fi
     if [[ -n $lost ]]; then
         echo "ctrain: failure: node lost: $lost (${CTRAIN_LOST_WHY:-its launcher never ended and its slurmd does not answer})"
+        cause=node-lost
         # shellcheck disable=SC2086 # one word per node
         ctrain_requeue_without $lost
         # The job's end cannot reach Slurm from a lost batch host (or from a sentinel's decision):
@@ -586,20 +610,24 @@ ctrain_decide() {
             scancel "$SLURM_JOB_ID"
         fi
     elif [[ -n $final && -z $CTRAIN_SIGNAL ]]; then
-        local rank code cause host message
+        local rank code host message
         read -r rank code cause host message <<<"$final"
         echo "ctrain: failure: rank $rank on $host ended with $code ($cause): $message"
         echo "ctrain: not requeueing: a $cause failure repeats on a retry; fix it and submit again"
+        cause=rank-$cause
     elif [[ -n $hung ]]; then
         echo "ctrain: failure: a rank stopped making progress (the 'hang:' lines above); the step was ended"
+        cause=hang
         ctrain_retry_once
     elif [[ -n $failed && -z $CTRAIN_SIGNAL ]]; then
         echo "ctrain: failure: a rank failed on a live node: ${failed#* }'s launcher exited with ${failed%% *}" \
             "first (a rank killed, e.g. out of memory, or an error in the training code)"
+        cause=rank-failed
         ctrain_retry_once
     elif [[ $rc != 0 && $rc != "$CTRAIN_REQUEUE_EXIT" && -z $CTRAIN_SIGNAL ]]; then
         echo "ctrain: failure: the training step ended with $rc and no node or rank said why (its srun or" \
             "launchers were killed, e.g. out of memory); every node answers"
+        cause=step-failed
         ctrain_retry_once
     else
         ctrain_requeue_if_asked "$rc"
@@ -613,7 +641,7 @@ ctrain_decide() {
     else
         outcome=ended
     fi
-    ctrain_transition "$outcome"
+    ctrain_transition "$outcome" && ctrain_mark decided "$outcome" "$cause"
 }
 
 # ctrain_unreported DIR: the hosts of the job whose launcher has not reported its end (no node-N.done).
@@ -726,7 +754,7 @@ ctrain_alive() {
 CTRAIN_SENTINEL_NEEDS=(
     ctrain_sentinel ctrain_state ctrain_transition ctrain_decide ctrain_probe ctrain_job_is
     ctrain_failed_node ctrain_rank_exit ctrain_kill_step ctrain_requeue_without ctrain_requeue ctrain_retry_once
-    ctrain_requeue_if_asked
+    ctrain_requeue_if_asked ctrain_mark
 )
 
 # ctrain_sentinel_step (in the background, beside the training step): ctrain_sentinel on the second
@@ -753,7 +781,7 @@ ctrain_sentinel_step() {
     ((${#hosts[@]} < 3)) || { watchers+=,${hosts[-1]} count=2; }
     local code
     code="$(declare -p CTRAIN_PROJECT_DIR CTRAIN_PIDS CTRAIN_NNODES CTRAIN_MAX_REQUEUES CTRAIN_STEP_GRACE \
-        CTRAIN_REQUEUE_EXIT CTRAIN_BATCH_HOST CTRAIN_LIFE CTRAIN_SETTLE)
+        CTRAIN_REQUEUE_EXIT CTRAIN_BATCH_HOST CTRAIN_LIFE CTRAIN_SETTLE CTRAIN_TIMELINE CTRAIN_DRY_RUN)
 $(declare -f "${CTRAIN_SENTINEL_NEEDS[@]}")
 CTRAIN_SIGNAL=
 ctrain_sentinel \"\$@\""

@@ -327,6 +327,17 @@ class SlurmConfig:
 
 
 @dataclass
+class ReportConfig:
+    """``ctrain report JOB``: the account of a job's time (docs/reliability.md, goodput)."""
+
+    gpu_hour_price: float | None = None  # what one GPU-hour costs: the report adds the job's cost
+
+    def __post_init__(self) -> None:
+        if self.gpu_hour_price is not None and not (0 <= self.gpu_hour_price < 1e6):
+            raise ConfigError(f"report.gpu_hour_price: {self.gpu_hour_price} is not a price per GPU-hour (0 or more)")
+
+
+@dataclass
 class ProjectConfig:
     """The whole ``ctrain.yaml``."""
 
@@ -335,6 +346,7 @@ class ProjectConfig:
     push: PushConfig = field(default_factory=PushConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     path: Path | None = field(default=None, compare=False)
 
     @property

@@ -3,6 +3,7 @@ and :mod:`ctrain.slurm`."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import click
 
 from ctrain import slurm
 from ctrain.clicore import project
-from ctrain.errors import CtrainError, ToolNotFound
+from ctrain.errors import ConfigError, CtrainError, ToolNotFound
 from ctrain.ui import info
 
 
@@ -215,6 +216,39 @@ def cancel(job_id: str, signal_name: str | None, cluster_name: str | None) -> No
     click.echo(
         f"job {job_id}: " + (f"sent SIG{signal_name.upper().removeprefix('SIG')}" if signal_name else "cancelled")
     )
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--timeline", type=click.Path(dir_okay=False, path_type=Path),
+              help="The job's timeline (default: .ctrain/JOB_ID.timeline in the project).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the account as JSON instead of lines.")
+@click.pass_context
+def report(ctx: click.Context, job_id: str, timeline: Path | None, as_json: bool) -> None:
+    """Where a job's time went, across its requeues: queue wait, start-up, preparation, training,
+    checkpoint saves, evaluation, work lost (and why) and each run's end; goodput, GPU-hours and,
+    with report.gpu_hour_price in ctrain.yaml, the cost. Also written as JSON beside the timeline."""
+    import json
+
+    from ctrain.train import goodput
+
+    if not re.fullmatch(r"\d+(_\d+)?", job_id):
+        raise ConfigError(f"{job_id!r} is not a Slurm job id (digits, or ARRAY_TASK as 123_4)")
+    config = project(ctx)
+    path = timeline or config.root / ".ctrain" / f"{job_id}.timeline"
+    result, lines = goodput.report(path, job_id, gpu_hour_price=config.report.gpu_hour_price)
+    out = path.with_name(f"{job_id}.goodput.json")
+    try:
+        goodput.write_json(result, out)
+    except (OSError, CtrainError):
+        out = None
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for line in lines:
+        click.echo(line)
+    if out is not None:
+        click.echo(f"goodput: written to {out}")
 
 
 def _command_line(ctx: click.Context, leave_out: tuple[str, ...]) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from ctrain.errors import NonFiniteTraining
-from ctrain.train import checkpoint
+from ctrain.train import checkpoint, goodput
 from ctrain.train.artifacts import METRICS_FILE, PREEMPTED_EXIT_CODE
 from ctrain.train.script import HeartbeatFile
 
@@ -126,6 +126,7 @@ class Progress(TrainerCallback):
         self._last_step = 0
         self._started = 0.0
         self._first_step = 0
+        self._evaluating = 0.0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         from ctrain.train.model import parameter_count
@@ -135,6 +136,17 @@ class Progress(TrainerCallback):
         self._started = self._last_time = time.perf_counter()
         self._last_tokens = state.num_input_tokens_seen
         self._first_step = self._last_step = state.global_step
+        if self.rank == 0:
+            goodput.mark("train", state.global_step)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if control.should_evaluate:  # the Trainer evaluates right after this
+            self._evaluating = time.perf_counter()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.rank == 0 and self._evaluating:
+            goodput.mark("eval", f"{time.perf_counter() - self._evaluating:.3f}")
+        self._evaluating = 0.0
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if logs is None:
@@ -157,6 +169,9 @@ class Progress(TrainerCallback):
         if self.rank != 0:
             return
         log.info(self._line(state, logs, now))
+        if "loss" in logs:
+            rate, mfu = logs.get("throughput/tokens_per_second"), logs.get("throughput/mfu")
+            goodput.mark("step", state.global_step, f"{rate:.1f}" if rate else "-", f"{mfu:.5f}" if mfu else "-")
         record = {"run": self.run_id, "step": state.global_step, "time": time.time(), **logs}
         with self.metrics_file.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -189,6 +204,11 @@ class CompleteCheckpoints(TrainerCallback):
         self.output_dir = output_dir
         self.keep = keep
         self.world_size = world_size
+        self._asked = 0.0
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if control.should_save:  # the Trainer saves right after this: the save's time starts here
+            self._asked = time.perf_counter()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         barrier()
@@ -204,6 +224,8 @@ class CompleteCheckpoints(TrainerCallback):
                 )  # fmt: skip
             else:
                 removed = checkpoint.rotate(self.output_dir, self.keep, directory)
+                took = time.perf_counter() - (self._asked or started)
+                goodput.mark("save", state.global_step, f"{took:.3f}")
                 log.info(
                     "checkpoint %s complete (checksummed in %.2f s)%s", directory, time.perf_counter() - started,
                     f"; removed older {', '.join(p.name for p in removed)}" if removed else "",

@@ -23,7 +23,7 @@ from typing import Any
 
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.files import atomic_write_json, check_tree
-from ctrain.train import checkpoint, logs, rundir
+from ctrain.train import checkpoint, goodput, logs, rundir
 from ctrain.train.artifacts import (
     COMPLETE_MARKER,
     FINAL_DIR,
@@ -405,6 +405,8 @@ def run(recipe: Recipe) -> int:
     openmp_defaults()
     logs.setup(prefix=recipe.logging.rank_prefix)
     rank, world = logs.rank_from_env(), logs.world_size_from_env()
+    if rank == 0:
+        goodput.mark("process")
     # 1. What can be checked without torch: paths, columns, sizes, the batch against the world size.
     notes = preflight(recipe, world_size=world)
     output_dir = recipe.output_dir
@@ -471,6 +473,8 @@ def run(recipe: Recipe) -> int:
     # 3. The process group starts here; then data (rank 0 first), the model, the trainer.
     args = training_arguments(recipe, layout, output_dir, report_to)
     data = obtain_data(recipe, layout)
+    if rank == 0:
+        goodput.mark("data")
     logs.rebind_handlers()
     set_seed(recipe.seed)  # a new model's weights: the same on every rank and every world size
     model = build_model(recipe, config, data.tokenizer, layout.precision, layout.device_type)
@@ -558,6 +562,7 @@ def run(recipe: Recipe) -> int:
     if damage is not None:
         raise CtrainError(f"the final model in {final} cannot be read back ({damage}); it is not marked complete")
     if rank == 0:
+        goodput.mark("end", trainer.state.global_step)
         what = "adapter" if recipe.peft.enabled else "model"
         log.info("saved the final %s and tokenizer to %s", what, final)
         if recipe.hub.repo_id:
@@ -571,7 +576,25 @@ def run(recipe: Recipe) -> int:
         log.info("evaluating the final %s on the held-out examples (eval.after_training)",
                  "adapter" if recipe.peft.enabled else "model")  # fmt: skip
         beat = None if heartbeat is None else (lambda: heartbeat.beat(step))
+        started = time.perf_counter()
         log.info("%s", summary(evaluate(recipe, final, on_batch=beat)))
+        goodput.mark("eval", f"{time.perf_counter() - started:.3f}")
+    if rank == 0:
+        _log_goodput()
     if heartbeat is not None:
         heartbeat.done()
     return 0
+
+
+def _log_goodput() -> None:
+    """At the end of a run that finished, the job's account so far (`ctrain report JOB` has it all)."""
+    timeline = os.environ.get(goodput.TIMELINE_ENV)
+    if not timeline:
+        return
+    try:
+        _, lines = goodput.report(Path(timeline), os.environ.get("SLURM_JOB_ID", "?"), now=time.time())
+    except (CtrainError, OSError) as exc:
+        log.info("goodput: no account of the job's time (%s)", exc)
+        return
+    for line in lines:
+        log.info("%s", line)
