@@ -28,6 +28,7 @@ Each test prints ``reliability | ...`` lines with the figures docs/reliability.m
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import signal
@@ -137,6 +138,19 @@ def test_slurm_term_twice_checkpoints_at_the_signalled_step_and_resumes(sbatch_p
         assert max(trained) <= stopped < min(resumed), (trained, stopped, resumed)
         report(f"TERM {number}: checkpoint at the signalled step, steps lost", f"{stopped}, 0")
     assert "saved the final model and tokenizer to /outputs/term/final" in runs[2]
+    # The job's account of its time (ctrain report): three runs, two left on Slurm's TERM with
+    # nothing lost (each checkpointed the step it was told to stop at), the third finished; rank 0
+    # logged the same account at the end.
+    told = CliRunner().invoke(main, ["report", job_id, "--json", "--timeline",
+                                     str(project.path / ".ctrain" / f"{job_id}.timeline")])  # fmt: skip
+    assert told.exit_code == 0, told.output
+    account = json.loads(told.output)
+    assert [(r["outcome"], r["cause"], r["lost_steps"]) for r in account["runs"]] == [
+        ("left", "TERM", 0), ("left", "TERM", 0), ("finished", "none", 0)]  # fmt: skip
+    assert [r["resumed_step"] for r in account["runs"]][1:] == [r["reached_step"] for r in account["runs"]][:2]
+    assert 0 < account["goodput"] < 1 and account["seconds"]["training"] > 0 and account["seconds"]["queue"] > 0
+    report("goodput of the job preempted twice (training that counted / wall)", f"{100 * account['goodput']:.1f}%")
+    assert re.search(rf"goodput: job {job_id}: 3 run\(s\), ", runs[2]), runs[2][-3000:]
 
 
 def test_stopped_rank_is_caught_within_the_budget(sbatch_project: Project, cpu_sif: Path) -> None:
