@@ -6,6 +6,7 @@ import importlib.metadata
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ctrain import install_hint, proc
 from ctrain.errors import ConfigError, CtrainError
@@ -40,13 +41,20 @@ def _tool(tool: str, version_args: tuple[str, ...] = ("--version",)) -> Callable
     return check
 
 
-def _controller() -> Check:
-    if not proc.which("scontrol"):
-        return Check("slurm controller", False, "scontrol not found")
+def _ask(name: str, argv: list[str]) -> Check | Any:
+    """``argv``'s completed process, or the failed Check ``name`` when it is missing or cannot run."""
+    if not proc.which(argv[0]):
+        return Check(name, False, f"{argv[0]} not found")
     try:
-        out = proc.run(["scontrol", "ping"], check=False, timeout=20)
+        return proc.run(argv, check=False, timeout=20)
     except CtrainError as exc:
-        return Check("slurm controller", False, str(exc).splitlines()[0])
+        return Check(name, False, str(exc).splitlines()[0])
+
+
+def _controller() -> Check:
+    out = _ask("slurm controller", ["scontrol", "ping"])
+    if isinstance(out, Check):
+        return out
     text = (out.stdout + out.stderr).strip()
     up = out.returncode == 0 and " is UP" in text
     return Check("slurm controller", up, text.splitlines()[0] if text else f"scontrol ping exited {out.returncode}")
@@ -54,12 +62,9 @@ def _controller() -> Check:
 
 def _pyxis() -> Check:
     """pyxis as srun loads it (plugstack.conf): its options appear in ``srun --help`` only then."""
-    if not proc.which("srun"):
-        return Check("pyxis", False, "srun not found")
-    try:
-        out = proc.run(["srun", "--help"], check=False, timeout=20)
-    except CtrainError as exc:
-        return Check("pyxis", False, str(exc).splitlines()[0])
+    out = _ask("pyxis", ["srun", "--help"])
+    if isinstance(out, Check):
+        return out
     if "--container-image" not in out.stdout:
         return Check("pyxis", False, "srun does not load pyxis (no --container-image in srun --help; see plugstack.conf)")
     return Check("pyxis", True, "loaded by srun (--container-image)")
