@@ -728,6 +728,18 @@ def test_a_probe_killed_under_it_names_the_dying_batch_host_not_the_node_it_aske
     assert calls(fake_slurm, "scontrol update") == ["scontrol update JobId=4242 ExcNodeList=gpu001"]
 
 
+def test_a_dying_batch_host_that_does_not_answer_itself_names_only_itself(fake_slurm: Path,
+                                                                          slurm_conf: Path) -> None:  # fmt: skip
+    """The batch host (gpu001) is dying: its own probe finds its slurmd gone, and its probe of gpu002,
+    sent from the dying node, fails too. Only gpu001 is named; gpu002 stays in service."""
+    _step_left(fake_slurm, {}, {})
+    (fake_slurm / "dead").write_text("gpu001\ngpu002\n")
+    (fake_slurm / "sinfo").write_text("gpu001 alloc\ngpu002 alloc\ngpu003 idle\n")
+    out = library(fake_slurm, "ctrain_decide pids 137 exited", slurm_conf).stdout
+    assert out.splitlines()[0] == "ctrain: failure: node lost: gpu001 (its launcher never ended and its slurmd does not answer)"
+    assert calls(fake_slurm, "scontrol update") == ["scontrol update JobId=4242 ExcNodeList=gpu001"]
+
+
 def test_a_step_that_failed_with_no_cause_on_live_nodes_is_retried_once(fake_slurm: Path, slurm_conf: Path) -> None:
     """Every node answers and nothing says why the step failed: never silent, retried once."""
     _step_left(fake_slurm, {}, {})
