@@ -546,8 +546,17 @@ echo "run ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME"
     assert f"ExcNodeList={first} " in record, record
 
 
-def test_through_pyxis_term_a_killed_rank_the_warning_and_a_lost_node_behave_as_under_apptainer(
-        sbatch_project: Project, cpu_sqsh: Path) -> None:  # fmt: skip
+# Through pyxis, a fault in each run of one job. CI runs the TERM and the lost node (each run through
+# pyxis unpacks the image again, about 45 s); by hand (pytest -m by_hand) all four.
+PYXIS_FAULTS = [
+    pytest.param(("term", "node"), id="term-node"),
+    pytest.param(("term", "rank", "warn", "node"), id="all", marks=pytest.mark.by_hand),
+]
+
+
+@pytest.mark.parametrize("faults", PYXIS_FAULTS)
+def test_through_pyxis_faults_behave_as_under_apptainer(sbatch_project: Project, cpu_sqsh: Path,
+                                                        faults: tuple[str, ...]) -> None:  # fmt: skip
     """One job of `ctrain submit --runtime pyxis` (real pyxis and enroot), a fault in each run: Slurm's
     TERM reaches the ranks in their containers, which checkpoint the signalled step; a SIGKILLed rank
     is retried once; the time-limit warning (USR1 to the batch shell) checkpoints and requeues; a lost
@@ -565,6 +574,7 @@ def test_through_pyxis_term_a_killed_rank_the_warning_and_a_lost_node_behave_as_
     project.own(script)
     job_id = project.sbatch(str(script))
     seen: frozenset[int] = frozenset()
+    checkpoints = 0
 
     def next_run(restart: int) -> dict[int, tuple[int, str, int]]:
         """After the job's ``restart``-th requeue: let it start, and wait until this run trains."""
@@ -577,52 +587,57 @@ def test_through_pyxis_term_a_killed_rank_the_warning_and_a_lost_node_behave_as_
         seen = seen | {pid for _, _, pid in beats.values()}
         return beats
 
-    next_run(0)
-    sent = time.monotonic()
-    testbed.slurm.run(["scontrol", "requeue", job_id])
-    saved = wait_until("the TERM's checkpoint", lambda: "checkpoint /outputs/pyxis-faults/checkpoint-"
-                       in project.log(job_id), 120)  # fmt: skip
-    report("pyxis: TERM: to checkpoint complete", f"{saved - sent:.1f} s")
+    def saved() -> bool:
+        return project.log(job_id).count("checkpoint /outputs/pyxis-faults/checkpoint-") == checkpoints
 
-    _, node, pid = next_run(1)[LAST]
-    os.kill(pid, signal.SIGKILL)  # enroot keeps the host's PID namespace: the heartbeat's PID is the rank's
-    killed = time.monotonic()
-    ended = wait_until("the step's end", lambda: project.log(job_id).count("step exited with") == 2, 60)
-    report(f"pyxis: SIGKILL of rank {LAST} on {node}: to the step's end", f"{ended - killed:.1f} s")
-
-    next_run(2)
-    sent = time.monotonic()
-    testbed.slurm.run(["scancel", "--batch", "--signal=USR1", job_id])
-    saved = wait_until("the warning's checkpoint", lambda: project.log(job_id).count("checkpoint /outputs/pyxis-faults/"
-                       "checkpoint-") == 2, 120)  # fmt: skip
-    report("pyxis: USR1 warning: to checkpoint complete", f"{saved - sent:.1f} s")
-
-    next_run(3)
-    try:
-        testbed.kill_node("node2")
-        killed = time.monotonic()
-        decided = wait_until("the decision", lambda: "not requeueing" in project.log(job_id).split("ctrain: job ")[-1],
-                             90)  # fmt: skip
-        report("pyxis: node2 killed: to the batch script's decision", f"{decided - killed:.1f} s")
-    finally:
-        testbed.start_node("node2")
+    for restart, fault in enumerate(faults):
+        beats = next_run(restart)
+        sent = time.monotonic()
+        if fault == "term":
+            testbed.slurm.run(["scontrol", "requeue", job_id])
+            checkpoints += 1
+            report("pyxis: TERM: to checkpoint complete", f"{wait_until('the checkpoint', saved, 120) - sent:.1f} s")
+        elif fault == "warn":
+            testbed.slurm.run(["scancel", "--batch", "--signal=USR1", job_id])
+            checkpoints += 1
+            report("pyxis: USR1 warning: to checkpoint complete", f"{wait_until('the checkpoint', saved, 120) - sent:.1f} s")
+        elif fault == "rank":
+            _, node, pid = beats[LAST]
+            os.kill(pid, signal.SIGKILL)  # enroot keeps the host's PID namespace: the heartbeat's PID is the rank's
+            ended = wait_until("the step's end", lambda n=restart + 1: project.log(job_id).count("step exited with") == n,
+                               60)  # fmt: skip
+            report(f"pyxis: SIGKILL of rank {LAST} on {node}: to the step's end", f"{ended - sent:.1f} s")
+        else:
+            try:
+                testbed.kill_node("node2")
+                decided = wait_until("the decision", lambda: "not requeueing" in project.log(job_id).split(
+                    "ctrain: job ")[-1], 90)  # fmt: skip
+                report("pyxis: node2 killed: to the batch script's decision", f"{decided - sent:.1f} s")
+            finally:
+                testbed.start_node("node2")
     state = testbed.wait(job_id, timeout=120)
     log = project.log(job_id)
     assert state in ("FAILED", "NODE_FAIL"), f"job {job_id} ended {state}:\n{log[-6000:]}"
     runs = log.split("ctrain: job ")[1:]
-    assert len(runs) == 4, log[-6000:]
+    assert len(runs) == len(faults), log[-6000:]
     assert all(f"ctrain: pyxis image {cpu_sqsh}, torchrun" in run for run in runs), log[-6000:]
     pattern = rf"step (\d+)/{steps}, loss"
-    term = int(re.search(r"preemption \(SIGTERM\): saving a complete checkpoint at step (\d+)", runs[0]).group(1))
-    assert f"checkpoint /outputs/pyxis-faults/checkpoint-{term} complete" in runs[0]
-    assert max(int(n) for n in re.findall(pattern, runs[0])) <= term
-    assert f"resuming from /outputs/pyxis-faults/checkpoint-{term} " in runs[1]
-    assert "ctrain: failure: a rank failed on a live node: " in runs[1], runs[1][-4000:]
-    assert re.search(rf"ctrain: requeueing job {job_id} once \(restart 2\)", runs[1]), runs[1][-4000:]
-    assert f"resuming from /outputs/pyxis-faults/checkpoint-{term} " in runs[2]
-    warned = int(re.search(r"saving a complete checkpoint at step (\d+)", runs[2]).group(1))
-    assert warned > term and "after SIGUSR1" in runs[2], runs[2][-4000:]
-    assert f"resuming from /outputs/pyxis-faults/checkpoint-{warned} " in runs[3]
-    assert "ctrain: failure: node lost: node2 (its launcher never ended and its slurmd does not answer)" in runs[3]
-    not_requeued(runs[3], "node2")
+    last_checkpoint = None
+    for run, after, fault in zip(runs, [*runs[1:], None], faults):
+        if last_checkpoint is not None:
+            assert f"resuming from /outputs/pyxis-faults/checkpoint-{last_checkpoint} " in run, run[:4000]
+        if fault in ("term", "warn"):
+            signalled = "SIGTERM" if fault == "term" else "SIGUSR1"
+            stopped = int(re.search(rf"preemption \({signalled}\): saving a complete checkpoint at step (\d+)",
+                                    run).group(1))  # fmt: skip
+            assert f"checkpoint /outputs/pyxis-faults/checkpoint-{stopped} complete" in run
+            assert max(int(n) for n in re.findall(pattern, run)) <= stopped
+            assert last_checkpoint is None or stopped > last_checkpoint
+            last_checkpoint = stopped
+        elif fault == "rank":
+            assert "ctrain: failure: a rank failed on a live node: " in run, run[-4000:]
+            assert re.search(rf"ctrain: requeueing job {job_id} once \(restart \d\)", run), run[-4000:]
+        else:
+            assert "ctrain: failure: node lost: node2 (its launcher never ended and its slurmd does not answer)" in run
+            not_requeued(run, "node2")
     assert not re.search(r"slurmstepd-node\d: error: pyxis", log), log[-6000:]
