@@ -139,7 +139,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--every", type=float, default=150, help="mean seconds between faults")
     parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--tolerance", type=float, default=0.02, help="relative difference of the final loss")
+    parser.add_argument("--tolerance", type=float, default=0.02, help="relative difference of the final loss allowed")
+    parser.add_argument("--abs-tolerance", type=float, default=0.005, help="or absolute difference (a loss near 0)")
     parser.add_argument("--no-reference", action="store_true", help="skip the run without faults")
     args = parser.parse_args()
     tb = Testbed()
@@ -184,9 +185,9 @@ def main() -> None:
     print(report.stdout + report.stderr, flush=True)
     ok = state == "COMPLETED" and loss is not None
     if ok and reference is not None:
-        difference = abs(loss - reference) / reference
-        say("final loss against the reference", f"{loss} vs {reference}: {100 * difference:.2f}%")
-        ok = difference <= args.tolerance
+        difference = abs(loss - reference)
+        say("final loss against the reference", f"{loss} vs {reference}: difference {difference:.4g}")
+        ok = difference <= max(args.tolerance * reference, args.abs_tolerance)
     sys.exit(0 if ok else 1)
 
 

@@ -96,7 +96,7 @@ def test_a_run_still_going_is_accounted_up_to_now(tmp_path: Path) -> None:
     (run,) = result["runs"]
     assert run["outcome"] is None and result["wall_seconds"] == 45.0
     assert run["seconds"]["training"] == 10.0  # train 30 -> the last logged step at 40
-    assert lines[2].endswith("running: still running")
+    assert lines[2].endswith("; running")
 
 
 @pytest.mark.parametrize("text, error", [

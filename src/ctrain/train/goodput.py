@@ -259,7 +259,7 @@ def render(result: dict[str, Any], job: str) -> list[str]:
     lines.append("goodput: where it went: " + ", ".join(parts))
     scale = max(wall / 48, 1e-9)
     for row in result["runs"]:
-        cause = CAUSES.get(row["cause"] or "", row["cause"] or "still running")
+        cause = CAUSES.get(row["cause"] or "none", row["cause"])
         if (row["cause"] or "").startswith("rank-") and row["cause"] != "rank-failed":
             cause = f"a rank's own error ({row['cause'].removeprefix('rank-')})"
         lost = f", lost {row['lost_steps']} step(s) ({_duration(row['seconds']['lost'])})" if row["lost_steps"] else ""
