@@ -1107,8 +1107,11 @@ ctrain_requeue_if_asked() {
 
 # ctrain_requeue [EXCLUDED]: requeue the job (once Slurm has requeued it, as after a node failure, only
 # its excluded nodes change), with EXCLUDED as its ExcNodeList; sets CTRAIN_REQUEUED. A requeue TERMs
-# this shell, which is ignored until the decision is recorded (Slurm's SIGKILL comes KillWait
-# seconds later); only a pending job's ExcNodeList can change, so it is set after the requeue.
+# this shell, which from here on ignores TERM, so that the decision is recorded (the run's state and
+# the timeline) whenever Slurm's TERM arrives; Slurm's SIGKILL comes KillWait seconds later. (The
+# TERM used to be caught again right after the requeue, and a TERM that came late killed the shell
+# before it recorded the decision: seen in a chaos soak.) Only a pending job's ExcNodeList can
+# change, so it is set after the requeue.
 ctrain_requeue() {
     trap '' TERM
     if ctrain_job_is PENDING || scontrol requeue "$SLURM_JOB_ID"; then
@@ -1116,7 +1119,6 @@ ctrain_requeue() {
             CTRAIN_REQUEUED=1
         fi
     fi
-    trap - TERM
 }
 
 # ctrain_retry_once: a rank failed or hung on a node that is still up (killed by the kernel for

@@ -207,8 +207,9 @@ class CompleteCheckpoints(TrainerCallback):
         self._asked = 0.0
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if control.should_save:  # the Trainer saves right after this: the save's time starts here
-            self._asked = time.perf_counter()
+        # A save comes right after a step's end, asked for here or by a callback after this one
+        # (preemption): the save's time starts at the step's end either way.
+        self._asked = time.perf_counter()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         barrier()
