@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 from collections.abc import Callable
+import subprocess
 from dataclasses import dataclass
-from typing import Any
 
 from ctrain import install_hint, proc
 from ctrain.errors import ConfigError, CtrainError
@@ -41,7 +41,7 @@ def _tool(tool: str, version_args: tuple[str, ...] = ("--version",)) -> Callable
     return check
 
 
-def _ask(name: str, argv: list[str]) -> Check | Any:
+def _ask(name: str, argv: list[str]) -> Check | subprocess.CompletedProcess[str]:
     """``argv``'s completed process, or the failed Check ``name`` when it is missing or cannot run."""
     if not proc.which(argv[0]):
         return Check(name, False, f"{argv[0]} not found")

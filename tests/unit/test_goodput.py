@@ -148,3 +148,17 @@ def test_ctrain_report_prints_the_account_and_writes_it_as_json(tmp_path: Path, 
     for bad, said in (("7;rm -rf /", "is not a Slurm job id"), ("8", "8.timeline does not exist")):
         result = CliRunner().invoke(main, ["report", bad])
         assert result.exit_code != 0 and said in result.output and "Traceback" not in result.output
+
+
+def test_a_timeline_with_only_the_trainers_marks_starts_at_its_first_event(tmp_path: Path) -> None:
+    """No batch script's marks (`ctrain train` with CTRAIN_TIMELINE set by hand), reported an instant
+    after the last event: the run starts at its first event, and the chart stays one bar (before,
+    a wall of almost nothing drew billions of letters and the rank ran out of memory)."""
+    path = tmp_path / "1.timeline"
+    path.write_text(f"{T0} 0 process\n{T0 + 2} 0 data\n{T0 + 3} 0 train 0\n{T0 + 9} 0 step 12 100.0 -\n"
+                    f"{T0 + 10} 0 end 12\n")  # fmt: skip
+    result, lines = goodput.report(path, "1", now=T0 + 10.001)
+    (run,) = result["runs"]
+    assert result["wall_seconds"] == 10.0 and run["seconds"]["prepare"] == 3.0 and run["seconds"]["training"] == 7.0
+    bar = re.match(r"goodput: run 0: (\S+) ", lines[2]).group(1)
+    assert set(bar) <= set("pT") and len(bar) <= 48, lines[2]

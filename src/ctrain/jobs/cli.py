@@ -230,6 +230,7 @@ def report(ctx: click.Context, job_id: str, timeline: Path | None, as_json: bool
     with report.gpu_hour_price in ctrain.yaml, the cost. Also written as JSON beside the timeline."""
     import json
 
+    from ctrain.files import atomic_write_json
     from ctrain.train import goodput
 
     if not re.fullmatch(r"\d+(_\d+)?", job_id):
@@ -239,7 +240,7 @@ def report(ctx: click.Context, job_id: str, timeline: Path | None, as_json: bool
     result, lines = goodput.report(path, job_id, gpu_hour_price=config.report.gpu_hour_price)
     out = path.with_name(f"{job_id}.goodput.json")
     try:
-        goodput.write_json(result, out)
+        atomic_write_json(out, result)
     except (OSError, CtrainError):
         out = None
     if as_json:

@@ -19,6 +19,7 @@ import json
 import re
 import shutil
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,7 @@ BUILD_TIMEOUT = 600.0
 SLURM_HEADERS = Path("/usr/include/slurm")
 # Debian's makeself package: the files enroot's deps/makeself submodule would hold.
 MAKESELF = (Path("/usr/bin/makeself"), Path("/usr/share/makeself/makeself-header.sh"))
-# What pyxis is given in plugstack.conf: its runtime directory in the prefix, not /run.
+# The plugin, under the prefix; plugstack.conf names it, with a runtime directory in the prefix, not /run.
 PLUGIN = "lib/slurm/spank_pyxis.so"
 
 
@@ -152,7 +153,7 @@ def _unpack(source: Path, into: Path, name: str) -> Path:
             archive.extractall(target, filter="data")
     except (tarfile.TarError, OSError) as exc:
         raise CtrainError(f"{source}: cannot unpack it as a {name} source tarball: {exc}") from exc
-    tops = [p for p in target.iterdir()]
+    tops = list(target.iterdir())
     return tops[0] if len(tops) == 1 and tops[0].is_dir() else target
 
 
@@ -169,7 +170,7 @@ def _check_trees(enroot: Path, pyxis: Path) -> None:
         raise CtrainError(f"{pyxis} does not look like pyxis's source (no pyxis_slurmstepd.c)")
 
 
-def install(layout: Layout, sources: Sources, log) -> Installed:
+def install(layout: Layout, sources: Sources, log: Callable[[str], None]) -> Installed:
     """Build and install enroot and pyxis into the testbed's prefix (skipped when already built from
     the same sources); write enroot's per-node paths. Returns what is installed."""
     fingerprint = sources.fingerprint()

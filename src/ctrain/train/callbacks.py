@@ -126,7 +126,7 @@ class Progress(TrainerCallback):
         self._last_step = 0
         self._started = 0.0
         self._first_step = 0
-        self._evaluating = 0.0
+        self._step_ended = 0.0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         from ctrain.train.model import parameter_count
@@ -140,13 +140,12 @@ class Progress(TrainerCallback):
             goodput.mark("train", state.global_step)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if control.should_evaluate:  # the Trainer evaluates right after this
-            self._evaluating = time.perf_counter()
+        self._step_ended = time.perf_counter()  # an evaluation comes right after a step's end
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.rank == 0 and self._evaluating:
-            goodput.mark("eval", f"{time.perf_counter() - self._evaluating:.3f}")
-        self._evaluating = 0.0
+        if self.rank == 0 and self._step_ended:
+            goodput.mark("eval", f"{time.perf_counter() - self._step_ended:.3f}")
+            self._step_ended = time.perf_counter()  # a second evaluation set after this one is timed from here
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if logs is None:
@@ -204,12 +203,15 @@ class CompleteCheckpoints(TrainerCallback):
         self.output_dir = output_dir
         self.keep = keep
         self.world_size = world_size
-        self._asked = 0.0
+        self._step_ended = 0.0
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # A save comes right after a step's end, asked for here or by a callback after this one
         # (preemption): the save's time starts at the step's end either way.
-        self._asked = time.perf_counter()
+        self._step_ended = time.perf_counter()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._step_ended = time.perf_counter()  # the Trainer evaluates before it saves: the save starts here
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         barrier()
@@ -225,7 +227,7 @@ class CompleteCheckpoints(TrainerCallback):
                 )  # fmt: skip
             else:
                 removed = checkpoint.rotate(self.output_dir, self.keep, directory)
-                took = time.perf_counter() - (self._asked or started)
+                took = time.perf_counter() - (self._step_ended or started)
                 goodput.mark("save", state.global_step, f"{took:.3f}")
                 log.info(
                     "checkpoint %s complete (checksummed in %.2f s)%s", directory, time.perf_counter() - started,

@@ -82,6 +82,7 @@ class Run:
     nodes: int = 0
     gpus_per_node: int = 0
     resumed_step: int | None = None
+    end_step: int | None = None  # the step the training loop ended at (its final model saved)
     steps: list[tuple[float, int]] = field(default_factory=list)
     rates: list[float] = field(default_factory=list)
     mfus: list[float] = field(default_factory=list)
@@ -90,15 +91,20 @@ class Run:
     outcome: str | None = None
     cause: str | None = None
 
+    def times(self) -> list[float]:
+        return [*self.events.values(), *(t for t, _ in self.steps), *(t for t, _, _ in self.saves)]
+
+    def first(self) -> float:
+        return min(self.times(), default=0.0)
+
     def last(self) -> float:
-        times = [*self.events.values(), *(t for t, _ in self.steps), *(t for t, _, _ in self.saves)]
-        return max(times) if times else 0.0
+        return max(self.times(), default=0.0)
 
     def reached(self) -> int | None:
         """The last step this run is known to have trained."""
         steps = [s for _, s in self.steps] + [s for _, s, _ in self.saves]
-        if "end_step" in self.events:
-            steps.append(int(self.events["end_step"]))
+        if self.end_step is not None:
+            steps.append(self.end_step)
         return max(steps) if steps else self.resumed_step
 
 
@@ -150,18 +156,12 @@ def read(path: Path) -> tuple[list[Run], int]:
             run.evals += numbers[0]
             continue
         elif event == "end" and numbers and numbers[0] is not None:
-            run.events["end_step"] = numbers[0]
+            run.end_step = int(numbers[0])
         elif event == "decided":
             run.outcome = args[0] if args else None
             run.cause = args[1] if len(args) > 1 else None
         run.events.setdefault(event, when)
     return [runs[r] for r in sorted(runs)], skipped
-
-
-def _between(run: Run, start: str, end: str) -> float:
-    if start in run.events and end in run.events:
-        return max(0.0, run.events[end] - run.events[start])
-    return 0.0
 
 
 def account(runs: list[Run], *, now: float | None = None, gpu_hour_price: float | None = None) -> dict[str, Any]:
@@ -174,7 +174,7 @@ def account(runs: list[Run], *, now: float | None = None, gpu_hour_price: float 
     gpus = False
     for index, run in enumerate(runs):
         following = runs[index + 1] if index + 1 < len(runs) else None
-        started = run.events.get("start", run.last())
+        started = run.events.get("start", run.first())  # no batch script's marks: the run's first event
         ended = run.events.get("decided") or (now if now is not None and following is None else run.last())
         seg = dict.fromkeys(SEGMENTS, 0.0)
         if run.submitted is not None and "start" in run.events:
@@ -216,7 +216,7 @@ def account(runs: list[Run], *, now: float | None = None, gpu_hour_price: float 
             "tokens_per_second": round(sum(run.rates) / len(run.rates), 1) if run.rates else None,
             "mfu": round(sum(run.mfus) / len(run.mfus), 4) if run.mfus else None,
         })  # fmt: skip
-    first = runs[0].submitted or runs[0].events.get("start", runs[0].last())
+    first = runs[0].submitted or runs[0].events.get("start", runs[0].first())
     last = runs[-1].events.get("decided") or (now if now is not None else runs[-1].last())
     wall = max(0.0, last - first)
     hours = allocated / 3600
@@ -244,8 +244,8 @@ def chart(row: dict[str, Any], scale: float, width: int = 48) -> str:
     """The run's segments as one bar of letters (:data:`SEGMENTS`), ``scale`` seconds per letter."""
     bar = ""
     for name, letter in SEGMENTS.items():
-        bar += letter * round(row["seconds"][name] / scale) if scale > 0 else ""
-    return bar[:width]
+        bar += letter * min(width - len(bar), round(row["seconds"][name] / scale))
+    return bar
 
 
 def render(result: dict[str, Any], job: str) -> list[str]:
@@ -285,9 +285,4 @@ def report(path: Path, job: str, *, now: float | None = None, gpu_hour_price: fl
         result["skipped_lines"] = skipped
     return result, render(result, job)
 
-
-def write_json(result: dict[str, Any], path: Path) -> None:
-    from ctrain.files import atomic_write_json
-
-    atomic_write_json(path, result)
 
