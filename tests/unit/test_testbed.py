@@ -295,3 +295,16 @@ def test_every_testbed_package_names_its_programs() -> None:
     for group in ("testbed", "apptainer"):
         for package in system.PACKAGES[group]:
             assert system.PROGRAMS.get(package), package
+
+
+@pytest.mark.parametrize("root", ["/tmp/a$(touch /tmp/pwned)", "/tmp/a b", "/tmp/a\nb", "/tmp/a'b", '/tmp/a"b', "rel/dir"])
+def test_pyxis_refuses_a_state_dir_enroot_would_evaluate(root: str, tmp_path: Path) -> None:
+    """enroot.conf's values are evaluated by enroot in a shell, and plugstack.conf splits on spaces:
+    the prefix's path is refused before anything is built or written."""
+    from ctrain.testbed import pyxis
+    from ctrain.testbed.plan import Layout
+
+    with pytest.raises(CtrainError, match="has characters enroot.conf and plugstack.conf cannot hold"):
+        pyxis.install(Layout(Path(root)), pyxis.Sources(tmp_path / "e", tmp_path / "p"), print)
+    assert not Path("/tmp/pwned").exists()
+    pyxis.check_prefix(Layout(Path("/var/lib/ctrain/testbed")))  # the default is plain

@@ -105,6 +105,21 @@ def node_dir(layout: Layout) -> Path:
     return layout.pyxis_prefix / "nodes"
 
 
+# The prefix's path goes into enroot.conf, whose values enroot evaluates in a shell, and into
+# plugstack.conf, whose words are split on spaces: plain path characters only.
+_PLAIN_PATH = re.compile(r"/[A-Za-z0-9._/+-]+")
+
+
+def check_prefix(layout: Layout) -> None:
+    """Refuse a state directory whose path enroot.conf or plugstack.conf could not hold as it is."""
+    if not _PLAIN_PATH.fullmatch(str(layout.pyxis_prefix)):
+        raise CtrainError(
+            f"the testbed's state directory {str(layout.root)!r} has characters enroot.conf and plugstack.conf "
+            "cannot hold (enroot evaluates its settings in a shell): use a path of letters, digits and . _ + - / "
+            "(--state-dir or CTRAIN_TESTBED_DIR)"
+        )
+
+
 def render_plugstack(layout: Layout, with_pyxis: bool) -> str:
     """plugstack.conf: pyxis for every slurmd and srun, or no plugin."""
     head = "# Written by `ctrain testbed up`; see docs/testbed.md (pyxis).\n"
@@ -173,6 +188,7 @@ def _check_trees(enroot: Path, pyxis: Path) -> None:
 def install(layout: Layout, sources: Sources, log: Callable[[str], None]) -> Installed:
     """Build and install enroot and pyxis into the testbed's prefix (skipped when already built from
     the same sources); write enroot's per-node paths. Returns what is installed."""
+    check_prefix(layout)
     fingerprint = sources.fingerprint()
     current = installed(layout)
     if current is not None and current.fingerprint == fingerprint:
