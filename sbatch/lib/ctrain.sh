@@ -62,6 +62,8 @@ ctrain_settings() {
     : "${CTRAIN_APPTAINER_UNSQUASH:=1}"          # 1: run a SIF from a node-local copy (see ctrain_container_apptainer)
     : "${CTRAIN_IMAGE_CACHE:=${APPTAINER_TMPDIR:-${TMPDIR:-/tmp}}/ctrain-images-$(id -u)}" # node-local unpacked images
     : "${CTRAIN_IMAGE_CACHE_GB:=50}"             # the cache's size limit on each node, in GiB
+    : "${CTRAIN_PREFLIGHT:=quick}"               # off | quick | full: the checks before the first step (ctrain_preflight)
+    : "${CTRAIN_PREFLIGHT_TMP_MB:=1024}"         # node-local scratch (TMPDIR) a node must have free, in MiB
     : "${CTRAIN_DRY_RUN:=0}"                     # 1: print the commands instead of running them
 
     # Files are given relative to the project directory; the containers need absolute paths
@@ -96,6 +98,12 @@ ctrain_settings() {
     # A number: it reaches the nodes' shell arithmetic (CTRAIN_IMAGE_PREPARE).
     [[ $CTRAIN_IMAGE_CACHE_GB =~ ^[0-9]{1,9}$ ]] ||
         ctrain_die "CTRAIN_IMAGE_CACHE_GB is '$CTRAIN_IMAGE_CACHE_GB'; give the image cache's size in GiB (e.g. 50)"
+    case $CTRAIN_PREFLIGHT in
+        off | quick | full) ;;
+        *) ctrain_die "CTRAIN_PREFLIGHT is '$CTRAIN_PREFLIGHT'; valid: off, quick, full" ;;
+    esac
+    [[ $CTRAIN_PREFLIGHT_TMP_MB =~ ^[0-9]{1,9}$ ]] ||
+        ctrain_die "CTRAIN_PREFLIGHT_TMP_MB is '$CTRAIN_PREFLIGHT_TMP_MB'; give the node-local space a job needs in MiB (e.g. 1024)"
     case $CTRAIN_LAUNCHER in
         torchrun | accelerate | deepspeed) ;;
         *) ctrain_die "CTRAIN_LAUNCHER is '$CTRAIN_LAUNCHER'; valid: torchrun, accelerate, deepspeed" ;;
@@ -429,6 +437,12 @@ ctrain_run() {
     rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_PIDS" # what a killed run of this job left
     mkdir -p "$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS"
     ctrain_mark start "$(ctrain_submitted)" "$CTRAIN_NNODES" "${SLURM_GPUS_ON_NODE:-0}"
+    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS rc
+    if ! ctrain_preflight; then
+        ctrain_decide "$dir" 1 unfit
+        ctrain_run_end
+        return 1
+    fi
     [[ -z $CTRAIN_IMAGE_ENTRY ]] || ctrain_image_cache
     ctrain_mark launched
     "${CTRAIN_SRUN[@]}" &
@@ -452,7 +466,6 @@ ctrain_run() {
     # Preemption and scancel send TERM to every process of the job themselves: keep waiting
     # for the workers' checkpoint instead of dying first.
     trap 'CTRAIN_SIGNAL=TERM; ctrain_transition terminated' TERM
-    local rc
     while :; do
         wait "$CTRAIN_STEP_PID"
         rc=$?
@@ -461,7 +474,6 @@ ctrain_run() {
     trap - USR1 TERM
     [[ -z $watchdog ]] || kill "$watchdog" 2>/dev/null
     kill "$guard" 2>/dev/null
-    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS
     echo "ctrain: step exited with $rc${CTRAIN_SIGNAL:+ after SIG$CTRAIN_SIGNAL}"
     ctrain_mark exited "$rc"
     ctrain_decide "$dir" "$rc" exited
@@ -471,11 +483,117 @@ ctrain_run() {
         wait "$alive" 2>/dev/null
         ctrain_stop "$sentinel"
     fi
+    ctrain_run_end
+    return "$rc"
+}
+
+# ctrain_run_end: what a run leaves once it is decided.
+ctrain_run_end() {
     rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_PIDS"
     # The one retry after a failed rank counts for the whole job, across requeues.
     [[ -n $CTRAIN_REQUEUED ]] || rm -f "$CTRAIN_PROJECT_DIR/.ctrain/$SLURM_JOB_ID.retried"
     rmdir "$CTRAIN_PROJECT_DIR/.ctrain" 2>/dev/null
-    return "$rc"
+}
+
+# --- preflight ------------------------------------------------------------------------------------
+
+# Before each run's training step, unless CTRAIN_PREFLIGHT=off, each node is checked on its host
+# (ctrain_preflight), and every rank of `ctrain train` checks its GPU and the network once the
+# process group is up (src/ctrain/train/health.py; CTRAIN_PREFLIGHT=full runs those longer). A node
+# that fails a check is written to CTRAIN_PIDS/unfit ("HOST CHECK MESSAGE"), and ctrain_decide
+# requeues the job without it, as it does a lost node. docs/reliability.md lists the checks.
+#
+# What runs on each node's host ($1 the project directory, $2 the batch host's token, $3 the MiB of
+# TMPDIR a job needs, $4 the image's cache entry or "", $5 the MiB unpacking it takes): one line per
+# failed check, "unfit NODE CHECK MESSAGE", then "ok NODE SUMMARY". POSIX sh and coreutils only.
+CTRAIN_PREFLIGHT_NODE='project=$1 token=$2 tmp_mib=$3 entry=$4 entry_mib=$5 node=${SLURMD_NODENAME:-$(uname -n)}
+unfit() { echo "unfit $node $1 $2"; }
+mib_free() { df -Pk "$1" 2>/dev/null | awk "NR == 2 { print int(\$4 / 1024) }"; }
+shared=$project/.ctrain/$SLURM_JOB_ID.preflight
+if [ "$(cat "$shared" 2>/dev/null)" != "$token" ]; then
+    unfit shared "$shared is missing or different on this node: $project is not the file system the batch host writes"
+elif ! echo "$token" 2>/dev/null >"$shared.$node"; then
+    unfit shared "cannot write in $project/.ctrain from this node"
+fi
+rm -f "$shared.$node"
+tmp=${TMPDIR:-/tmp}
+free=$(mib_free "$tmp")
+if [ -z "$free" ]; then
+    unfit disk "cannot read the free space of TMPDIR $tmp"
+elif [ "$free" -lt "$tmp_mib" ]; then
+    unfit disk "TMPDIR $tmp has $free MiB free, the job needs $tmp_mib MiB of node-local scratch (CTRAIN_PREFLIGHT_TMP_MB)"
+elif ! probe=$(mktemp "$tmp/ctrain-preflight.XXXXXX" 2>/dev/null); then
+    unfit disk "cannot create a file in TMPDIR $tmp"
+else
+    rm -f "$probe"
+fi
+summary="TMPDIR $free MiB free"
+if [ -n "$entry" ] && [ ! -e "$entry/complete" ]; then
+    dir=$entry
+    while [ ! -d "$dir" ]; do dir=$(dirname "$dir"); done
+    room=$(mib_free "$dir")
+    if [ -n "$room" ] && [ "$room" -lt "$entry_mib" ]; then
+        unfit disk "the image cache $dir has $room MiB free, unpacking the image takes about $entry_mib MiB (CTRAIN_IMAGE_CACHE)"
+    fi
+fi
+gpus=${SLURM_GPUS_ON_NODE:-0}
+case $gpus in "" | *[!0-9]*) gpus=0 ;; esac
+if [ "$gpus" -gt 0 ] && command -v nvidia-smi >/dev/null 2>&1; then
+    if ! out=$(nvidia-smi --query-gpu=index,ecc.errors.uncorrected.volatile.total --format=csv,noheader,nounits 2>&1); then
+        unfit gpu "nvidia-smi fails: $(echo "$out" | tail -n 1)"
+    else
+        seen=$(echo "$out" | grep -c .)
+        [ "$seen" -ge "$gpus" ] || unfit gpu "nvidia-smi sees $seen GPU(s), the job was given $gpus"
+        echo "$out" | while IFS=", " read -r index ecc; do
+            case $ecc in "" | 0 | *[!0-9]*) ;; *) unfit gpu "GPU $index has $ecc uncorrected ECC errors since the driver loaded (nvidia-smi -q -d ECC)" ;; esac
+        done
+        nvidia-smi --query-gpu=index,remapped_rows.pending --format=csv,noheader 2>/dev/null | while IFS=", " read -r index pending; do
+            [ "$pending" != Yes ] || unfit gpu "GPU $index has a row remapping pending: reset it (nvidia-smi -r) before it trains"
+        done
+        summary="$summary, $seen GPU(s), driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
+    fi
+fi
+echo "ok $node $summary"'
+
+# ctrain_preflight: the node checks above on every node of the job, at once; returns 1 when a node
+# is unfit (recorded in CTRAIN_PIDS/unfit) or gave no answer. The answers come back through srun,
+# not through the shared file system that one of the checks doubts.
+ctrain_preflight() {
+    [[ $CTRAIN_PREFLIGHT != off ]] || return 0
+    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS token=$RANDOM$RANDOM$RANDOM started=${EPOCHREALTIME/[^0-9]/.}
+    local shared=$CTRAIN_PROJECT_DIR/.ctrain/$SLURM_JOB_ID.preflight entry= need=0 kind host check message
+    local answered=() nodes=() node seconds
+    echo "$token" >"$shared" || ctrain_die "cannot write $shared: the project directory must be writable"
+    if [[ -n $CTRAIN_IMAGE_ENTRY && -f $CTRAIN_IMAGE ]]; then
+        entry=$CTRAIN_IMAGE_ENTRY
+        need=$(($(stat -c %s "$CTRAIN_IMAGE") * 3 / 1048576 + 1)) # a SIF unpacks to about 2-3 times its size
+    fi
+    while read -r kind host check message; do
+        case $kind in
+            ok) answered+=("$host") && echo "ctrain: preflight: $host: $check $message" ;;
+            unfit)
+                echo "ctrain: preflight: $host: unfit: $check: $message"
+                echo "$host $check $message" >>"$dir/unfit"
+                ;;
+            "") ;;
+            *) echo "ctrain: preflight: $kind $host $check $message" ;; # srun's own lines
+        esac
+    done < <(ctrain_on_nodes "$CTRAIN_PREFLIGHT_NODE" "$CTRAIN_PROJECT_DIR" "$token" "$CTRAIN_PREFLIGHT_TMP_MB" \
+        "$entry" "$need" 2>&1)
+    rm -f "$shared"
+    mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    for node in "${nodes[@]}"; do
+        [[ " ${answered[*]} " == *" $node "* ]] && continue
+        echo "ctrain: preflight: $node: unfit: answer: its checks did not run or did not answer (ctrain_on_nodes)"
+        echo "$node answer its checks did not run or did not answer" >>"$dir/unfit"
+    done
+    seconds=$(awk -v a="$started" -v b="${EPOCHREALTIME/[^0-9]/.}" 'BEGIN { printf "%.2f", b - a }')
+    if [[ -s $dir/unfit ]]; then
+        ctrain_mark preflight "$seconds" "$(wc -l <"$dir/unfit")"
+        return 1
+    fi
+    echo "ctrain: preflight: ${#nodes[@]} node(s) fit in $seconds s"
+    ctrain_mark preflight "$seconds" 0
 }
 
 # --- the run's life -------------------------------------------------------------------------------
@@ -496,6 +614,7 @@ ctrain_run() {
 # docs/architecture.md draws the table; a unit test walks every entry.
 declare -A CTRAIN_LIFE=(
     [starting:launched]=running
+    [starting:unfit]=deciding
     [running:warned]=running
     [running:terminated]=terminating
     [running:ending]=ending
@@ -583,14 +702,29 @@ ctrain_failed_node() {
 # One `ctrain: failure:` line names the cause. The run's state (ctrain_transition) makes it once: a
 # second decider finds the run decided, or deciding on a live host, and does nothing.
 ctrain_decide() {
-    local dir=$1 rc=$2 event=$3 hung= lost= failed final nodes=() outcome cause=${CTRAIN_SIGNAL:-none}
+    local dir=$1 rc=$2 event=$3 hung= lost= failed final nodes=() outcome cause=${CTRAIN_SIGNAL:-none} unfit
     ctrain_transition "$event" || return 0
     [[ ! -e $dir/hung ]] || hung=1
     [[ ! -e $dir/lost ]] || lost=$(sort -u "$dir/lost" | paste -sd' ')
     failed=$(ctrain_failed_node "$dir")
     final=$(ctrain_rank_exit "$dir/exit")
+    unfit=$(ctrain_unfit_nodes "$dir/unfit")
     CTRAIN_REQUEUED=
-    if [[ -z $lost && -z $final && $rc != 0 && $rc != "$CTRAIN_REQUEUE_EXIT" && $CTRAIN_SIGNAL != TERM ]]; then
+    if [[ -n $unfit && -z $CTRAIN_SIGNAL ]]; then
+        local host check message
+        while read -r host check message; do
+            echo "ctrain: failure: preflight: $host is unfit ($check): $message"
+        done < <(head -n 20 "$dir/unfit")
+        cause=preflight
+        mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+        if ((${#nodes[@]} > 1)) && [[ $(wc -w <<<"$unfit") -ge ${#nodes[@]} ]]; then
+            echo "ctrain: not requeueing: every node of the job failed the preflight, so the fault is the job's" \
+                "(its image, its settings, the shared file system), not a node's: fix it and submit again"
+        else
+            # shellcheck disable=SC2086 # one word per node
+            ctrain_requeue_without $unfit
+        fi
+    elif [[ -z $lost && -z $final && $rc != 0 && $rc != "$CTRAIN_REQUEUE_EXIT" && $CTRAIN_SIGNAL != TERM ]]; then
         # A node dying slowly takes its processes in any order (a launcher, this step's srun, the
         # guard) while its slurmd may still answer: after CTRAIN_SETTLE seconds every node is asked.
         sleep "$CTRAIN_SETTLE"
@@ -642,6 +776,18 @@ ctrain_decide() {
         outcome=ended
     fi
     ctrain_transition "$outcome" && ctrain_mark decided "$outcome" "$cause"
+}
+
+# ctrain_unfit_nodes FILE: the job's nodes named in the preflight's unfit FILE (CTRAIN_PIDS/unfit),
+# one line; a name that is not one of the job's nodes is ignored (the file is data, written by ranks).
+ctrain_unfit_nodes() {
+    [[ -s $1 ]] || return 0
+    local nodes=() node names
+    mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    names=$(cut -d' ' -f1 "$1" | head -n 1000 | sort -u)
+    for node in "${nodes[@]}"; do
+        grep -qxF -- "$node" <<<"$names" && echo "$node"
+    done | paste -sd' '
 }
 
 # ctrain_unreported DIR: the hosts of the job whose launcher has not reported its end (no node-N.done).
@@ -759,8 +905,8 @@ ctrain_alive() {
 # What ctrain_sentinel runs on its node, which has only what ctrain_sentinel_step sends (`declare -f`).
 CTRAIN_SENTINEL_NEEDS=(
     ctrain_sentinel ctrain_state ctrain_transition ctrain_decide ctrain_probe ctrain_job_is
-    ctrain_failed_node ctrain_rank_exit ctrain_kill_step ctrain_requeue_without ctrain_requeue ctrain_retry_once
-    ctrain_requeue_if_asked ctrain_mark
+    ctrain_failed_node ctrain_rank_exit ctrain_unfit_nodes ctrain_kill_step ctrain_requeue_without ctrain_requeue
+    ctrain_retry_once ctrain_requeue_if_asked ctrain_mark
 )
 
 # ctrain_sentinel_step (in the background, beside the training step): ctrain_sentinel on the second

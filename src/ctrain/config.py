@@ -238,6 +238,7 @@ class SlurmConfig:
     efa: bool | None = None
     max_requeues: int | None = None
     hang_timeout: int | None = None  # seconds without a finished step before the job's watchdog ends it
+    preflight: Literal["off", "quick", "full"] | None = None  # the checks before each run's first step
     env: dict[str, str] = field(default_factory=dict)
     # More host variables the container gets (names, or NAME_* prefixes), beyond those a job needs
     # (the sbatch library's CTRAIN_PASSED_ENV); others, PYTHONPATH and conda's among them, stay out.

@@ -41,6 +41,11 @@ class NonFiniteTraining(CtrainError):
     exit_code = 65  # EX_DATAERR from sysexits.h: the numbers went bad, requeueing will not help
 
 
+class NodeUnfit(CtrainError):
+    """A node failed the job's preflight (``ctrain.train.health``): the batch script requeues the job
+    without it, as it does for a lost node."""
+
+
 class CommandError(CtrainError):
     """An external program failed; carries the command, its stderr and stdout.
 

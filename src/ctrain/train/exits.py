@@ -22,7 +22,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from ctrain.errors import ConfigError, CtrainError, NonFiniteTraining, ToolNotFound
+from ctrain.errors import ConfigError, CtrainError, NodeUnfit, NonFiniteTraining, ToolNotFound
 
 EXITS_ENV = "CTRAIN_EXITS"
 MESSAGE_CHARS = 300
@@ -41,6 +41,7 @@ CAUSES: dict[str, bool] = {
     "peer": True,  # a collective failed: another rank or node failed first, or the network did
     "io": True,  # a file-system or network error other than a full disk: often transient
     "interrupted": True,  # SIGINT
+    "unfit": True,  # a node failed the preflight: the batch script requeues without it (CTRAIN_PIDS/unfit)
 }
 
 # Messages of errors a collective raises when the other side went away (gloo, NCCL, the store).
@@ -98,7 +99,8 @@ def classify(exc: BaseException | None, code: int) -> Exit:
         return Exit(130, "interrupted", message)
     if isinstance(exc, CtrainError):
         cause = ("nonfinite" if isinstance(exc, NonFiniteTraining) else "config" if isinstance(exc, ConfigError)
-                 else "environment" if isinstance(exc, ToolNotFound) else "error")  # fmt: skip
+                 else "environment" if isinstance(exc, ToolNotFound) else "unfit" if isinstance(exc, NodeUnfit)
+                 else "error")  # fmt: skip
         return Exit(exc.exit_code, cause, message)
     if isinstance(exc, MemoryError) or name == "OutOfMemoryError":
         return Exit(1, "out-of-memory", message)

@@ -26,12 +26,14 @@ from ctrain.errors import ConfigError
 # Event -> its arguments. The library's events (a test holds these names to ctrain_mark's calls).
 BATCH_EVENTS: dict[str, tuple[str, ...]] = {
     "start": ("submitted", "nodes", "gpus_per_node"),
+    "preflight": ("seconds", "unfit"),
     "launched": (),
     "exited": ("rc",),
     "decided": ("outcome", "cause"),
 }
 TRAINER_EVENTS: dict[str, tuple[str, ...]] = {
     "process": (),
+    "checked": ("seconds",),
     "data": (),
     "train": ("step",),
     "step": ("step", "tokens_per_second", "mfu"),
@@ -52,6 +54,7 @@ CAUSES = {
     "rank-failed": "a rank failed",
     "hang": "a rank stopped making progress",
     "step-failed": "the training step failed, nothing said why",
+    "preflight": "a node failed the preflight",
     "none": "",
 }
 
@@ -88,6 +91,7 @@ class Run:
     mfus: list[float] = field(default_factory=list)
     saves: list[tuple[float, int, float]] = field(default_factory=list)
     evals: float = 0.0
+    preflight: float = 0.0  # seconds of the preflight's node and rank checks (within start-up and preparation)
     outcome: str | None = None
     cause: str | None = None
 
@@ -155,6 +159,8 @@ def read(path: Path) -> tuple[list[Run], int]:
         elif event == "eval" and numbers and numbers[0] is not None:
             run.evals += numbers[0]
             continue
+        elif event in ("preflight", "checked") and numbers and numbers[0] is not None:
+            run.preflight += numbers[0]
         elif event == "end" and numbers and numbers[0] is not None:
             run.end_step = int(numbers[0])
         elif event == "decided":
@@ -213,6 +219,7 @@ def account(runs: list[Run], *, now: float | None = None, gpu_hour_price: float 
             "restart": run.restart, "outcome": run.outcome, "cause": run.cause, "nodes": run.nodes,
             "gpus_per_node": run.gpus_per_node, "resumed_step": run.resumed_step, "reached_step": run.reached(),
             "lost_steps": lost_steps, "seconds": {k: round(v, 1) for k, v in seg.items()},
+            "preflight_seconds": round(run.preflight, 1),
             "tokens_per_second": round(sum(run.rates) / len(run.rates), 1) if run.rates else None,
             "mfu": round(sum(run.mfus) / len(run.mfus), 4) if run.mfus else None,
         })  # fmt: skip
@@ -266,8 +273,9 @@ def render(result: dict[str, Any], job: str) -> list[str]:
         rate = f", {row['tokens_per_second']:,.0f} tok/s" if row["tokens_per_second"] else ""
         mfu = f", MFU {100 * row['mfu']:.1f}%" if row["mfu"] else ""
         steps = f"steps {row['resumed_step'] or 0}-{row['reached_step']}" if row["reached_step"] is not None else "no step"
+        checks = f", preflight {_duration(row['preflight_seconds'])}" if row["preflight_seconds"] else ""
         outcome = row["outcome"] or "running"
-        lines.append(f"goodput: run {row['restart']}: {chart(row, scale):<48} {steps}{lost}{rate}{mfu}; "
+        lines.append(f"goodput: run {row['restart']}: {chart(row, scale):<48} {steps}{lost}{rate}{mfu}{checks}; "
                      f"{outcome}{': ' + cause if cause else ''}")  # fmt: skip
     units = f"{result['gpu_hours']} GPU-hours" if "gpu_hours" in result else f"{result['node_hours']} node-hours"
     cost = f", cost {result['cost']}" if "cost" in result else ""

@@ -23,7 +23,7 @@ from typing import Any
 
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.files import atomic_write_json, check_tree
-from ctrain.train import checkpoint, goodput, logs, rundir
+from ctrain.train import checkpoint, goodput, health, logs, rundir
 from ctrain.train.artifacts import (
     COMPLETE_MARKER,
     FINAL_DIR,
@@ -407,6 +407,13 @@ def run(recipe: Recipe) -> int:
     rank, world = logs.rank_from_env(), logs.world_size_from_env()
     if rank == 0:
         goodput.mark("process")
+    # 0. The node's driver against the image's CUDA, before anything imports torch (the preflight).
+    checks = health.level_from_env()
+    nccl_logs = False
+    if checks != "off":
+        health.check_driver(log)
+        if world > 1:
+            nccl_logs = health.ask_nccl_for_its_transports(health.pids_dir())
     # 1. What can be checked without torch: paths, columns, sizes, the batch against the world size.
     notes = preflight(recipe, world_size=world)
     output_dir = recipe.output_dir
@@ -472,6 +479,10 @@ def run(recipe: Recipe) -> int:
     signals = [signal_number(name) for name in recipe.training.preemption_signals]
     # 3. The process group starts here; then data (rank 0 first), the model, the trainer.
     args = training_arguments(recipe, layout, output_dir, report_to)
+    if checks != "off":
+        summary = health.rank_checks(checks, args.device, log, nccl_logs=nccl_logs)
+        if rank == 0:
+            goodput.mark("checked", summary["seconds"])
     data = obtain_data(recipe, layout)
     if rank == 0:
         goodput.mark("data")
