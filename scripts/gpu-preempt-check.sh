@@ -27,7 +27,8 @@ if [ ! -e "$out/ctrain-preempted.json" ]; then
   tail -n 20 "$log"; echo "FAIL: no $out/ctrain-preempted.json (launcher exit $status)"; exit 1
 fi
 echo "preempted: $(cat "$out/ctrain-preempted.json")"
-"${train[@]}" >"$log" 2>&1 || { tail -n 20 "$log"; echo "FAIL: the resumed run failed"; exit 1; }
+# The second run of the job, as Slurm numbers a requeued one (the timeline, with CTRAIN_TIMELINE set, keeps runs apart by it).
+SLURM_RESTART_COUNT=1 "${train[@]}" >"$log" 2>&1 || { tail -n 20 "$log"; echo "FAIL: the resumed run failed"; exit 1; }
 grep -E "resuming from" "$log"
 python3 -m ctrain eval "$repo/recipes/demo-addition.yaml" "${overrides[@]}" --min-accuracy 0.9
 echo "OK: preempted, resumed and finished"
