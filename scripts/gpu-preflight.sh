@@ -29,7 +29,7 @@ echo token-1 >"$out/project/.ctrain/1.preflight"
 start=$(date +%s.%N)
 SLURM_JOB_ID=1 SLURM_GPUS_ON_NODE=$gpus SLURMD_NODENAME=gpu-node sh -c "$script" ctrain-preflight \
     "$out/project" token-1 1024 "" 0
-echo "node checks took $(echo "$(date +%s.%N) - $start" | bc) s"
+echo "node checks took $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }') s"
 nvidia-smi --query-gpu=index,ecc.errors.uncorrected.volatile.total,remapped_rows.pending --format=csv
 
 ranks() { # NAME ENV... : the rank checks under torchrun on every GPU
@@ -59,7 +59,7 @@ CUDA_VISIBLE_DEVICES=$last "$py" -c "$hog" & h2=$!
 sleep 8
 ranks shared CTRAIN_PREFLIGHT=quick
 kill "$h1" "$h2" 2>/dev/null
-wait 2>/dev/null
+wait "$h1" "$h2" 2>/dev/null # not a bare wait: it would wait for the tee of this script's output too
 
 echo "== a preempted and resumed run, with its timeline and report"
 export CTRAIN_TIMELINE=$out/preempt.timeline
