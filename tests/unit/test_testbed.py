@@ -83,7 +83,7 @@ def test_slurm_conf_without_gpus_is_unchanged_by_an_empty_split() -> None:
     plain = plan.render_slurm_conf(layout, "head", nodes, cpus=2, memory_mb=8034)
     empty = plan.split_gpus([], nodes)
     assert plan.render_slurm_conf(layout, "head", nodes, cpus=2, memory_mb=8034, gpus=empty) == plain
-    assert "Gres" not in plain and "TaskProlog" not in plain
+    assert "Gres" not in plain and "TaskProlog=" in plain  # the prolog also gives scratch disks (local_disk)
 
 
 def test_gpu_testbed_files_golden() -> None:
@@ -96,7 +96,19 @@ def test_gpu_testbed_files_golden() -> None:
     assert "GresTypes=gpu" in text and "TaskProlog=/var/lib/ctrain/testbed/task-prolog.sh" in text
     assert [line.split()[-2] for line in text.splitlines() if line.startswith("NodeName=")] == ["Gres=gpu:1"] * 2
     assert_golden("testbed", "gres.conf", plan.render_gres_conf(gpus))
-    assert_golden("testbed", "task-prolog.sh", plan.render_task_prolog(gpus))
+    assert_golden("testbed", "task-prolog.sh", plan.render_task_prolog(gpus, layout.scratch_dir))
+
+
+def test_task_prolog_gives_a_node_with_a_scratch_disk_its_own_tmpdir(tmp_path: Path) -> None:
+    """Testbed.local_disk makes scratch/NODE; that node's tasks get it as TMPDIR, the others keep theirs."""
+    scratch = tmp_path / "state dir" / "scratch"
+    (scratch / "node2").mkdir(parents=True)
+    script = tmp_path / "task-prolog.sh"
+    script.write_text(plan.render_task_prolog(plan.split_gpus([], plan.node_plan(2)), scratch))
+    assert _prolog(script, "node2", None) == f"export TMPDIR={scratch}/node2\n"
+    assert _prolog(script, "node1", None) == ""
+    assert "TaskProlog=" in plan.render_slurm_conf(plan.Layout(tmp_path), "h", plan.node_plan(2), cpus=2,
+                                                   memory_mb=1024, gpus={})  # fmt: skip
 
 
 def test_cgroup_conf_loads_the_plugin_that_does_nothing() -> None:
@@ -120,7 +132,7 @@ def test_task_prolog_maps_node_gpu_numbers_to_the_machines_gpus(tmp_path: Path) 
     nodes = plan.node_plan(3)
     gpus = plan.split_gpus([*TWO_GPUS, plan.Gpu(2), plan.Gpu(3, "GPU-3"), plan.Gpu(4), plan.Gpu(5)], nodes)
     script = tmp_path / "task-prolog.sh"
-    script.write_text(plan.render_task_prolog(gpus))
+    script.write_text(plan.render_task_prolog(gpus, tmp_path / "no-scratch"))
     uuid0, uuid1 = TWO_GPUS[0].uuid, TWO_GPUS[1].uuid
     assert _prolog(script, "node1", "0") == f"export CUDA_VISIBLE_DEVICES={uuid0}\n"
     assert _prolog(script, "node1", "1,0") == f"export CUDA_VISIBLE_DEVICES={uuid1},{uuid0}\n"

@@ -279,6 +279,29 @@ class Testbed:
             os.kill(daemon.pid, signal.SIGKILL)
         return count
 
+    def local_disk(self, name: str, mib: int) -> Path:
+        """Give node NAME a local scratch disk of MIB MiB (a tmpfs), its tasks' TMPDIR from the next
+        task on (the TaskProlog); the other nodes keep the shared /tmp. :meth:`remove_local_disk`
+        and ``down`` remove it."""
+        node = self._node(name)
+        path = self.layout.scratch_dir / node.name
+        host.mount_tmpfs(path, mib, self.user)
+        return path
+
+    def remove_local_disk(self, name: str) -> None:
+        path = self.layout.scratch_dir / self._node(name).name
+        host.unmount_all_below(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+    def slow_node(self, name: str, percent: int) -> int:
+        """Slow node NAME down: its slurmd and every process it starts share PERCENT of one CPU (a cgroup
+        quota), as a throttled or failing device computes. Returns how many processes were slowed.
+        :meth:`restore_node` and ``down`` undo it."""
+        return host.throttle_netns(self._node(name).netns, percent)
+
+    def restore_node(self, name: str) -> bool:
+        return host.unthrottle_netns(self._node(name).netns)
+
     def start_node(self, name: str, *, timeout: float = STARTUP_TIMEOUT) -> None:
         """Start a killed node's slurmd again and wait until Slurm can give it jobs; a node Slurm set
         DOWN meanwhile is resumed, as an administrator would after replacing it. A node still
@@ -557,13 +580,12 @@ class Testbed:
         lay.slurm_conf.write_text(self._render(plan, memory_mb, gpus))
         lay.cgroup_conf.write_text(render_cgroup_conf())
         lay.plugstack_conf.write_text(pyxis.render_plugstack(lay, pyxis.installed(lay) is not None))
+        lay.task_prolog.write_text(render_task_prolog(gpus, lay.scratch_dir))
+        lay.task_prolog.chmod(0o755)  # run by the job user before each task
         if any(gpus.values()):
             lay.gres_conf.write_text(render_gres_conf(gpus))
-            lay.task_prolog.write_text(render_task_prolog(gpus))
-            lay.task_prolog.chmod(0o755)  # run by the job user before each task
         else:  # what a start on a GPU machine left would otherwise be read by slurmd
             lay.gres_conf.unlink(missing_ok=True)
-            lay.task_prolog.unlink(missing_ok=True)
         if not SLURM_CONF_LINK.is_symlink():
             SLURM_CONF_LINK.parent.mkdir(parents=True, exist_ok=True)
             SLURM_CONF_LINK.symlink_to(lay.slurm_conf)
@@ -682,6 +704,9 @@ class Testbed:
                 if host.stop(daemons[name], self.marker):
                     done.append(f"stopped {name} (pid {daemons[name].pid})")
 
+        for netns in host.throttled_netns():
+            if host.unthrottle_netns(netns):
+                done.append(f"undid the CPU limit of {netns}")
         stop(by_tool["slurmd"])
         for netns in host.our_netns():
             count = host.kill_netns_processes(netns)
@@ -700,6 +725,9 @@ class Testbed:
             done.append(f"ended {len(leftover)} leftover process(es)")
         host.wait_reaped([*ended, *leftover])
         done.extend(f"removed {what}" for what in host.network_down())
+        for mount in host.unmount_all_below(self.layout.scratch_dir):
+            done.append(f"unmounted the scratch disk {mount}")
+        shutil.rmtree(self.layout.scratch_dir, ignore_errors=True)
         hosts = host.HOSTS_FILE.read_text()
         kept = hosts_without_ours(hosts)
         if kept != hosts:

@@ -378,3 +378,79 @@ def fuse_needs_opening() -> bool:
 
 def open_fuse() -> None:
     FUSE_DEVICE.chmod(0o666)
+
+
+# --- faults of a node's own: a full local disk, a slow CPU -----------------------------------------
+
+CPU_CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
+CGROUP_PREFIX = "ctrain-testbed-"
+
+
+def mount_tmpfs(path: Path, mib: int, owner: str) -> None:
+    """A small file system of MIB MiB at PATH, owned by OWNER: a node's local disk that can fill up."""
+    path.mkdir(parents=True, exist_ok=True)
+    proc.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0755", "tmpfs", str(path)])
+    user = pwd.getpwnam(owner)
+    os.chown(path, user.pw_uid, user.pw_gid)
+
+
+def unmount_all_below(root: Path) -> list[Path]:
+    """Unmount every file system mounted at or below ROOT (deepest first); returns what was unmounted."""
+    mounts = []
+    prefix = str(root).rstrip("/") + "/"
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        target = line.split()[1].replace("\\040", " ") if len(line.split()) > 1 else ""
+        if target == str(root) or target.startswith(prefix):
+            mounts.append(Path(target))
+    for target in sorted(mounts, key=lambda p: len(p.parts), reverse=True):
+        proc.run(["umount", "-l", str(target)], check=False)
+    return mounts
+
+
+def _cpu_cgroup(netns: str) -> Path:
+    if not CPU_CGROUP_V1.is_dir():
+        raise CtrainError(f"{CPU_CGROUP_V1} is not mounted (a cgroup v1 cpu controller): the testbed cannot slow a node")
+    return CPU_CGROUP_V1 / f"{CGROUP_PREFIX}{netns}"
+
+
+def throttle_netns(netns: str, percent: int) -> int:
+    """Every process of a node (its network namespace: slurmd and what it starts later, which inherits
+    the group) limited to PERCENT of one CPU: a node that computes slowly. Returns how many moved."""
+    group = _cpu_cgroup(netns)
+    group.mkdir(exist_ok=True)
+    period = int((group / "cpu.cfs_period_us").read_text())
+    (group / "cpu.cfs_quota_us").write_text(str(max(1000, period * percent // 100)))
+    moved = 0
+    for pid in netns_pids(netns):
+        try:
+            (group / "cgroup.procs").write_text(str(pid))
+            moved += 1
+        except OSError:  # gone meanwhile
+            pass
+    return moved
+
+
+def unthrottle_netns(netns: str) -> bool:
+    """Undo :func:`throttle_netns`: the node's processes back in the root group, the group removed."""
+    group = _cpu_cgroup(netns) if CPU_CGROUP_V1.is_dir() else None
+    if group is None or not group.is_dir():
+        return False
+    for pid in (group / "cgroup.procs").read_text().split():
+        try:
+            (CPU_CGROUP_V1 / "cgroup.procs").write_text(pid)
+        except OSError:
+            pass
+    for _ in range(50):
+        try:
+            group.rmdir()
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+def throttled_netns() -> list[str]:
+    """The namespaces :func:`throttle_netns` slowed and nothing undid."""
+    if not CPU_CGROUP_V1.is_dir():
+        return []
+    return [p.name.removeprefix(CGROUP_PREFIX) for p in CPU_CGROUP_V1.glob(f"{CGROUP_PREFIX}*") if p.is_dir()]

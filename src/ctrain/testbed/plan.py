@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,11 @@ class Layout:
         return self.root / "task-prolog.sh"
 
     @property
+    def scratch_dir(self) -> Path:
+        """Node-local scratch disks: ``scratch/NODE``, where it exists, is that node's TMPDIR."""
+        return self.root / "scratch"
+
+    @property
     def munge_dir(self) -> Path:
         return self.root / "munge"
 
@@ -238,13 +244,12 @@ def render_slurm_conf(
     )
     gpu_lines = ""
     if any(gpus.values()):
-        gpu_lines = f"""
+        gpu_lines = """
 # GPUs: this machine's /dev/nvidiaN dealt to the nodes as generic resources (gres.conf beside this
 # file); jobs ask with --gpus-per-node or --gres=gpu:N and get CUDA_VISIBLE_DEVICES and
 # SLURM_GPUS_ON_NODE. The nodes share one machine, so the task prolog turns each node's GPU
 # numbers (from 0, as on any node) into the machine's own GPUs. No device cgroup confines a job.
 GresTypes=gpu
-TaskProlog={layout.task_prolog}
 """
     return f"""\
 # Written by `ctrain testbed up`; rewritten on every start. See docs/testbed.md.
@@ -292,6 +297,8 @@ MinJobAge=3600
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/filetxt
 JobCompLoc={layout.log_file("jobcomp")}
+# Before each task: a node's own scratch disk as TMPDIR, where the testbed made one, and its GPUs.
+TaskProlog={layout.task_prolog}
 {gpu_lines}
 {node_lines}
 PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
@@ -324,8 +331,11 @@ IgnoreSystemd=yes
 """
 
 
-def render_task_prolog(gpus: Mapping[str, Sequence[Gpu]]) -> str:
-    """The TaskProlog that maps a node's GPU numbers to this machine's GPUs (by UUID where known).
+def render_task_prolog(gpus: Mapping[str, Sequence[Gpu]], scratch: Path) -> str:
+    """The TaskProlog: a node's own scratch disk as the task's TMPDIR, where ``scratch/NODE`` exists
+    (``Testbed.local_disk``; the nodes share one file system, and a site's TaskProlog or
+    job_container plugin gives each node's tasks a local TMPDIR the same way), and a node's GPU
+    numbers mapped to this machine's GPUs (by UUID where known).
 
     Slurm numbers each node's GPUs from 0 in CUDA_VISIBLE_DEVICES, as on a real node, where GPU 0 is
     the node's own. The testbed's nodes share one machine: node2's GPU 0 is, say, /dev/nvidia1. The
@@ -341,6 +351,10 @@ def render_task_prolog(gpus: Mapping[str, Sequence[Gpu]]) -> str:
 #!/bin/sh
 # Written by `ctrain testbed up`; rewritten on every start. See docs/testbed.md (GPUs).
 # Slurm's TaskProlog: what it prints as `export NAME=VALUE` is set in the task's environment.
+# A node with a scratch disk of its own (a directory named after it, made by the tests) gets it as
+# TMPDIR, as a node-local /tmp.
+[ -z "${{SLURMD_NODENAME:-}}" ] || [ ! -d {shlex.quote(str(scratch))}/"$SLURMD_NODENAME" ] ||
+    echo "export TMPDIR="{shlex.quote(str(scratch))}/"$SLURMD_NODENAME"
 # The testbed's nodes share this machine's GPUs. Slurm numbers each node's GPUs from 0, as on a real
 # node; here they are turned into this machine's own GPUs (UUIDs, else device numbers), so that
 # CUDA on node2 uses node2's GPU and not the machine's first one.

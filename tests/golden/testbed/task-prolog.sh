@@ -1,6 +1,10 @@
 #!/bin/sh
 # Written by `ctrain testbed up`; rewritten on every start. See docs/testbed.md (GPUs).
 # Slurm's TaskProlog: what it prints as `export NAME=VALUE` is set in the task's environment.
+# A node with a scratch disk of its own (a directory named after it, made by the tests) gets it as
+# TMPDIR, as a node-local /tmp.
+[ -z "${SLURMD_NODENAME:-}" ] || [ ! -d /var/lib/ctrain/testbed/scratch/"$SLURMD_NODENAME" ] ||
+    echo "export TMPDIR="/var/lib/ctrain/testbed/scratch/"$SLURMD_NODENAME"
 # The testbed's nodes share this machine's GPUs. Slurm numbers each node's GPUs from 0, as on a real
 # node; here they are turned into this machine's own GPUs (UUIDs, else device numbers), so that
 # CUDA on node2 uses node2's GPU and not the machine's first one.
