@@ -710,6 +710,14 @@ ctrain_decide() {
     final=$(ctrain_rank_exit "$dir/exit")
     unfit=$(ctrain_unfit_nodes "$dir/unfit")
     CTRAIN_REQUEUED=
+    if [[ -z $unfit && -z $lost && -z $final && $rc != 0 && $rc != "$CTRAIN_REQUEUE_EXIT" && $CTRAIN_SIGNAL != TERM ]]; then
+        # A node dying slowly takes its processes in any order (a launcher, this step's srun, the
+        # guard) while its slurmd may still answer: after CTRAIN_SETTLE seconds every node is asked.
+        sleep "$CTRAIN_SETTLE"
+        mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+        ctrain_probe "${nodes[@]}"
+        lost=${CTRAIN_UNANSWERED[*]}
+    fi
     if [[ -n $unfit && -z $CTRAIN_SIGNAL ]]; then
         local host check message
         while read -r host check message; do
@@ -724,15 +732,7 @@ ctrain_decide() {
             # shellcheck disable=SC2086 # one word per node
             ctrain_requeue_without $unfit
         fi
-    elif [[ -z $lost && -z $final && $rc != 0 && $rc != "$CTRAIN_REQUEUE_EXIT" && $CTRAIN_SIGNAL != TERM ]]; then
-        # A node dying slowly takes its processes in any order (a launcher, this step's srun, the
-        # guard) while its slurmd may still answer: after CTRAIN_SETTLE seconds every node is asked.
-        sleep "$CTRAIN_SETTLE"
-        mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-        ctrain_probe "${nodes[@]}"
-        lost=${CTRAIN_UNANSWERED[*]}
-    fi
-    if [[ -n $lost ]]; then
+    elif [[ -n $lost ]]; then
         echo "ctrain: failure: node lost: $lost (${CTRAIN_LOST_WHY:-its launcher never ended and its slurmd does not answer})"
         cause=node-lost
         # shellcheck disable=SC2086 # one word per node

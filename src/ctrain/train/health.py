@@ -372,8 +372,8 @@ def rank_checks(level_name: str, device: Any, log: Any, nccl_logs: bool = False)
         findings = gathered
     for finding, median in slow_ranks(findings):
         unit = "TFLOP/s"
-        finding.problems.append(("matmul", f"rank {finding.rank} ({finding.device}) multiplies at {finding.rate:.2f} "
-                                           f"{unit}, under {SLOW_FRACTION:.0%} of its peers' median {median:.2f} {unit} "
+        finding.problems.append(("matmul", f"rank {finding.rank} ({finding.device}) multiplies at {finding.rate:.3g} "
+                                           f"{unit}, under {SLOW_FRACTION:.0%} of its peers' median {median:.3g} {unit} "
                                            "(a throttled, failing or shared device)"))  # fmt: skip
     unfit = [(f.host, check, message) for f in findings for check, message in f.problems]
     summary: dict[str, Any] = {
@@ -422,7 +422,7 @@ def rank_checks(level_name: str, device: Any, log: Any, nccl_logs: bool = False)
 
 def _log_summary(log: Any, summary: dict[str, Any], findings: list[Finding], cuda: bool) -> None:
     rates = [f.rate for f in findings if f.rate > 0]
-    spread = f"{min(rates):.2f}-{max(rates):.2f} TFLOP/s" if rates else "no rate"
+    spread = f"{min(rates):.3g}-{max(rates):.3g} TFLOP/s" if rates else "no rate"
     what = "GPU" if cuda else "CPU"
     line = f"preflight ({summary['level']}): {summary['ranks']} rank(s), matmul {spread} per {what}"
     if "bus_gbps" in summary:
