@@ -86,3 +86,32 @@ def test_a_slow_node_is_named_by_its_rate_and_not_trained_on(sbatch_project: Pro
     assert "loss" not in log.split("preflight (quick)")[-1].split("ctrain: failure")[0]  # no step trained
     report("slow node (a fifth of a CPU): its rate against its peer's", f"{named.group(1)} vs median {named.group(2)} TFLOP/s")
     report("slow node: submission to the job's end", f"{ended - sent:.1f} s")
+
+
+def test_ctrain_preflight_inside_an_allocation_checks_every_node_and_trains_nothing(sbatch_project: Project,
+                                                                                   cpu_sif: Path) -> None:  # fmt: skip
+    """The script `ctrain preflight` runs inside salloc (rendered here, run by the job user there):
+    the node checks, then the full rank checks across both nodes as the job's only command."""
+    from ctrain.config import load_config
+    from ctrain.jobs import submit as jobs
+
+    project = sbatch_project
+    (project.path / "ctrain.yaml").write_text("slurm:\n  ntasks_per_node: 1\n")
+    try:
+        job = jobs.preflight_job(load_config(project.path / "ctrain.yaml"), image=str(cpu_sif), nodes=2)
+    finally:
+        (project.path / "ctrain.yaml").unlink()
+    script = project.path / "logs" / "preflight-salloc.sbatch"
+    jobs.write_script(job, script)
+    project.own(script)
+    started = time.monotonic()
+    result = project.testbed.run_as_user(["salloc", "-N2", "--ntasks-per-node=1", "bash", str(script)],
+                                         cwd=project.path, check=False, timeout=600)  # fmt: skip
+    took = time.monotonic() - started
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-6000:]
+    assert "ctrain: preflight: 2 node(s) fit in" in out
+    assert re.search(r"preflight \(full\): 2 rank\(s\), matmul [\d.]+-[\d.]+ TFLOP/s per CPU, all-reduce of 32 MiB "
+                     r"[\d.]+ ms = [\d.]+ Gb/s bus bandwidth via gloo", out), out[-4000:]  # fmt: skip
+    assert "loss" not in out and "-m ctrain.train.health" in out
+    report("ctrain preflight inside salloc, 2 nodes (full; the image already cached)", f"{took:.1f} s")

@@ -154,6 +154,57 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
         _ended(job_id, slurm.Slurm().follow(job_id, emit=click.echo, search=[job.log_dir]))
 
 
+@click.command()
+@click.option("--nodes", "-N", type=int, help="Number of nodes (inside an allocation: all of its nodes).")
+@click.option("--gpus-per-node", type=int, help="GPUs per node; one checking process each.")
+@click.option("--ntasks-per-node", type=int, help="Processes per node on nodes without GPUs.")
+@click.option("--partition", "-p", help="Partition (queue).")
+@click.option("--time", "-t", "time_limit", default="00:10:00", show_default=True, help="Time limit of the job.")
+@click.option("--runtime", type=click.Choice(["apptainer", "pyxis"]), help="Container runtime (default: ctrain.yaml).")
+@click.option("--image", help="Image: a .sif/.sqsh path, or a registry reference (pyxis).")
+@click.option("--quick", is_flag=True, help="The short checks every job runs first, instead of the longer ones.")
+@click.pass_context
+def preflight(ctx: click.Context, nodes: int | None, gpus_per_node: int | None, ntasks_per_node: int | None,
+              partition: str | None, time_limit: str, runtime: str | None, image: str | None, quick: bool) -> None:  # fmt: skip
+    """Check nodes and their network before a long run, without training: each node's scratch and
+    image-cache space, the shared project directory and its GPUs (nvidia-smi), then in the image the
+    driver against its CUDA, every GPU's memory and matmul rate against its peers', and an
+    all-reduce across all ranks with its bandwidth and the transport NCCL chose.
+
+    \b
+    Inside an allocation (salloc), on its nodes; otherwise as a short job (`ctrain submit`'s
+    settings), followed until it ends. Exit 1 when a node is unfit; nothing is requeued.
+      salloc -N 4 --gpus-per-node 8 ctrain preflight
+      ctrain preflight --nodes 4 --gpus-per-node 8 --partition gpu
+    Every job runs the quick checks first by itself (slurm.preflight in ctrain.yaml).
+    """
+    import os
+
+    from ctrain import proc
+    from ctrain.jobs import submit as jobs
+
+    allocation = os.environ.get("SLURM_JOB_ID")
+    job = jobs.preflight_job(project(ctx), quick=quick, client=None if allocation else slurm.Slurm(),
+                             runtime=runtime, nodes=nodes, time=time_limit, partition=partition,
+                             gpus_per_node=gpus_per_node, ntasks_per_node=ntasks_per_node, image=image)  # fmt: skip
+    for warning in jobs.check(job, dry_run=False):
+        info(f"warning: {warning}")
+    if allocation:
+        if not re.fullmatch(r"\d+", allocation):
+            raise ConfigError(f"SLURM_JOB_ID is {allocation!r}, not a job id: run ctrain preflight inside salloc, or outside any")
+        script = job.log_dir / f"preflight-{allocation}.sbatch"
+        jobs.write_script(job, script)
+        info(f"checking the nodes of allocation {allocation} (script: {script})")
+        code = proc.stream(["bash", str(script)], check=False, cwd=job.project, on_line=click.echo,
+                           env={"SLURM_SUBMIT_DIR": str(job.project)})  # fmt: skip
+        if code != 0:
+            sys.exit(1)
+        return
+    job_id, log = jobs.submit(job)
+    info(f"submitted preflight job {job_id}: log {log}")
+    _ended(job_id, slurm.Slurm().follow(job_id, emit=click.echo, search=[job.log_dir]))
+
+
 def _ended(job_id: str, final: slurm.Job | None) -> None:
     """Say how a followed job ended; exit 1 unless it COMPLETED (so scripts can chain on it)."""
     state = final.state if final else "UNKNOWN"

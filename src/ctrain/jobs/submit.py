@@ -737,6 +737,17 @@ def write_script(job: Job, path: Path) -> None:
     atomic_write_text(path, job.text)
 
 
+PREFLIGHT_COMMAND = ("-m", "ctrain.train.health")  # the rank checks alone, under the launcher
+
+
+def preflight_job(config: ProjectConfig, *, quick: bool = False, client: slurm.Slurm | None = None,
+                  **changes: object) -> Job:  # fmt: skip
+    """A job that only checks its nodes (``ctrain preflight``): the node checks, then the rank checks as
+    its command, at ``full`` length unless QUICK; a failure is reported, never requeued."""
+    return prepare(config, command=PREFLIGHT_COMMAND, client=client, job_name="preflight",
+                   preflight="quick" if quick else "full", max_requeues=0, **changes)  # fmt: skip
+
+
 def submit(job: Job, client: slurm.Slurm | None = None) -> tuple[str, Path]:
     """Queue the job; returns its id and its log, beside which a copy of the script is kept (.sbatch)."""
     make_log_dir(job)
