@@ -84,7 +84,8 @@ def test_a_slow_node_is_named_by_its_rate_and_not_trained_on(sbatch_project: Pro
     assert "not requeueing: partition" in log and "the job needs 2" in log, log[-3000:]
     assert restarts(project, job_id) == 0
     assert "loss" not in log.split("preflight (quick)")[-1].split("ctrain: failure")[0]  # no step trained
-    report("slow node (a fifth of a CPU): its rate against its peer's", f"{named.group(1)} vs median {named.group(2)} TFLOP/s")
+    report("slow node (a fifth of a CPU): its rate against its peer's",
+           f"{named.group(1)} vs median {named.group(2)} TFLOP/s")
     report("slow node: submission to the job's end", f"{ended - sent:.1f} s")
 
 

@@ -558,3 +558,22 @@ def test_a_command_is_checked_before_it_is_queued(tmp_path: Path, monkeypatch: p
     for words in (["-m", "mylab.train", "--x"], ["./train.sh"], ["python", "/outputs/gen.py"]):
         job = submit.prepare(load_config(tmp_path / "ctrain.yaml"), command=tuple(words), nodes=2)
         assert submit.check(job) == [], words  # nothing here to look for: a module, a program, a container path
+
+
+def test_the_preflight_job_runs_the_full_checks_and_never_requeues(tmp_path: Path) -> None:
+    """`ctrain preflight`: the rank checks as the job's own command, at full length, no requeue."""
+    config = load_config(project(tmp_path, "slurm:\n  preflight: quick\n  max_requeues: 5\n") / "ctrain.yaml")
+    job = submit.preflight_job(config, nodes=2)
+    assert job.settings["CTRAIN_PREFLIGHT"] == "full" and job.settings["CTRAIN_MAX_REQUEUES"] == "0"
+    assert job.arguments == ["--", *submit.PREFLIGHT_COMMAND] and job.options["job-name"] == "preflight"
+    assert submit.preflight_job(config, quick=True).settings["CTRAIN_PREFLIGHT"] == "quick"
+    assert submit.prepare(config).settings["CTRAIN_PREFLIGHT"] == "quick"  # slurm.preflight reaches a job
+    with pytest.raises(ConfigError, match="slurm.preflight"):
+        load_config(project(tmp_path, "slurm:\n  preflight: sometimes\n") / "ctrain.yaml")
+
+
+def test_ctrain_preflight_in_an_allocation_refuses_a_job_id_that_is_not_one(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(project(tmp_path, "slurm:\n  ntasks_per_node: 1\n"))
+    monkeypatch.setenv("SLURM_JOB_ID", "1; reboot")
+    result = CliRunner().invoke(main, ["preflight", "--image", "docker://x/y:1"])
+    assert result.exit_code == 2 and "not a job id: run ctrain preflight inside salloc" in result.output, result.output

@@ -184,14 +184,15 @@ def preflight(ctx: click.Context, nodes: int | None, gpus_per_node: int | None, 
     from ctrain.jobs import submit as jobs
 
     allocation = os.environ.get("SLURM_JOB_ID")
+    if allocation and not re.fullmatch(r"\d+", allocation):
+        raise ConfigError(f"SLURM_JOB_ID is {allocation!r}, not a job id: run ctrain preflight inside salloc, "
+                          "or outside any")
     job = jobs.preflight_job(project(ctx), quick=quick, client=None if allocation else slurm.Slurm(),
                              runtime=runtime, nodes=nodes, time=time_limit, partition=partition,
                              gpus_per_node=gpus_per_node, ntasks_per_node=ntasks_per_node, image=image)  # fmt: skip
     for warning in jobs.check(job, dry_run=False):
         info(f"warning: {warning}")
     if allocation:
-        if not re.fullmatch(r"\d+", allocation):
-            raise ConfigError(f"SLURM_JOB_ID is {allocation!r}, not a job id: run ctrain preflight inside salloc, or outside any")
         script = job.log_dir / f"preflight-{allocation}.sbatch"
         jobs.write_script(job, script)
         info(f"checking the nodes of allocation {allocation} (script: {script})")

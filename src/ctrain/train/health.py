@@ -121,7 +121,8 @@ def gpus_expected() -> bool:
     return on_node > 0 or bool(visible and visible not in ("-1", "NoDevFiles"))
 
 
-def cuda_problem(image: tuple[int, int] | None, driver: tuple[int, int] | None, expected: bool) -> tuple[str, str] | None:
+def cuda_problem(image: tuple[int, int] | None, driver: tuple[int, int] | None,
+                 expected: bool) -> tuple[str, str] | None:  # fmt: skip
     """(severity, message) when the image's CUDA cannot run on the driver: ``unfit`` or ``warn``; else None."""
     if image is None or not expected:
         return None
@@ -138,7 +139,7 @@ def cuda_problem(image: tuple[int, int] | None, driver: tuple[int, int] | None, 
     if driver < image:
         return ("warn", f"the image's torch is built for CUDA {built}, the driver supports {supports}: it runs "
                         "through CUDA's minor-version compatibility, but kernels that need a newer driver (PTX "
-                        "compiled at run time) fail; a driver for CUDA {built} or newer avoids that")  # fmt: skip
+                        f"compiled at run time) fail; a driver for CUDA {built} or newer avoids that")  # fmt: skip
     return None
 
 
@@ -193,7 +194,8 @@ def network_warnings(transports: dict[str, Any], nodes: int, bus_gbps: float | N
     sockets = "NET/Socket" in paths or (transports["network"] or "").startswith("Socket")
     if nodes > 1 and sockets and node_fabric["kind"] == "efa":
         warnings.append(
-            f"NCCL runs between the nodes over TCP sockets, but this node has EFA ({', '.join(node_fabric['devices'])}): "
+            "NCCL runs between the nodes over TCP sockets, but this node has EFA "
+            f"({', '.join(node_fabric['devices'])}): "
             "the image lacks the aws-ofi-nccl plugin or libfabric's EFA provider (FI_PROVIDER=efa); set slurm.efa "
             "and build the image with the plugin (docs/cluster.md)")  # fmt: skip
     elif nodes > 1 and sockets and node_fabric["kind"] == "ib":
@@ -330,7 +332,8 @@ def _memory_problem(torch: Any, device: Any, fill: bool) -> str | None:
         torch.cuda.synchronize(device)
         del block
     except RuntimeError as exc:  # torch.OutOfMemoryError and CUDA errors
-        return f"GPU {device.index}: {size / 2**30:.1f} GiB of its {free / 2**30:.1f} GiB free could not be allocated: {exc}"
+        return (f"GPU {device.index}: {size / 2**30:.1f} GiB of its {free / 2**30:.1f} GiB free could not be "
+                f"allocated: {exc}")
     finally:
         torch.cuda.empty_cache()
     if total and free < 0.5 * total:
@@ -373,8 +376,8 @@ def rank_checks(level_name: str, device: Any, log: Any, nccl_logs: bool = False)
     for finding, median in slow_ranks(findings):
         unit = "TFLOP/s"
         finding.problems.append(("matmul", f"rank {finding.rank} ({finding.device}) multiplies at {finding.rate:.3g} "
-                                           f"{unit}, under {SLOW_FRACTION:.0%} of its peers' median {median:.3g} {unit} "
-                                           "(a throttled, failing or shared device)"))  # fmt: skip
+                                           f"{unit}, under {SLOW_FRACTION:.0%} of its peers' median {median:.3g} "
+                                           f"{unit} (a throttled, failing or shared device)"))  # fmt: skip
     unfit = [(f.host, check, message) for f in findings for check, message in f.problems]
     summary: dict[str, Any] = {
         "level": level_name,
