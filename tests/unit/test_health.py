@@ -162,3 +162,22 @@ def test_rank_checks_on_two_cpu_processes(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     assert "preflight (quick): 2 rank(s), matmul " in run.stdout and "Gb/s bus bandwidth via gloo" in run.stdout
     assert not (tmp_path / health.UNFIT_FILE).exists()
+
+
+def test_the_logged_mfu_counts_6n_trained_4n_frozen_and_4bit_weights_at_their_number() -> None:
+    """The convention the log names: a LoRA base is 4N, not 6N (it logged 74.5 % where 4N is 49.3 %
+    on an 8B model), and QLoRA's packed weights are not half their number."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ctrain.train.model import flops_per_token
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8, bias=False), torch.nn.Linear(8, 2, bias=False))
+    assert flops_per_token(model) == (6.0 * (32 + 16), "6N")
+    model[0].weight.requires_grad_(False)
+    assert flops_per_token(model) == (4.0 * 32 + 6.0 * 16, "6N trained + 4N frozen")
+    packed = torch.nn.Parameter(torch.zeros(16, dtype=torch.uint8), requires_grad=False)  # 32 weights, 2 a byte
+    packed.quant_state = SimpleNamespace(shape=torch.Size([8, 4]))
+    model[0].weight = packed
+    assert flops_per_token(model) == (4.0 * 32 + 6.0 * 16, "6N trained + 4N frozen")

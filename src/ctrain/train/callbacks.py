@@ -120,7 +120,8 @@ class Progress(TrainerCallback):
         self.peak = peak
         self.memory = memory
         self.run_id = run_id
-        self.parameters = 0
+        self.flops_per_token = 0.0
+        self.convention = ""
         self._last_time = 0.0
         self._last_tokens = 0
         self._last_step = 0
@@ -129,10 +130,10 @@ class Progress(TrainerCallback):
         self._step_ended = 0.0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        from ctrain.train.model import parameter_count
+        from ctrain.train.model import flops_per_token
 
         if model is not None:
-            self.parameters = parameter_count(model)
+            self.flops_per_token, self.convention = flops_per_token(model)
         self._started = self._last_time = time.perf_counter()
         self._last_tokens = state.num_input_tokens_seen
         self._first_step = self._last_step = state.global_step
@@ -157,8 +158,8 @@ class Progress(TrainerCallback):
             if elapsed > 0 and tokens > 0:
                 rate = tokens / elapsed
                 logs["throughput/tokens_per_second"] = rate
-                if self.peak and self.parameters:
-                    logs["throughput/mfu"] = 6 * self.parameters * rate / (self.peak * 1e12 * self.world_size)
+                if self.peak and self.flops_per_token:
+                    logs["throughput/mfu"] = self.flops_per_token * rate / (self.peak * 1e12 * self.world_size)
             self._last_time, self._last_tokens = now, state.num_input_tokens_seen
         if self.memory:
             stats = memory_stats()
@@ -187,7 +188,7 @@ class Progress(TrainerCallback):
         if "throughput/tokens_per_second" in logs:
             parts.append(f"{logs['throughput/tokens_per_second']:,.0f} tok/s")
         if "throughput/mfu" in logs:
-            parts.append(f"MFU {100 * logs['throughput/mfu']:.1f}%")
+            parts.append(f"MFU {100 * logs['throughput/mfu']:.1f}% ({self.convention})")
         done = state.global_step - self._first_step
         if done > 0 and state.max_steps > state.global_step:
             remaining = (now - self._started) / done * (state.max_steps - state.global_step)

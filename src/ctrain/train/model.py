@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -319,6 +320,32 @@ def load_trained(model_dir: Path, recipe: Recipe) -> Any:
     return _with_adapter(recipe, model_dir)
 
 
-def parameter_count(model: Any) -> int:
-    """Parameters of the model, also when ZeRO-3 has partitioned them away from this rank."""
-    return sum(getattr(p, "ds_numel", None) or p.numel() for p in model.parameters())
+def _true_count(parameter: Any) -> int:
+    """A parameter's number of weights: also when ZeRO-3 has partitioned it away from this rank, and
+    for a 4-bit weight, which bitsandbytes packs two to a byte (its ``quant_state`` has the shape)."""
+    partitioned = getattr(parameter, "ds_numel", None)
+    if partitioned:
+        return int(partitioned)
+    shape = getattr(getattr(parameter, "quant_state", None), "shape", None)
+    if shape is not None:
+        return int(math.prod(int(n) for n in shape))
+    return int(parameter.numel())
+
+
+# The FLOPs convention of the MFU that `ctrain train` logs, named in the line (docs/training.md).
+FULL_CONVENTION = "6N"
+FROZEN_CONVENTION = "6N trained + 4N frozen"
+
+
+def flops_per_token(model: Any) -> tuple[float, str]:
+    """Training FLOPs per token and the convention's name: 6 per trained weight (2 forward, 4
+    backward), 4 per frozen one (2 forward, 2 for the activations' gradients; no weight gradient:
+    LoRA's and QLoRA's base), 4-bit weights counted at their true number. The bench counts the same
+    (``BenchSpec.flops_per_token``), so the log and docs/benchmarks.md agree."""
+    trained = frozen = 0
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            trained += _true_count(parameter)
+        else:
+            frozen += _true_count(parameter)
+    return 6.0 * trained + 4.0 * frozen, FROZEN_CONVENTION if frozen else FULL_CONVENTION
