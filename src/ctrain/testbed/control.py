@@ -50,6 +50,7 @@ from ctrain.testbed.plan import (
     render_cgroup_conf,
     render_gres_conf,
     render_slurm_conf,
+    TASK_PROLOG_LINE,
     render_task_prolog,
     split_gpus,
 )
@@ -286,12 +287,29 @@ class Testbed:
         node = self._node(name)
         path = self.layout.scratch_dir / node.name
         host.mount_tmpfs(path, mib, self.user)
+        self._task_prolog(True)
         return path
 
     def remove_local_disk(self, name: str) -> None:
         path = self.layout.scratch_dir / self._node(name).name
         host.unmount_all_below(path)
         shutil.rmtree(path, ignore_errors=True)
+        self._task_prolog(False)
+
+    def _task_prolog(self, on: bool) -> None:
+        """Slurm's TaskProlog on (a scratch disk needs it) or back as ``up`` wrote it. Not always on:
+        slurmstepd runs the prolog in the task's mount namespace, which under pyxis is the container's,
+        where the testbed's prolog file does not exist, and every pyxis task would fail (seen in CI)."""
+        conf = self.layout.slurm_conf
+        text = conf.read_text()
+        line = TASK_PROLOG_LINE.format(path=self.layout.task_prolog)
+        if on and "TaskProlog=" not in text:
+            conf.write_text(text + line)
+        elif not on and line in text:
+            conf.write_text(text.replace(line, ""))
+        else:
+            return
+        self.slurm.run(["scontrol", "reconfigure"])
 
     def slow_node(self, name: str, percent: int) -> int:
         """Slow node NAME down: its slurmd and every process it starts share PERCENT of one CPU (a cgroup

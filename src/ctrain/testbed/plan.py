@@ -244,12 +244,13 @@ def render_slurm_conf(
     )
     gpu_lines = ""
     if any(gpus.values()):
-        gpu_lines = """
+        gpu_lines = f"""
 # GPUs: this machine's /dev/nvidiaN dealt to the nodes as generic resources (gres.conf beside this
 # file); jobs ask with --gpus-per-node or --gres=gpu:N and get CUDA_VISIBLE_DEVICES and
 # SLURM_GPUS_ON_NODE. The nodes share one machine, so the task prolog turns each node's GPU
 # numbers (from 0, as on any node) into the machine's own GPUs. No device cgroup confines a job.
 GresTypes=gpu
+TaskProlog={layout.task_prolog}
 """
     return f"""\
 # Written by `ctrain testbed up`; rewritten on every start. See docs/testbed.md.
@@ -297,8 +298,6 @@ MinJobAge=3600
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/filetxt
 JobCompLoc={layout.log_file("jobcomp")}
-# Before each task: a node's own scratch disk as TMPDIR, where the testbed made one, and its GPUs.
-TaskProlog={layout.task_prolog}
 {gpu_lines}
 {node_lines}
 PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
@@ -329,6 +328,9 @@ def render_cgroup_conf() -> str:
 CgroupPlugin=cgroup/v1
 IgnoreSystemd=yes
 """
+
+
+TASK_PROLOG_LINE = "TaskProlog={path}  # a node's own scratch disk as its TMPDIR (Testbed.local_disk)\n"
 
 
 def render_task_prolog(gpus: Mapping[str, Sequence[Gpu]], scratch: Path) -> str:
