@@ -129,6 +129,13 @@ def test_nccl_is_asked_for_its_transports_only_when_the_job_did_not_set_nccl_deb
     assert health.nccl_transports(health.read_nccl_logs(tmp_path))["paths"] == ["NET/Socket"]
 
 
+def test_a_rank_names_its_node_as_slurm_does(monkeypatch) -> None:
+    monkeypatch.setenv("SLURMD_NODENAME", "node7")
+    assert health.host_name() == "node7"  # not the host's own, possibly longer, name
+    monkeypatch.delenv("SLURMD_NODENAME")
+    assert health.host_name() == os.uname().nodename
+
+
 def test_an_unfit_node_is_recorded_for_the_batch_script_and_its_ranks_exit_to_be_requeued(tmp_path: Path) -> None:
     health.record_unfit(tmp_path, "node2", "matmul", "rank 1 (CPU)\nmultiplies $(reboot) slowly")
     health.record_unfit(tmp_path, "not a node", "disk", "x")

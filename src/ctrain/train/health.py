@@ -277,8 +277,10 @@ def pids_dir() -> Path | None:
 
 
 def host_name() -> str:
-    """This node's name as the batch script knows it (``uname -n``)."""
-    return os.uname().nodename or socket.gethostname()
+    """This node's name as Slurm knows it, the rule of the library's node checks
+    (``${SLURMD_NODENAME:-$(uname -n)}``): only the job's own node names in the unfit file count
+    (``ctrain_unfit_nodes``), and a host name can be a longer one (``node1.cluster.local``)."""
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename or socket.gethostname()
 
 
 # --- the rank checks -------------------------------------------------------------------------------
