@@ -1,8 +1,9 @@
-"""``ctrain submit``, ``status``, ``logs`` and ``cancel``: Slurm jobs, over :mod:`ctrain.jobs.submit`
-and :mod:`ctrain.slurm`."""
+"""``ctrain submit``, ``preflight``, ``status``, ``logs``, ``cancel`` and ``report``: Slurm jobs, over
+:mod:`ctrain.jobs.submit` and :mod:`ctrain.slurm`."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
@@ -178,8 +179,6 @@ def preflight(ctx: click.Context, nodes: int | None, gpus_per_node: int | None, 
       ctrain preflight --nodes 4 --gpus-per-node 8 --partition gpu
     Every job runs the quick checks first by itself (slurm.preflight in ctrain.yaml).
     """
-    import os
-
     from ctrain import proc
     from ctrain.jobs import submit as jobs
 
