@@ -865,3 +865,14 @@ def test_image_cache_size_must_be_a_number(slurm_conf: Path) -> None:
                          check=False)  # fmt: skip
         assert result.returncode == 2 and "CTRAIN_IMAGE_CACHE_GB is" in result.stderr, (bad, result.stderr)
         assert "+ srun" not in result.stdout
+
+
+def test_preflight_settings_must_be_a_level_and_a_number(slurm_conf: Path) -> None:
+    """CTRAIN_PREFLIGHT_TMP_MB reaches the nodes' shell arithmetic, CTRAIN_PREFLIGHT every task's
+    environment: a newline, quotes or $(...) never get there."""
+    for name, bad in (("CTRAIN_PREFLIGHT", "quick$(touch x)"), ("CTRAIN_PREFLIGHT", "full\necho hi"),
+                      ("CTRAIN_PREFLIGHT", "'off'"), ("CTRAIN_PREFLIGHT_TMP_MB", "1$(touch x)"),
+                      ("CTRAIN_PREFLIGHT_TMP_MB", "5\necho hi"), ("CTRAIN_PREFLIGHT_TMP_MB", "'5'")):  # fmt: skip
+        result = dry_run("apptainer", env={**allocation(1), name: bad}, slurm_conf=slurm_conf, check=False)
+        assert result.returncode == 2 and f"{name} is" in result.stderr, (name, bad, result.stderr)
+        assert "+ srun" not in result.stdout

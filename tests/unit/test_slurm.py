@@ -577,3 +577,10 @@ def test_ctrain_preflight_in_an_allocation_refuses_a_job_id_that_is_not_one(tmp_
     monkeypatch.setenv("SLURM_JOB_ID", "1; reboot")
     result = CliRunner().invoke(main, ["preflight", "--image", "docker://x/y:1"])
     assert result.exit_code == 2 and "not a job id: run ctrain preflight inside salloc" in result.output, result.output
+
+
+@pytest.mark.parametrize("bad", ["quick\nfull", "$(reboot)", "'quick'", "quick; reboot"])
+def test_slurm_preflight_is_one_of_its_levels(tmp_path: Path, bad: str) -> None:
+    text = f"slurm:\n  preflight: {json.dumps(bad)}\n"
+    with pytest.raises(ConfigError, match="slurm.preflight"):
+        load_config(project(tmp_path, text) / "ctrain.yaml")
