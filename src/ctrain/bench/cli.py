@@ -22,7 +22,9 @@ def _ints(value: str | None) -> list[int] | None:
     help="Comma-separated cases: seeds, ctrain-same-batches, ctrain, ctrain-16k, ctrain-eager, "
     "ctrain-sync, ctrain-unbalanced, ctrain-bucket25, ctrain-bucket200, ctrain-bf16-reduce, ctrain-no-allreduce; "
     "LoRA on a Llama-3.1-8B shape: lora-seeds, lora-trl-best, lora-trl-checkpointed, lora-ctrain, "
-    "lora-ctrain-ungrouped, lora-ctrain-hf, qlora-trl, qlora-ctrain, qlora-ctrain-checkpointed.",
+    "lora-ctrain-ungrouped, lora-ctrain-hf, qlora-trl, qlora-ctrain, qlora-ctrain-checkpointed; "
+    "full SFT of the Llama-3.1-8B shape sharded over --gpus: sft8b-seeds, sft8b-trl-best, sft8b-trl-best-no-ckpt, "
+    "sft8b-ctrain, sft8b-ctrain-bf16-reduce, sft8b-ctrain-same-batches.",
 )
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--tiny", is_flag=True, help="A tiny model and data set: checks the code in about a minute on a CPU.")
@@ -70,10 +72,12 @@ def bench(
     The fixed problem: a 374M-parameter Llama trained from scratch on 6000 synthetic chats
     (SFT, max length 2048). Prints tokens/s, MFU and peak memory, and whether the fast path's
     loss curve matches the seeds' settings on the same batches. The LoRA cases train adapters on a
-    random Llama-3.1-8B-shaped base (one GPU): TRL + PEFT against ctrain's LoRA recipe.
+    random Llama-3.1-8B-shaped base (one GPU): TRL + PEFT against ctrain's LoRA recipe; the sft8b
+    cases train all of its weights in 4096-token rows, sharded over the GPUs of a --gpus sweep.
       ctrain bench                              one GPU: seeds vs ctrain
       ctrain bench --cases ctrain --gpus 1,2,4 --strategy ddp,fsdp
       ctrain bench --cases lora-seeds,lora-trl-best,lora-ctrain,qlora-trl   8B LoRA, one GPU
+      ctrain bench --cases sft8b-seeds,sft8b-trl-best,sft8b-ctrain --gpus 4   8B full SFT, FSDP2
       ctrain bench --device cpu --tiny          smoke test
     """
     from ctrain.train import stack

@@ -23,7 +23,7 @@ def lengths(spec: BenchSpec) -> np.ndarray:
     """Example lengths in tokens: log-normal, rounded, clipped to the spec's range."""
     rng = np.random.default_rng(spec.seed)
     raw = rng.lognormal(spec.length_mu, spec.length_sigma, spec.examples)
-    return np.clip(np.rint(raw), spec.min_length, spec.max_length).astype(np.int64)
+    return np.clip(np.rint(raw), spec.min_length, spec.longest_example or spec.max_length).astype(np.int64)
 
 
 def attention_context(lens: np.ndarray) -> float:

@@ -9,10 +9,16 @@ same model init. Tokens are the trainer's own count of non-padding input tokens,
 The LoRA cases train adapters on a frozen Llama-3.1-8B-shaped base (:data:`~ctrain.bench.spec.LLAMA_8B`,
 random weights made on the GPU in bf16): TRL + PEFT with the seeds' settings, the strongest plain
 TRL + PEFT setup, TRL's QLoRA, and a shipped ctrain LoRA recipe as ``ctrain train`` runs it.
+
+The ``sft8b`` cases train every weight of the same shape in 4096-token rows
+(:data:`~ctrain.bench.spec.LLAMA_8B_4K`), sharded over the GPUs of a ``--gpus`` sweep: TRL with
+the seeds' settings under DeepSpeed ZeRO-3, the strongest plain TRL + FSDP2 setup, and
+``recipes/llama-3.1-8b-sft.yaml`` as ``ctrain train`` runs it (FSDP2 on the fast engine).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import gzip
 import importlib.util
@@ -27,7 +33,7 @@ from typing import Any
 
 from ctrain import resources
 from ctrain.bench import data
-from ctrain.bench.spec import FULL, LLAMA_8B, PEAK_FLOPS, BenchSpec
+from ctrain.bench.spec import FULL, LLAMA_8B, LLAMA_8B_4K, PEAK_FLOPS, BenchSpec
 from ctrain.errors import CtrainError
 from ctrain.fast import FastSettings
 
@@ -54,6 +60,21 @@ class Lora:
 
 
 @dataclass(frozen=True)
+class Full:
+    """TRL full fine-tuning of a model sharded over the GPUs: ``zero3`` (DeepSpeed with
+    configs/deepspeed/zero3.json, the seeds' recipe) or ``fsdp`` (FSDP2 through accelerate, each
+    decoder layer a unit). ``tuned``: the strongest plain TRL setup (best-fit packing passed
+    padding-free, Liger's kernels where installed, the best attention there) instead of the seeds'
+    padded batches; ``rows`` per micro-batch; ``checkpointing``: recompute every layer (FSDP's own
+    activation checkpointing under fsdp, TRL's gradient checkpointing under zero3)."""
+
+    sharding: str = "zero3"
+    tuned: bool = False
+    rows: int = 2
+    checkpointing: bool = True
+
+
+@dataclass(frozen=True)
 class Case:
     """One configuration to measure: ctrain's fast engine (``fast``), a shipped ctrain recipe run
     as ``ctrain train`` runs it (``recipe``), TRL + PEFT (``lora``), else TRL with the seeds' settings."""
@@ -74,11 +95,24 @@ class Case:
     overrides: tuple[str, ...] = ()
     # The case the table's ratio is taken against.
     baseline: str = "seeds"
+    full: Full | None = None
+    # A recipe case's global batch as rows per GPU (None: the recipe's): one micro-batch a step,
+    # as a TRL case with that many rows takes it, so both see the same batches.
+    rows_per_gpu: int | None = None
 
     @property
     def adapters(self) -> bool:
         """Whether the base is frozen and only adapters train."""
-        return self.lora is not None or self.recipe is not None
+        return self.lora is not None or (self.recipe is not None and shipped(self).peft.enabled)
+
+
+@functools.cache
+def shipped(case: Case) -> Any:
+    """The recipe a recipe case names, with its overrides, as shipped (``adapter_recipe`` adapts it)."""
+    from ctrain.train.recipe import load_recipe
+
+    assert case.recipe is not None
+    return load_recipe(resources.path("recipes", case.recipe), case.overrides)
 
 
 def cannot_run(case: Case, cuda: bool) -> str | None:
@@ -86,6 +120,8 @@ def cannot_run(case: Case, cuda: bool) -> str | None:
     process for the case, and by :func:`run_case` when called directly."""
     if case.lora is not None and case.lora.four_bit and not cuda:
         return f"{case.name} quantises the base with bitsandbytes, which needs a GPU"
+    if (case.full is not None or (case.recipe is not None and shipped(case).training.fsdp)) and not cuda:
+        return f"{case.name} shards the model over GPUs (ZeRO-3 or FSDP), which needs them"
     return None
 
 
@@ -212,6 +248,67 @@ CASES: dict[str, Case] = {
             baseline="qlora-trl",
             log_every_step=True,
             description="8B QLoRA: qlora-ctrain recomputing whole layers, 8 rows (~16k tokens) per micro-batch",
+        ),
+        Case(
+            "sft8b-seeds",
+            spec=LLAMA_8B_4K,
+            full=Full("zero3"),
+            baseline="sft8b-trl-best",
+            log_every_step=True,
+            description="8B full SFT: TRL SFTTrainer, seeds' settings (padded batches of 2, gradient "
+            "checkpointing) under DeepSpeed ZeRO-3 (configs/deepspeed/zero3.json)",
+        ),
+        Case(
+            "sft8b-trl-best",
+            spec=LLAMA_8B_4K,
+            full=Full("fsdp", tuned=True, rows=2),
+            baseline="sft8b-trl-best",
+            log_every_step=True,
+            description="8B full SFT: TRL + FSDP2, best-fit packing into 4096-token rows, padding-free, Liger, "
+            "best attention, FSDP activation checkpointing, 2 rows (8192 tokens) per GPU",
+        ),
+        Case(
+            "sft8b-trl-best-no-ckpt",
+            spec=LLAMA_8B_4K,
+            full=Full("fsdp", tuned=True, rows=1, checkpointing=False),
+            baseline="sft8b-trl-best",
+            log_every_step=True,
+            description="8B full SFT: sft8b-trl-best without activation checkpointing, 1 row (4096 tokens) per GPU",
+        ),
+        Case(
+            "sft8b-ctrain",
+            spec=LLAMA_8B_4K,
+            recipe="llama-3.1-8b-sft.yaml",
+            rows_per_gpu=4,
+            baseline="sft8b-trl-best",
+            log_every_step=True,
+            description="8B full SFT: recipes/llama-3.1-8b-sft.yaml as ctrain train runs it (FSDP2, fast engine), "
+            "4 rows per GPU and step (2 micro-batches of 2) instead of the recipe's 32 rows per step",
+        ),
+        Case(
+            "sft8b-ctrain-bf16-reduce",
+            spec=LLAMA_8B_4K,
+            recipe="llama-3.1-8b-sft.yaml",
+            overrides=("fast.gradient_reduce=bf16",),
+            rows_per_gpu=4,
+            baseline="sft8b-trl-best",
+            log_every_step=True,
+            description="8B full SFT: sft8b-ctrain with the gradients reduce-scattered in bf16",
+        ),
+        Case(
+            "sft8b-ctrain-same-batches",
+            spec=LLAMA_8B_4K,
+            recipe="llama-3.1-8b-sft.yaml",
+            overrides=(
+                "fast.balance_ranks=false",
+                "training.learning_rate=2e-5",
+                "training.lr_scheduler=linear",
+                "training.warmup=0",
+            ),
+            rows_per_gpu=2,
+            baseline="sft8b-trl-best",
+            log_every_step=True,
+            description="8B full SFT: sft8b-ctrain on sft8b-trl-best's batches and schedule (loss check)",
         ),
     )
 }
@@ -457,6 +554,29 @@ def lora_args(case: Case, spec: BenchSpec, device: str, max_steps: int, output_d
     return settings
 
 
+def full_args(case: Case, spec: BenchSpec, device: str, max_steps: int, output_dir: str) -> dict[str, Any]:
+    """``SFTConfig`` keyword arguments of a TRL full fine-tuning case, sharded as the case says."""
+    assert case.full is not None
+    full = case.full
+    settings = seeds_args(spec, device, max_steps, output_dir)
+    settings.update(per_device_train_batch_size=full.rows, gradient_checkpointing=full.checkpointing)
+    if full.sharding == "zero3":
+        settings["deepspeed"] = str(resources.path("configs", "deepspeed", "zero3.json"))
+    else:
+        # FSDP's own activation checkpointing, as transformers asks under FSDP.
+        settings.update(gradient_checkpointing=False, fsdp=True)
+        settings["fsdp_config"] = {"version": 2, "reshard_after_forward": True,
+                                   "activation_checkpointing": full.checkpointing}  # fmt: skip
+    if full.tuned:
+        settings.update(
+            packing=True,
+            packing_strategy="bfd",
+            padding_free=True,
+            use_liger_kernel=device == "cuda" and importlib.util.find_spec("liger_kernel") is not None,
+        )
+    return settings
+
+
 def lora_config() -> Any:
     """PEFT's adapter settings, the same for every LoRA case."""
     from peft import LoraConfig
@@ -470,7 +590,7 @@ def lora_config() -> Any:
     )
 
 
-def adapter_recipe(case: Case, spec: BenchSpec, max_steps: int) -> Any:
+def adapter_recipe(case: Case, spec: BenchSpec, max_steps: int, world: int = 1) -> Any:
     """The case's shipped recipe with the bench's data and run length; its training and peft settings stay."""
     from ctrain.train.recipe import DataSettings, LoggingSettings, load_recipe
 
@@ -481,6 +601,8 @@ def adapter_recipe(case: Case, spec: BenchSpec, max_steps: int) -> Any:
     shipped.data = DataSettings(source="bench", max_length=spec.max_length, packing=shipped.data.packing)
     training = shipped.training
     training.max_steps = max_steps
+    if case.rows_per_gpu is not None:
+        training.global_batch_size = case.rows_per_gpu * world
     training.logging_steps = 1 if case.log_every_step else 10
     training.save_steps = max_steps + 1  # no checkpoint inside the measured run
     training.eval_steps = None
@@ -562,6 +684,8 @@ def run_case(
 
     rank, world = _distributed()
     cuda = device == "cuda"
+    if cuda:  # each rank of a sweep makes its model on its own GPU
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     clock = _Clock(warmup, steps, cuda, profile_dir if rank == 0 else None)
     max_steps = warmup + steps + TAIL_STEPS
     preemption: Any = None
@@ -570,13 +694,18 @@ def run_case(
             from trl import SFTConfig, SFTTrainer
 
             extra: dict[str, Any] = {}
-            if case.lora is None:
-                settings: dict[str, Any] = seeds_args(spec, device, max_steps, tmp)
+            if (why := cannot_run(case, cuda)) is not None:
+                raise CtrainError(why)
+            if case.full is not None:
+                settings: dict[str, Any] = full_args(case, spec, device, max_steps, tmp)
+                attention = best_attention(device) if case.full.tuned else "sdpa"
+                model = base_model(spec, device, torch.bfloat16, attention)
+                settings["attn_implementation"] = attention
+            elif case.lora is None:
+                settings = seeds_args(spec, device, max_steps, tmp)
                 torch.manual_seed(spec.seed)
                 model = LlamaForCausalLM(spec.model_config())
             else:
-                if (why := cannot_run(case, cuda)) is not None:
-                    raise CtrainError(why)
                 settings = lora_args(case, spec, device, max_steps, tmp)
                 attention = best_attention(device) if case.lora.tuned else "sdpa"
                 model = base_model(spec, device, torch.bfloat16 if cuda else torch.float32, attention)
@@ -603,20 +732,22 @@ def run_case(
             from ctrain.train.recipe import signal_number
 
             if case.recipe is not None:
-                bench_recipe = adapter_recipe(case, spec, max_steps)
+                bench_recipe = adapter_recipe(case, spec, max_steps, world)
             else:
                 bench_recipe = recipe(case, spec, strategy, world, max_steps)
             layout = ctrain_trainer.plan(bench_recipe)
+            # Before the model: the arguments start the process group and pick this rank's GPU.
+            args = ctrain_trainer.training_arguments(bench_recipe, layout, Path(tmp), [])
             if case.recipe is not None:
                 attention = recipe_attention(bench_recipe, layout.device_type, layout.precision)
-                model = base_model(spec, layout.device_type, load_dtype(bench_recipe, layout.precision), attention)
+                model = base_model(spec, args.device, load_dtype(bench_recipe, layout.precision), attention)
                 if bench_recipe.peft.method == "qlora":
                     model = four_bit_model(model, Path(tmp) / "base", attention)
-                model = add_adapters(bench_recipe, model)
+                if bench_recipe.peft.enabled:
+                    model = add_adapters(bench_recipe, model)
             else:
                 torch.manual_seed(spec.seed)
                 model = LlamaForCausalLM(spec.model_config())
-            args = ctrain_trainer.training_arguments(bench_recipe, layout, Path(tmp), [])
             prepared = Prepared(shape_sft(data.labelled(spec), bench_recipe), None, data.tokenizer(spec), None, {})
             signals = [signal_number(name) for name in bench_recipe.training.preemption_signals]
             preemption = Preemption(signals, args.device)
@@ -656,7 +787,7 @@ def run_case(
         "description": case.description,
         "spec": spec.name,
         "baseline": case.baseline,
-        "strategy": ("ddp" if case.fast is None else strategy) if world > 1 else "single",
+        "strategy": _strategy(case, strategy) if world > 1 else "single",
         "world_size": world,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "settings": settings,
@@ -678,6 +809,16 @@ def run_case(
         "losses": losses,
         "versions": _versions(),
     }
+
+
+def _strategy(case: Case, asked: str) -> str:
+    """How a multi-GPU case shares the work: its own sharding, else the sweep's strategy (fast cases)."""
+    if case.full is not None:
+        return case.full.sharding
+    if case.recipe is not None:
+        training = shipped(case).training
+        return "fsdp" if training.fsdp else "zero" if training.deepspeed else "ddp"
+    return "ddp" if case.fast is None else asked
 
 
 def _peft_settings(model: Any, four_bit: bool) -> dict[str, Any]:

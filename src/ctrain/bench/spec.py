@@ -25,6 +25,9 @@ class BenchSpec:
     length_sigma: float = 0.7
     min_length: int = 64
     max_length: int = 2048
+    # Longest example (clipped); None: max_length. Packed rows longer than the examples keep their
+    # lengths as they are.
+    longest_example: int | None = None
     seed: int = 0
     # Per-device batch of the seeds' settings (examples; packed rows on the fast path).
     batch: int = 8
@@ -74,6 +77,9 @@ FULL = BenchSpec()
 LLAMA_8B = replace(
     FULL, name="llama-3.1-8b", hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256
 )
+# Full fine-tuning of the 8B shape: the LoRA cases' chats (clipped at 2048 tokens) packed into
+# 4096-token rows, 2 rows (8192 tokens) per GPU in the seeds' settings.
+LLAMA_8B_4K = replace(LLAMA_8B, name="llama-3.1-8b-4k", max_length=4096, longest_example=2048, batch=2)
 TINY = replace(
     FULL,
     name="tiny",

@@ -65,6 +65,10 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
+# Reference and compared case of the loss check, the first pair a run has both of.
+LOSS_PAIRS = (("seeds", "ctrain-same-batches"), ("sft8b-trl-best", "sft8b-ctrain-same-batches"))
+
+
 def compare_losses(
     results: list[dict[str, Any]], reference: str = "seeds", other: str = "ctrain-same-batches"
 ) -> dict | None:
@@ -375,7 +379,7 @@ def bench(
             profile=out if profile else None,
         )
     add_scaling(results)
-    losses = compare_losses(results)
+    losses = next((found for pair in LOSS_PAIRS if (found := compare_losses(results, *pair))), None)
     if int(os.environ.get("RANK", "0")) != 0:
         return ""
     write(json_path or out / "bench.json", results, env, losses, extra)

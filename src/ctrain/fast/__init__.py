@@ -62,8 +62,9 @@ class FastSettings:
     # compiler recomputes the rest, what is cheapest to recompute first. Between keeping all
     # (None: the compiler's default, 1.0) and fast.gradient_checkpointing (whole layers recomputed).
     activation_memory_budget: float | None = None
-    # Dtype of DDP's gradient all-reduce: fp32 (the gradients' own) or bf16 (half the bytes, for
-    # slow links; each rank's gradient is rounded to bf16 before the sum).
+    # Dtype of the gradients' sum over ranks (DDP's all-reduce, FSDP's reduce-scatter): fp32 (the
+    # gradients' own) or bf16 (half the bytes, for slow links; each rank's gradient is rounded to
+    # bf16 before the sum).
     gradient_reduce: Literal["fp32", "bf16"] = "fp32"
     # Reduce TRL's per-step metrics (entropy, accuracy, tokens) at every step as TRL does, which
     # waits for the GPU several times a step; the default sums them on the device until logging.

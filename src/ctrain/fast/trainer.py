@@ -141,6 +141,24 @@ def trainer_class() -> type:
     return FastSFTTrainer
 
 
+def tune_fsdp(trainer: Any, settings: FastSettings) -> None:
+    """FSDP2's mixed precision on the fast path, set on the trainer's Accelerator before it shards
+    the model: each layer's parameters gathered in bf16 for its forward and backward (the float32
+    shards stay the optimizer's), its gradients reduce-scattered in ``fast.gradient_reduce``'s
+    dtype. Accelerate's own policy reduces in bf16 whenever training is bf16; the fast path's
+    default, fp32, keeps every rank's gradient at full precision in the sum."""
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    if plugin is None or not trainer.args.bf16:
+        return
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    reduce = torch.float32 if settings.gradient_reduce == "fp32" else torch.bfloat16
+    plugin.mixed_precision_policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16, reduce_dtype=reduce, output_dtype=torch.bfloat16
+    )
+
+
 def tune_ddp(trainer: Any, settings: FastSettings) -> None:
     """DDP settings of the fast path, set on the trainer's Accelerator before it wraps the model.
 
@@ -264,6 +282,7 @@ def build(settings: FastSettings, **kwargs: Any) -> Any:
     """The fast path's SFT trainer over ``SFTTrainer``'s keyword arguments."""
     trainer = trainer_class()(fast_settings=settings, **kwargs)
     tune_ddp(trainer, settings)
+    tune_fsdp(trainer, settings)
     if settings.gc_every:
         trainer.add_callback(collect_garbage_callback(settings.gc_every))
     if settings.compile != "off":

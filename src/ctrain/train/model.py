@@ -129,8 +129,14 @@ def load_dtype(recipe: Recipe, precision: str) -> Any:
     return torch.float32
 
 
-def build_model(recipe: Recipe, config: Any, tokenizer: Any, precision: str, device_type: str) -> Any:
-    """A pretrained or new causal LM, matched to the tokenizer."""
+def build_model(
+    recipe: Recipe, config: Any, tokenizer: Any, precision: str, device_type: str, place: Any = None
+) -> Any:
+    """A pretrained or new causal LM, matched to the tokenizer; its weights made (or read) on the
+    device ``place`` when given, else in host memory."""
+    import contextlib
+
+    import torch
     from transformers import AutoModelForCausalLM
 
     model_settings = recipe.model
@@ -142,6 +148,8 @@ def build_model(recipe: Recipe, config: Any, tokenizer: Any, precision: str, dev
         if recipe.peft.method == "qlora":
             extra["quantization_config"] = _four_bits()
             dtype = extra["quantization_config"].bnb_4bit_compute_dtype
+        if place is not None:
+            extra["device_map"] = {"": place}
         try:
             model = AutoModelForCausalLM.from_pretrained(
                 str(local) if local.exists() else model_settings.path,
@@ -169,7 +177,8 @@ def build_model(recipe: Recipe, config: Any, tokenizer: Any, precision: str, dev
             token_id = getattr(tokenizer, f"{name}_token_id")
             if token_id is not None:
                 setattr(config, f"{name}_token_id", token_id)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+        with torch.device(place) if place is not None else contextlib.nullcontext():
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
     generation = getattr(model, "generation_config", None)
     if generation is not None:
         generation.pad_token_id = tokenizer.pad_token_id

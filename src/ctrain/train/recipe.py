@@ -238,6 +238,18 @@ OWNED_ARGS: dict[str, str] = {
 }
 
 
+# What ``training.fsdp`` means unless ``training.fsdp_config`` says otherwise: FSDP2, every decoder
+# layer (the model's ``_no_split_modules``) sharded as one unit and its parameters freed again after
+# its forward; checkpoints written by each rank for its own shards (torch.distributed.checkpoint),
+# which load on any number of GPUs, instead of gathered on rank 0. The final model is always saved
+# whole (``ctrain.train.trainer``).
+FSDP_DEFAULTS: dict[str, Any] = {
+    "version": 2,
+    "reshard_after_forward": True,
+    "state_dict_type": "SHARDED_STATE_DICT",
+}
+
+
 @dataclass
 class TrainingSettings:
     """How to train: batch, schedule, precision, checkpoints, distribution."""
@@ -292,9 +304,10 @@ class TrainingSettings:
     preemption_signals: list[str] = field(default_factory=lambda: ["SIGUSR1", "SIGTERM"])
     #: A DeepSpeed config file (ZeRO through the Trainer); at most one of this and ``fsdp``.
     deepspeed: str | None = None
-    #: Shard the model with PyTorch FSDP (GPUs only).
+    #: Shard the model with PyTorch FSDP2 (GPUs only): each decoder layer its own unit, checkpoints
+    #: sharded through torch.distributed.checkpoint, the final model one HF checkpoint (FSDP_DEFAULTS).
     fsdp: bool = False
-    #: transformers' ``fsdp_config``.
+    #: transformers' ``fsdp_config``, on top of FSDP_DEFAULTS.
     fsdp_config: dict[str, Any] = field(default_factory=dict)
     #: Data loader worker processes; None: 2 on GPUs, 0 on CPU.
     dataloader_workers: int | None = None
@@ -305,6 +318,10 @@ class TrainingSettings:
     #: Any other field of transformers' TrainingArguments (TRL's SFTConfig for sft), by its own name,
     #: e.g. ``{adam_beta2: 0.95, neftune_noise_alpha: 5}``; the fields ctrain sets are refused with the key to use.
     trainer_args: dict[str, Any] = field(default_factory=dict)
+
+    def fsdp_settings(self) -> dict[str, Any]:
+        """transformers' ``fsdp_config`` of this run: :data:`FSDP_DEFAULTS` under the recipe's own keys."""
+        return {**FSDP_DEFAULTS, **self.fsdp_config}
 
     def hf_speedups(self) -> list[str]:
         """The transformers speed-ups turned on; the fast engine has its own (compiled layers, fused loss)."""

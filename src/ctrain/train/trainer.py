@@ -218,7 +218,7 @@ def argument_values(recipe: Recipe, layout: Layout, output_dir: Path, report_to:
         "seed": recipe.seed,
         "deepspeed": str(expand_path(training.deepspeed)) if training.deepspeed else None,
         "fsdp": training.fsdp,
-        "fsdp_config": training.fsdp_config if training.fsdp else None,
+        "fsdp_config": training.fsdp_settings() if training.fsdp else None,
         "dataloader_num_workers": workers,
         "ddp_timeout": training.ddp_timeout_minutes * 60,
         "ddp_find_unused_parameters": False,
@@ -227,6 +227,10 @@ def argument_values(recipe: Recipe, layout: Layout, output_dir: Path, report_to:
         "remove_unused_columns": False,
         "push_to_hub": False,  # ctrain pushes the final model itself, once (hub.repo_id)
     }
+    if training.fsdp:
+        # Reduce-scatter each micro-batch's gradients into the shards: waiting until the last one
+        # would keep a whole unsharded float32 gradient on every GPU (32 GB for an 8B model).
+        kwargs["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
     if recipe.task == "clm":
         return kwargs
     kwargs.update(
@@ -400,6 +404,14 @@ def _release_training_memory(trainer: Any) -> None:
         torch.cuda.empty_cache()
 
 
+def whole_final_model(trainer: Any) -> None:
+    """Under FSDP, save the final model as one Hugging Face checkpoint (gathered on rank 0), as
+    ``from_pretrained`` and ``ctrain eval`` read it; the checkpoints during training stay sharded."""
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    if plugin is not None and "FULL_STATE_DICT" not in str(plugin.state_dict_type):
+        plugin.set_state_dict_type("FULL_STATE_DICT")
+
+
 def run(recipe: Recipe) -> int:
     """Train the recipe in this process (one of the launcher's processes); returns the exit code."""
     openmp_defaults()
@@ -488,7 +500,10 @@ def run(recipe: Recipe) -> int:
         goodput.mark("data")
     logs.rebind_handlers()
     set_seed(recipe.seed)  # a new model's weights: the same on every rank and every world size
-    model = build_model(recipe, config, data.tokenizer, layout.precision, layout.device_type)
+    # Sharded over GPUs, each rank makes (or reads) the weights on its own GPU, which FSDP then
+    # shards there: the node's host memory does not grow with its GPU count.
+    place = args.device if recipe.training.fsdp else None
+    model = build_model(recipe, config, data.tokenizer, layout.precision, layout.device_type, place)
     if recipe.peft.enabled:
         model = add_adapters(recipe, model)
     resume = resume_point(recipe, output_dir, rank, world)
@@ -561,6 +576,7 @@ def run(recipe: Recipe) -> int:
         barrier()  # the launcher may end every rank once one exits non-zero: rank 0 has written first
         close_process_group(PREEMPTED_EXIT_CODE)
         return PREEMPTED_EXIT_CODE
+    whole_final_model(trainer)
     trainer.save_model(str(final))
     barrier()
     if rank == 0:
