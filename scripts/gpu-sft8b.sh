@@ -12,14 +12,15 @@ cases=$2
 shift 2
 py=${PYTHON:-python3}
 [[ -x /opt/torch/.venv/bin/python ]] && py=/opt/torch/.venv/bin/python
-mkdir -p "$out/site"
+site=${SITE:-/tmp/ctrain-sft8b-site} # outside OUT: only results come back
+mkdir -p "$out" "$site"
 exec > >(tee "$out/bench.log") 2>&1
 for wheels in ${WHEELS:-$repo/.gpu/bundle/wheels $repo/.gpu/extra}; do
     compgen -G "$wheels/*.whl" >/dev/null || continue
     find "$wheels" -name '*.whl' ! -name 'ctrain-*' -print0 |
-        xargs -0 "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$out/site"
+        xargs -0 "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site"
 done
-export PYTHONPATH=$repo/src:$out/site PYTHONUNBUFFERED=1
+export PYTHONPATH=$repo/src:$site PYTHONUNBUFFERED=1
 gpus=$(nvidia-smi -L | grep -c '^GPU')
 echo "== $gpus GPU(s): $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1)"
 "$py" -c 'import importlib.metadata as m

@@ -72,6 +72,8 @@ class Full:
     tuned: bool = False
     rows: int = 2
     checkpointing: bool = True
+    # Liger's layer kernels in a tuned case, where installed.
+    liger: bool = True
 
 
 @dataclass(frozen=True)
@@ -274,6 +276,14 @@ CASES: dict[str, Case] = {
             baseline="sft8b-trl-best",
             log_every_step=True,
             description="8B full SFT: sft8b-trl-best without activation checkpointing, 1 row (4096 tokens) per GPU",
+        ),
+        Case(
+            "sft8b-trl-no-liger",
+            spec=LLAMA_8B_4K,
+            full=Full("fsdp", tuned=True, rows=2, liger=False),
+            baseline="sft8b-trl-best",
+            log_every_step=True,
+            description="8B full SFT: sft8b-trl-best without Liger's kernels",
         ),
         Case(
             "sft8b-ctrain",
@@ -572,7 +582,7 @@ def full_args(case: Case, spec: BenchSpec, device: str, max_steps: int, output_d
             packing=True,
             packing_strategy="bfd",
             padding_free=True,
-            use_liger_kernel=device == "cuda" and importlib.util.find_spec("liger_kernel") is not None,
+            use_liger_kernel=full.liger and device == "cuda" and importlib.util.find_spec("liger_kernel") is not None,
         )
     return settings
 
@@ -700,7 +710,6 @@ def run_case(
                 settings: dict[str, Any] = full_args(case, spec, device, max_steps, tmp)
                 attention = best_attention(device) if case.full.tuned else "sdpa"
                 model = base_model(spec, device, torch.bfloat16, attention)
-                settings["attn_implementation"] = attention
             elif case.lora is None:
                 settings = seeds_args(spec, device, max_steps, tmp)
                 torch.manual_seed(spec.seed)
@@ -720,6 +729,8 @@ def run_case(
                 callbacks=[clock.callback()],
                 **extra,
             )
+            if case.full is not None:
+                settings["attn_implementation"] = attention
             if case.lora is not None:
                 settings["attn_implementation"] = attention
                 settings["peft"] = _peft_settings(trainer.model, four_bit=case.lora.four_bit)
