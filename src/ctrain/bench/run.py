@@ -320,6 +320,23 @@ CASES: dict[str, Case] = {
             log_every_step=True,
             description="8B full SFT: sft8b-ctrain on sft8b-trl-best's batches and schedule (loss check)",
         ),
+        Case(
+            "sft8b-ctrain-same-batches-bf16-reduce",
+            spec=LLAMA_8B_4K,
+            recipe="llama-3.1-8b-sft.yaml",
+            overrides=(
+                "fast.balance_ranks=false",
+                "training.learning_rate=2e-5",
+                "training.lr_scheduler=linear",
+                "training.warmup=0",
+                "fast.gradient_reduce=bf16",
+            ),
+            rows_per_gpu=2,
+            baseline="sft8b-trl-best",
+            log_every_step=True,
+            description="8B full SFT: sft8b-ctrain-same-batches with the gradients reduce-scattered in bf16, "
+            "as accelerate's FSDP2 does for TRL",
+        ),
     )
 }
 
