@@ -23,8 +23,8 @@ def _ints(value: str | None) -> list[int] | None:
     "ctrain-sync, ctrain-unbalanced, ctrain-bucket25, ctrain-bucket200, ctrain-bf16-reduce, ctrain-no-allreduce; "
     "LoRA on a Llama-3.1-8B shape: lora-seeds, lora-trl-best, lora-trl-checkpointed, lora-ctrain, "
     "lora-ctrain-ungrouped, lora-ctrain-hf, qlora-trl, qlora-ctrain, qlora-ctrain-checkpointed; "
-    "full SFT of the Llama-3.1-8B shape sharded over --gpus: sft8b-seeds, sft8b-trl-best, sft8b-trl-best-no-ckpt, "
-    "sft8b-ctrain, sft8b-ctrain-bf16-reduce, sft8b-ctrain-same-batches.",
+    "full SFT of the Llama-3.1-8B shape sharded over --gpus: sft8b-seeds, sft8b-trl-best, sft8b-trl-no-liger, "
+    "sft8b-ctrain, sft8b-ctrain-bf16-reduce, sft8b-ctrain-same-batches, sft8b-ctrain-same-batches-bf16-reduce.",
 )
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--tiny", is_flag=True, help="A tiny model and data set: checks the code in about a minute on a CPU.")

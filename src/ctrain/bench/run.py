@@ -127,6 +127,18 @@ def cannot_run(case: Case, cuda: bool) -> str | None:
     return None
 
 
+SFT_8B = "llama-3.1-8b-sft.yaml"
+# The recipe on sft8b-trl-best's batches and schedule: the Trainer's row order, TRL's learning rate.
+SAME_BATCHES = ("fast.balance_ranks=false", "training.learning_rate=2e-5", "training.lr_scheduler=linear",
+                "training.warmup=0")  # fmt: skip
+
+
+def _sft8b(name: str, description: str, **fields: Any) -> Case:
+    """A full fine-tuning case of the 8B shape in 4096-token rows, measured against sft8b-trl-best."""
+    return Case(name, spec=LLAMA_8B_4K, baseline="sft8b-trl-best", log_every_step=True,
+                description=f"8B full SFT: {description}", **fields)  # fmt: skip
+
+
 CASES: dict[str, Case] = {
     case.name: case
     for case in (
@@ -251,92 +263,23 @@ CASES: dict[str, Case] = {
             log_every_step=True,
             description="8B QLoRA: qlora-ctrain recomputing whole layers, 8 rows (~16k tokens) per micro-batch",
         ),
-        Case(
-            "sft8b-seeds",
-            spec=LLAMA_8B_4K,
-            full=Full("zero3"),
-            baseline="sft8b-trl-best",
-            log_every_step=True,
-            description="8B full SFT: TRL SFTTrainer, seeds' settings (padded batches of 2, gradient "
-            "checkpointing) under DeepSpeed ZeRO-3 (configs/deepspeed/zero3.json)",
-        ),
-        Case(
-            "sft8b-trl-best",
-            spec=LLAMA_8B_4K,
-            full=Full("fsdp", tuned=True, rows=2),
-            baseline="sft8b-trl-best",
-            log_every_step=True,
-            description="8B full SFT: TRL + FSDP2, best-fit packing into 4096-token rows, padding-free, Liger, "
-            "best attention, FSDP activation checkpointing, 2 rows (8192 tokens) per GPU",
-        ),
-        Case(
-            "sft8b-trl-best-no-ckpt",
-            spec=LLAMA_8B_4K,
-            full=Full("fsdp", tuned=True, rows=1, checkpointing=False),
-            baseline="sft8b-trl-best",
-            log_every_step=True,
-            description="8B full SFT: sft8b-trl-best without activation checkpointing, 1 row (4096 tokens) per GPU",
-        ),
-        Case(
-            "sft8b-trl-no-liger",
-            spec=LLAMA_8B_4K,
-            full=Full("fsdp", tuned=True, rows=2, liger=False),
-            baseline="sft8b-trl-best",
-            log_every_step=True,
-            description="8B full SFT: sft8b-trl-best without Liger's kernels",
-        ),
-        Case(
-            "sft8b-ctrain",
-            spec=LLAMA_8B_4K,
-            recipe="llama-3.1-8b-sft.yaml",
-            rows_per_gpu=4,
-            baseline="sft8b-trl-best",
-            log_every_step=True,
-            description="8B full SFT: recipes/llama-3.1-8b-sft.yaml as ctrain train runs it (FSDP2, fast engine), "
-            "4 rows per GPU and step (2 micro-batches of 2) instead of the recipe's 32 rows per step",
-        ),
-        Case(
-            "sft8b-ctrain-bf16-reduce",
-            spec=LLAMA_8B_4K,
-            recipe="llama-3.1-8b-sft.yaml",
-            overrides=("fast.gradient_reduce=bf16",),
-            rows_per_gpu=4,
-            baseline="sft8b-trl-best",
-            log_every_step=True,
-            description="8B full SFT: sft8b-ctrain with the gradients reduce-scattered in bf16",
-        ),
-        Case(
-            "sft8b-ctrain-same-batches",
-            spec=LLAMA_8B_4K,
-            recipe="llama-3.1-8b-sft.yaml",
-            overrides=(
-                "fast.balance_ranks=false",
-                "training.learning_rate=2e-5",
-                "training.lr_scheduler=linear",
-                "training.warmup=0",
-            ),
-            rows_per_gpu=2,
-            baseline="sft8b-trl-best",
-            log_every_step=True,
-            description="8B full SFT: sft8b-ctrain on sft8b-trl-best's batches and schedule (loss check)",
-        ),
-        Case(
-            "sft8b-ctrain-same-batches-bf16-reduce",
-            spec=LLAMA_8B_4K,
-            recipe="llama-3.1-8b-sft.yaml",
-            overrides=(
-                "fast.balance_ranks=false",
-                "training.learning_rate=2e-5",
-                "training.lr_scheduler=linear",
-                "training.warmup=0",
-                "fast.gradient_reduce=bf16",
-            ),
-            rows_per_gpu=2,
-            baseline="sft8b-trl-best",
-            log_every_step=True,
-            description="8B full SFT: sft8b-ctrain-same-batches with the gradients reduce-scattered in bf16, "
-            "as accelerate's FSDP2 does for TRL",
-        ),
+        _sft8b("sft8b-seeds", "TRL SFTTrainer, seeds' settings (padded batches of 2, gradient checkpointing) under "
+               "DeepSpeed ZeRO-3 (configs/deepspeed/zero3.json)", full=Full("zero3")),
+        _sft8b("sft8b-trl-best", "TRL + FSDP2, best-fit packing into 4096-token rows, padding-free, Liger, best "
+               "attention, FSDP activation checkpointing, 2 rows (8192 tokens) per GPU",
+               full=Full("fsdp", tuned=True, rows=2)),
+        _sft8b("sft8b-trl-no-liger", "sft8b-trl-best without Liger's kernels",
+               full=Full("fsdp", tuned=True, rows=2, liger=False)),
+        _sft8b("sft8b-ctrain", "recipes/llama-3.1-8b-sft.yaml as ctrain train runs it (FSDP2, fast engine), 4 rows "
+               "per GPU and step (2 micro-batches of 2) instead of the recipe's 32 rows per step",
+               recipe=SFT_8B, rows_per_gpu=4),
+        _sft8b("sft8b-ctrain-bf16-reduce", "sft8b-ctrain with the gradients reduce-scattered in bf16",
+               recipe=SFT_8B, overrides=("fast.gradient_reduce=bf16",), rows_per_gpu=4),
+        _sft8b("sft8b-ctrain-same-batches", "sft8b-ctrain on sft8b-trl-best's batches and schedule (loss check)",
+               recipe=SFT_8B, overrides=SAME_BATCHES, rows_per_gpu=2),
+        _sft8b("sft8b-ctrain-same-batches-bf16-reduce", "sft8b-ctrain-same-batches with the gradients "
+               "reduce-scattered in bf16, as accelerate's FSDP2 does for TRL",
+               recipe=SFT_8B, overrides=(*SAME_BATCHES, "fast.gradient_reduce=bf16"), rows_per_gpu=2),
     )
 }
 
