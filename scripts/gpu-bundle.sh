@@ -8,6 +8,7 @@
 #              Ubuntu 24.04 has)
 #   wheels/    ctrain's wheel and the training stack's Python wheels that the GPU machine's PyTorch
 #              environment lacks or holds in other versions (pins from containers/constraints.txt)
+#   bench-wheels/  the 8B benchmark's baselines: Liger, DeepSpeed and their imports
 #
 #   scripts/gpu-bundle.sh [OUT]        (default .gpu/bundle; OUT/README says what is in it)
 #
@@ -33,6 +34,10 @@ packages=(slurm-wlm munge squashfs-tools iproute2 util-linux procps debootstrap 
 # datasets) lacks or holds in a version the training stack cannot use. What it has in versions the
 # stack accepts (huggingface-hub, tokenizers, pyarrow, ...) is used as it is: the transfer is small.
 wheels=(transformers trl datasets dill multiprocess fsspec)
+# The 8B benchmark's TRL baselines need Liger's kernels and DeepSpeed (ZeRO-3), which the training
+# image does not pin; DeepSpeed's imports (pydantic ...) come along. Installed by scripts/gpu-sft8b.sh.
+bench_wheels=(liger-kernel==0.8.5 einops hjson msgpack ninja py-cpuinfo pydantic==2.12.5 pydantic-core==2.41.5
+              annotated-types typing-inspection)
 
 step() { printf '== %s\n' "$*" >&2; }
 
@@ -106,6 +111,18 @@ done
 "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$out/wheels" "${pins[@]}" >&2
+step "the 8B benchmark's baselines (scripts/gpu-sft8b.sh): Liger and DeepSpeed with what they import"
+mkdir -p "$out/bench-wheels"
+"$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$out/bench-wheels" "${bench_wheels[@]}" >&2
+# DeepSpeed is an sdist whose build imports torch (TESTBED-NOTES): built here, ops compiled on first use.
+if "$python" -c 'import torch' 2>/dev/null; then
+    "$python" -m pip wheel -q --no-deps --no-build-isolation -w "$out/bench-wheels" \
+        "$(grep -i '^deepspeed==' "$constraints")" >&2
+else
+    echo "no torch in $python: DeepSpeed's wheel not built (the ZeRO-3 baseline, sft8b-seeds, needs it)" >&2
+fi
 step "ctrain's own wheel"
 "$python" -m pip wheel -q --no-deps -w "$out/wheels" "$repo" >&2 # builds in an isolated environment (setuptools from PyPI)
 
@@ -119,6 +136,8 @@ step "ctrain's own wheel"
     (cd "$out/apptainer" && ls -1 ./*.deb | sed 's|^\./|  |')
     echo "wheels/:"
     (cd "$out/wheels" && ls -1 ./*.whl | sed 's|^\./|  |')
+    echo "bench-wheels/ (scripts/gpu-sft8b.sh):"
+    (cd "$out/bench-wheels" && ls -1 ./*.whl | sed 's|^\./|  |')
 } >"$out/README"
 du -sh "$out" "$out"/* >&2
 echo "$out"

@@ -4,7 +4,7 @@
 # installed beside it first. Each case's JSON lands in OUT/NgpuS-ddp/ as it finishes, so a call cut
 # short keeps the cases before; the table is at the end of OUT/bench.log.
 #   scripts/gpu-sft8b.sh OUT CASES [BENCH OPTIONS]      e.g. scripts/gpu-sft8b.sh /tmp/b sft8b-trl-best,sft8b-ctrain
-# WHEELS (default .gpu/bundle/wheels and .gpu/extra): scripts/gpu-bundle.sh gathers them.
+# WHEELS (default .gpu/bundle/wheels and .gpu/bundle/bench-wheels): scripts/gpu-bundle.sh gathers them.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath -m "$1")
@@ -15,7 +15,7 @@ py=${PYTHON:-python3}
 site=${SITE:-/tmp/ctrain-sft8b-site} # outside OUT: only results come back
 mkdir -p "$out" "$site"
 exec > >(tee "$out/bench.log") 2>&1
-for wheels in ${WHEELS:-$repo/.gpu/bundle/wheels $repo/.gpu/extra}; do
+for wheels in ${WHEELS:-$repo/.gpu/bundle/wheels $repo/.gpu/bundle/bench-wheels}; do
     compgen -G "$wheels/*.whl" >/dev/null || continue
     find "$wheels" -name '*.whl' ! -name 'ctrain-*' -print0 |
         xargs -0 "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site"
