@@ -3,7 +3,7 @@
 - a node whose local disk is full (``Testbed.local_disk``: a 16 MiB tmpfs as that node's TMPDIR):
   the node checks name it before any container starts, and the job is requeued without it and
   finishes on the other node;
-- a node that computes slowly (``Testbed.slow_node``: its processes held to a fifth of a CPU, as a
+- a node that computes slowly (``Testbed.slow_node``: its processes held to 15% of a CPU, as a
   throttled or failing GPU is): the rank checks name its rank against its peer's rate, and the job
   is not requeued onto it.
 
@@ -63,7 +63,9 @@ def test_a_node_with_a_full_local_disk_is_left_out_and_the_job_finishes(sbatch_p
 def test_a_slow_node_is_named_by_its_rate_and_not_trained_on(sbatch_project: Project, cpu_sif: Path) -> None:
     project = sbatch_project
     testbed = project.testbed
-    slowed = testbed.slow_node("node2", 20)
+    # 15%: with 2 ranks the median is their mean, so the held rank is named only below a third of
+    # the other's rate, and on CI's two busy cores the other rank gets about half a core.
+    slowed = testbed.slow_node("node2", 15)
     assert slowed > 0
     try:
         sent = time.monotonic()
@@ -84,7 +86,7 @@ def test_a_slow_node_is_named_by_its_rate_and_not_trained_on(sbatch_project: Pro
     assert "not requeueing: partition" in log and "the job needs 2" in log, log[-3000:]
     assert restarts(project, job_id) == 0
     assert "loss" not in log.split("preflight (quick)")[-1].split("ctrain: failure")[0]  # no step trained
-    report("slow node (a fifth of a CPU): its rate against its peer's",
+    report("slow node (15% of a CPU): its rate against its peer's",
            f"{named.group(1)} vs median {named.group(2)} TFLOP/s")
     report("slow node: submission to the job's end", f"{ended - sent:.1f} s")
 

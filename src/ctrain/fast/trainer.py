@@ -159,6 +159,44 @@ def tune_fsdp(trainer: Any, settings: FastSettings) -> None:
     )
 
 
+def fused_head_problem(model: Any) -> str | None:
+    """Why TRL's fused LM head would train a sharded output head wrongly, or None.
+
+    The fused head reads ``lm_head.weight`` without calling ``lm_head``. FSDP2 gathers a weight
+    and reduce-scatters its gradient through hooks of the module calls of its group; accelerate
+    puts the head in one group with the final norm, whose call gathers it. A head sharded alone
+    would be gathered by TRL itself and its gradient never averaged over the ranks: each rank's
+    shard would train on its own batch only (tests/integration/test_fsdp_fast_model.py).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    if not isinstance(head, FSDPModule):
+        return None
+    if any(module is not head for module in head._get_fsdp_state()._modules):
+        return None
+    return (
+        f"training.fsdp: the output head of {type(model).__name__} is an FSDP unit of its own (no final norm "
+        "found to share it), and the fast engine's fused loss reads its weight without calling it, so its "
+        "gradient would not be averaged over the GPUs; use training.engine: hf for this model"
+    )
+
+
+def fused_head_guard() -> Any:
+    """A TrainerCallback that refuses, before the first step, a sharding :func:`fused_head_problem` finds wrong."""
+    from transformers import TrainerCallback
+
+    from ctrain.errors import ConfigError
+
+    class FusedHeadGuard(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            problem = None if model is None else fused_head_problem(model)
+            if problem:
+                raise ConfigError(problem)
+
+    return FusedHeadGuard()
+
+
 def tune_ddp(trainer: Any, settings: FastSettings) -> None:
     """DDP settings of the fast path, set on the trainer's Accelerator before it wraps the model.
 
@@ -283,6 +321,8 @@ def build(settings: FastSettings, **kwargs: Any) -> Any:
     trainer = trainer_class()(fast_settings=settings, **kwargs)
     tune_ddp(trainer, settings)
     tune_fsdp(trainer, settings)
+    if getattr(trainer.accelerator.state, "fsdp_plugin", None) is not None:
+        trainer.add_callback(fused_head_guard())
     if settings.gc_every:
         trainer.add_callback(collect_garbage_callback(settings.gc_every))
     if settings.compile != "off":

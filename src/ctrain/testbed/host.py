@@ -413,13 +413,19 @@ def _cpu_cgroup(netns: str) -> Path:
     return CPU_CGROUP_V1 / f"{CGROUP_PREFIX}{netns}"
 
 
+THROTTLE_PERIOD_US = 10_000  # cgroup v1 CPU period of a slowed node (its quota's unit of time)
+
+
 def throttle_netns(netns: str, percent: int) -> int:
     """Every process of a node (its network namespace: slurmd and what it starts later, which inherits
     the group) limited to PERCENT of one CPU: a node that computes slowly. Returns how many moved."""
     group = _cpu_cgroup(netns)
     group.mkdir(exist_ok=True)
-    period = int((group / "cpu.cfs_period_us").read_text())
-    (group / "cpu.cfs_quota_us").write_text(str(max(1000, period * percent // 100)))
+    # A short period spreads the quota evenly: with the default 100 ms a process may run at full speed
+    # for PERCENT ms before it is held, so a measurement of a few hundred ms sees far more than PERCENT.
+    (group / "cpu.cfs_quota_us").write_text("-1")  # the period may only shrink under an unlimited quota
+    (group / "cpu.cfs_period_us").write_text(str(THROTTLE_PERIOD_US))
+    (group / "cpu.cfs_quota_us").write_text(str(max(1000, THROTTLE_PERIOD_US * percent // 100)))
     moved = 0
     for pid in netns_pids(netns):
         try:
