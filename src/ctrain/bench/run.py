@@ -110,7 +110,7 @@ class Case:
 
 @functools.cache
 def shipped(case: Case) -> Any:
-    """The recipe a recipe case names, with its overrides, as shipped (``adapter_recipe`` adapts it)."""
+    """The recipe a recipe case names, with its overrides, as shipped (``shipped_bench_recipe`` adapts a copy)."""
     from ctrain.train.recipe import load_recipe
 
     assert case.recipe is not None
@@ -560,16 +560,17 @@ def lora_config() -> Any:
     )
 
 
-def adapter_recipe(case: Case, spec: BenchSpec, max_steps: int, world: int = 1) -> Any:
+def shipped_bench_recipe(case: Case, spec: BenchSpec, max_steps: int, world: int = 1) -> Any:
     """The case's shipped recipe with the bench's data and run length; its training and peft settings stay."""
-    from ctrain.train.recipe import DataSettings, LoggingSettings, load_recipe
+    import copy
 
-    assert case.recipe is not None
-    shipped = load_recipe(resources.path("recipes", case.recipe), case.overrides)
-    shipped.name = f"bench-{case.name}"
-    shipped.seed = spec.seed
-    shipped.data = DataSettings(source="bench", max_length=spec.max_length, packing=shipped.data.packing)
-    training = shipped.training
+    from ctrain.train.recipe import DataSettings, LoggingSettings
+
+    adapted = copy.deepcopy(shipped(case))
+    adapted.name = f"bench-{case.name}"
+    adapted.seed = spec.seed
+    adapted.data = DataSettings(source="bench", max_length=spec.max_length, packing=adapted.data.packing)
+    training = adapted.training
     training.max_steps = max_steps
     if case.rows_per_gpu is not None:
         training.global_batch_size = case.rows_per_gpu * world
@@ -578,8 +579,8 @@ def adapter_recipe(case: Case, spec: BenchSpec, max_steps: int, world: int = 1) 
     training.eval_steps = None
     training.resume = "never"
     training.preemption_signals = ["SIGUSR1"]
-    shipped.logging = LoggingSettings(report_to=[], memory=False)
-    return shipped
+    adapted.logging = LoggingSettings(report_to=[], memory=False)
+    return adapted
 
 
 def base_model(spec: BenchSpec, device: str, dtype: Any, attention: str) -> Any:
@@ -689,10 +690,9 @@ def run_case(
                 callbacks=[clock.callback()],
                 **extra,
             )
-            if case.full is not None:
+            if case.full is not None or case.lora is not None:
                 settings["attn_implementation"] = attention
             if case.lora is not None:
-                settings["attn_implementation"] = attention
                 settings["peft"] = _peft_settings(trainer.model, four_bit=case.lora.four_bit)
         else:
             from ctrain.train import trainer as ctrain_trainer
@@ -703,7 +703,7 @@ def run_case(
             from ctrain.train.recipe import signal_number
 
             if case.recipe is not None:
-                bench_recipe = adapter_recipe(case, spec, max_steps, world)
+                bench_recipe = shipped_bench_recipe(case, spec, max_steps, world)
             else:
                 bench_recipe = recipe(case, spec, strategy, world, max_steps)
             layout = ctrain_trainer.plan(bench_recipe)

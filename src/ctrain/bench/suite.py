@@ -70,7 +70,7 @@ LOSS_PAIRS = (("seeds", "ctrain-same-batches"), ("sft8b-trl-best", "sft8b-ctrain
 
 
 def compare_losses(
-    results: list[dict[str, Any]], reference: str = "seeds", other: str = "ctrain-same-batches"
+    results: list[dict[str, Any]], reference: str = LOSS_PAIRS[0][0], other: str = LOSS_PAIRS[0][1]
 ) -> dict | None:
     """Per-step loss of the fast kernels against the seeds' settings on the same batches."""
     by_case = {r["case"]: dict(r["losses"]) for r in results if "error" not in r}

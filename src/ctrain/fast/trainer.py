@@ -141,13 +141,18 @@ def trainer_class() -> type:
     return FastSFTTrainer
 
 
+def fsdp_plugin(trainer: Any) -> Any:
+    """The Trainer's FSDP plugin (accelerate's), or None when it does not shard the model."""
+    return getattr(trainer.accelerator.state, "fsdp_plugin", None)
+
+
 def tune_fsdp(trainer: Any, settings: FastSettings) -> None:
     """FSDP2's mixed precision on the fast path, set on the trainer's Accelerator before it shards
     the model: each layer's parameters gathered in bf16 for its forward and backward (the float32
     shards stay the optimizer's), its gradients reduce-scattered in ``fast.gradient_reduce``'s
     dtype. Accelerate's own policy reduces in bf16 whenever training is bf16; the fast path's
     default, fp32, keeps every rank's gradient at full precision in the sum."""
-    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    plugin = fsdp_plugin(trainer)
     if plugin is None or not trainer.args.bf16:
         return
     import torch
@@ -321,7 +326,7 @@ def build(settings: FastSettings, **kwargs: Any) -> Any:
     trainer = trainer_class()(fast_settings=settings, **kwargs)
     tune_ddp(trainer, settings)
     tune_fsdp(trainer, settings)
-    if getattr(trainer.accelerator.state, "fsdp_plugin", None) is not None:
+    if fsdp_plugin(trainer) is not None:
         trainer.add_callback(fused_head_guard())
     if settings.gc_every:
         trainer.add_callback(collect_garbage_callback(settings.gc_every))

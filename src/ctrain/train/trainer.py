@@ -407,7 +407,9 @@ def _release_training_memory(trainer: Any) -> None:
 def whole_final_model(trainer: Any) -> None:
     """Under FSDP, save the final model as one Hugging Face checkpoint (gathered on rank 0), as
     ``from_pretrained`` and ``ctrain eval`` read it; the checkpoints during training stay sharded."""
-    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    from ctrain.fast.trainer import fsdp_plugin
+
+    plugin = fsdp_plugin(trainer)
     if plugin is not None and "FULL_STATE_DICT" not in str(plugin.state_dict_type):
         plugin.set_state_dict_type("FULL_STATE_DICT")
 
