@@ -10,17 +10,11 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath -m "$1")
 cases=$2
 shift 2
-py=${PYTHON:-python3}
-[[ -x /opt/torch/.venv/bin/python ]] && py=/opt/torch/.venv/bin/python
 site=${SITE:-/tmp/ctrain-sft8b-site} # outside OUT: only results come back
-mkdir -p "$out" "$site"
+mkdir -p "$out"
 exec > >(tee "$out/bench.log") 2>&1
-for wheels in ${WHEELS:-$repo/.gpu/bundle/wheels $repo/.gpu/bundle/bench-wheels}; do
-    compgen -G "$wheels/*.whl" >/dev/null || continue
-    find "$wheels" -name '*.whl' ! -name 'ctrain-*' -print0 |
-        xargs -0 "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site"
-done
-export PYTHONPATH=$repo/src:$site PYTHONUNBUFFERED=1
+. "$repo/scripts/gpu-site.sh"
+gpu_site "$site"
 gpus=$(nvidia-smi -L | grep -c '^GPU')
 echo "== $gpus GPU(s): $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1)"
 "$py" -c 'import importlib.metadata as m

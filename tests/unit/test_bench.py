@@ -195,9 +195,40 @@ def test_lora_cases_train_on_a_cpu(tmp_path):
     # On a CPU engine auto takes transformers' Trainer (the fast engine is for GPUs).
     assert ours["settings"]["engine"] == "hf" and ours["settings"]["recipe"] == "llama-3.1-8b-lora.yaml"
     assert ours["settings"]["activation_checkpointing"] is False and ours["settings"]["packing"] is True
+    assert ours["settings"]["save_strategy"] == "no", "no checkpoint, not even the one transformers saves at the end"
     hf = by_case["lora-ctrain-hf"]["settings"]
     assert hf["engine"] == "hf" and hf["activation_checkpointing"] is True
     # QLoRA quantises with bitsandbytes on a GPU: on a CPU the cases fail alone, saying so.
     assert "needs a GPU" in by_case["qlora-trl"]["error"]
     assert "needs a GPU" in by_case["qlora-ctrain"]["error"]
     assert "lora-trl-best" in result.output
+
+
+def test_export_is_the_bench_problem_as_ctrain_train_reads_it(tmp_path):
+    """``ctrain bench --export``: the chats, read and tokenized by ``ctrain train``'s own code with the
+    exported tokenizer, are exactly the rows the bench trains on; the model is the case's shape."""
+    from transformers import AutoConfig
+
+    from ctrain import resources
+    from ctrain.train.data import _tokenizer_for, load_raw, tokenize_sft_example
+    from ctrain.train.recipe import load_recipe
+
+    target = tmp_path / "problem"
+    args = ["bench", "--device", "cpu", "--tiny", "--cases", "sft8b-ctrain", "--export", str(target)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    overrides = result.output.strip().splitlines()[-1].split()
+    recipe = load_recipe(resources.path("recipes", "llama-3.1-8b-sft.yaml"), overrides)
+    assert recipe.model.path == str(target / "model") and recipe.data.eval_split is None
+    train, held_out = load_raw(recipe)
+    assert held_out is None and train.num_rows == TINY.examples
+    tokenizer = _tokenizer_for(recipe, train)
+    rows = data.labelled(TINY)
+    for i, chat in enumerate(train):
+        got = tokenize_sft_example(chat, tokenizer, "messages", {"messages": "messages"}, True, None)
+        assert got == {"input_ids": rows[i]["input_ids"], "labels": rows[i]["labels"]}, i
+    config = AutoConfig.from_pretrained(recipe.model.path)
+    assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (TINY.hidden, TINY.layers, TINY.vocab)
+    assert str(config.dtype).endswith("bfloat16")
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code != 0 and "is not empty" in again.output

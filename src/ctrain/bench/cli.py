@@ -51,6 +51,13 @@ def _ints(value: str | None) -> list[int] | None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the JSON here instead of OUT/bench.json.",
 )
+@click.option(
+    "--export",
+    "export_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write the first case's problem (chats, tokenizer, a random bf16 model) under this new directory "
+    "for `ctrain train`, print the overrides that use it, and measure nothing.",
+)
 @click.option("--profile", is_flag=True, help="Profile 3 steps of each case after timing (OUT/CASE/).")
 @click.option("--no-attention-check", is_flag=True, hidden=True, help="Skip the varlen attention check (workers).")
 def bench(
@@ -63,6 +70,7 @@ def bench(
     strategies: str,
     out: Path,
     json_path: Path | None,
+    export_dir: Path | None,
     profile: bool,
     no_attention_check: bool,
 ) -> None:
@@ -79,10 +87,19 @@ def bench(
       ctrain bench --cases lora-seeds,lora-trl-best,lora-ctrain,qlora-trl   8B LoRA, one GPU
       ctrain bench --cases sft8b-seeds,sft8b-trl-best,sft8b-ctrain --gpus 4   8B full SFT, FSDP2
       ctrain bench --device cpu --tiny          smoke test
+      ctrain bench --cases sft8b-ctrain --export DIR   the 8B case's inputs for ctrain train
     """
     from ctrain.train import stack
 
     stack.require("bench")
+    if export_dir is not None:
+        from ctrain.bench.export import export
+        from ctrain.bench.suite import case_spec, pick_cases, resolve_device
+
+        case = pick_cases([c for c in cases.split(",") if c][:1])[0]
+        overrides = export(case_spec(case, tiny), export_dir, resolve_device(device))
+        click.echo(" ".join(overrides))
+        return
     from ctrain.bench.suite import bench as run_bench
 
     table = run_bench(

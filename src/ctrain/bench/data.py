@@ -8,6 +8,7 @@ the assistant's tokens and the closing ``</s>`` only (``assistant_masks``), as i
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,12 @@ from ctrain.bench.spec import BenchSpec
 PAD, BOS, EOS, USER, ASSISTANT = 0, 1, 2, 3, 4
 SPECIAL = {"<pad>": PAD, "<s>": BOS, "</s>": EOS, "<user>": USER, "<assistant>": ASSISTANT}
 FIRST_WORD = len(SPECIAL)
+# The chats as text (``chats``) become the examples' exact tokens and loss mask again through this
+# template: the user turn after ``<s> <user>``, the reply and ``</s>`` inside the generation markers.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'user' %}<s><user> {{ m['content'] }} <assistant> "
+    "{% else %}{% generation %}{{ m['content'] }} </s>{% endgeneration %}{% endif %}{% endfor %}"
+)
 
 
 def lengths(spec: BenchSpec) -> np.ndarray:
@@ -83,14 +90,34 @@ def labelled(spec: BenchSpec) -> Any:
     return _rows(ids, offsets, "labels", np.where(mask.astype(bool), ids, -100).astype(np.int32))
 
 
+def chats(spec: BenchSpec) -> Iterator[dict[str, Any]]:
+    """The examples as chat text (``w17`` is token 17), which :data:`CHAT_TEMPLATE` and
+    :func:`tokenizer` turn back into :func:`labelled`'s rows: the problem as ``ctrain train`` reads it."""
+    ids, _, offsets = examples(spec)
+    for start, end in zip(offsets[:-1], offsets[1:]):
+        row = ids[start:end]
+        split = int(np.flatnonzero(row == ASSISTANT)[0])
+        user, reply = row[2:split], row[split + 1 : -1]
+        yield {
+            "messages": [
+                {"role": "user", "content": " ".join(f"w{t}" for t in user)},
+                {"role": "assistant", "content": " ".join(f"w{t}" for t in reply)},
+            ]
+        }
+
+
 def tokenizer(spec: BenchSpec) -> Any:
-    """A word-level tokenizer over the synthetic vocabulary (the trainer needs one for its pad token)."""
-    from tokenizers import Tokenizer, models
+    """A word-level tokenizer over the synthetic vocabulary, with the chats' template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = dict(SPECIAL)
     vocab.update({f"w{i}": i for i in range(FIRST_WORD, spec.vocab)})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    return PreTrainedTokenizerFast(
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(list(SPECIAL))
+    made = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<pad>"
     )
+    made.chat_template = CHAT_TEMPLATE
+    return made

@@ -270,11 +270,10 @@ CASES: dict[str, Case] = {
                full=Full("fsdp", tuned=True, rows=2)),
         _sft8b("sft8b-trl-no-liger", "sft8b-trl-best without Liger's kernels",
                full=Full("fsdp", tuned=True, rows=2, liger=False)),
-        _sft8b("sft8b-ctrain", "recipes/llama-3.1-8b-sft.yaml as ctrain train runs it (FSDP2, fast engine), 4 rows "
-               "per GPU and step (2 micro-batches of 2) instead of the recipe's 32 rows per step",
-               recipe=SFT_8B, rows_per_gpu=4),
+        _sft8b("sft8b-ctrain", "recipes/llama-3.1-8b-sft.yaml as ctrain train runs it (FSDP2, fast engine, 32 rows "
+               "per step in micro-batches of 2 rows per GPU)", recipe=SFT_8B),
         _sft8b("sft8b-ctrain-bf16-reduce", "sft8b-ctrain with the gradients reduce-scattered in bf16",
-               recipe=SFT_8B, overrides=("fast.gradient_reduce=bf16",), rows_per_gpu=4),
+               recipe=SFT_8B, overrides=("fast.gradient_reduce=bf16",)),
         _sft8b("sft8b-ctrain-same-batches", "sft8b-ctrain on sft8b-trl-best's batches and schedule (loss check)",
                recipe=SFT_8B, overrides=SAME_BATCHES, rows_per_gpu=2),
         _sft8b("sft8b-ctrain-same-batches-bf16-reduce", "sft8b-ctrain-same-batches with the gradients "
@@ -477,7 +476,6 @@ def recipe(case: Case, spec: BenchSpec, strategy: str, world: int, max_steps: in
         learning_rate=2e-5,  # TRL's defaults, as the seeds' run has them
         lr_scheduler="linear",
         logging_steps=1 if case.log_every_step else 10,
-        save_steps=max_steps + 1,  # no checkpoint inside the measured run
         resume="never",
         preemption_signals=["SIGUSR1"],  # ctrain train's per-step agreement, timed with the rest
     )
@@ -575,7 +573,6 @@ def shipped_bench_recipe(case: Case, spec: BenchSpec, max_steps: int, world: int
     if case.rows_per_gpu is not None:
         training.global_batch_size = case.rows_per_gpu * world
     training.logging_steps = 1 if case.log_every_step else 10
-    training.save_steps = max_steps + 1  # no checkpoint inside the measured run
     training.eval_steps = None
     training.resume = "never"
     training.preemption_signals = ["SIGUSR1"]
@@ -616,7 +613,7 @@ def four_bit_model(model: Any, directory: Path, attention: str) -> Any:
 _RECORDED_ARGS = (
     "per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "packing", "padding_free", "bf16",
     "optim", "learning_rate", "lr_scheduler_type", "max_grad_norm", "dataloader_num_workers", "logging_steps",
-    "logging_nan_inf_filter", "activation_checkpointing", "fsdp", "fsdp_config", "deepspeed",
+    "logging_nan_inf_filter", "activation_checkpointing", "fsdp", "fsdp_config", "deepspeed", "save_strategy",
 )  # fmt: skip
 
 
@@ -701,6 +698,7 @@ def run_case(
             from ctrain.train.model import add_adapters, load_dtype
             from ctrain.train.model import attention as recipe_attention
             from ctrain.train.recipe import signal_number
+            from transformers.trainer_utils import SaveStrategy
 
             if case.recipe is not None:
                 bench_recipe = shipped_bench_recipe(case, spec, max_steps, world)
@@ -709,6 +707,9 @@ def run_case(
             layout = ctrain_trainer.plan(bench_recipe)
             # Before the model: the arguments start the process group and pick this rank's GPU.
             args = ctrain_trainer.training_arguments(bench_recipe, layout, Path(tmp), [])
+            # No checkpoint: none inside the measured steps, and none at the end, where transformers
+            # saves one (at 8B that is the sharded optimizer state, 96 GB, minutes of writing).
+            args.save_strategy = SaveStrategy.NO
             if case.recipe is not None:
                 attention = recipe_attention(bench_recipe, layout.device_type, layout.precision)
                 model = base_model(spec, args.device, load_dtype(bench_recipe, layout.precision), attention)

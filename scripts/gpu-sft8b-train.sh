@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# recipes/llama-3.1-8b-sft.yaml through `ctrain train` on one GPU host, offline, on the 8B bench
+# case's own problem (`ctrain bench --cases sft8b-ctrain --export`: its chats, its tokenizer, a
+# random bf16 checkpoint of the Llama-3.1-8B shape), as torchrun runs it on a node:
+#
+#   first    the inputs; run A: STEPS steps on all GPUs, uninterrupted (its tokens/s, loss curve,
+#            host memory while it loads the checkpoint); run B: the same to its first preemption
+#            (SIGUSR1 to one worker during step STOP1), a sharded checkpoint
+#   second   run B resumed on half the GPUs (the checkpoint written by all of them) to a second
+#            preemption at step STOP2, then resumed on all of them to the end; B's losses against A's
+#
+#   scripts/gpu-sft8b-train.sh OUT first|second [OVERRIDES...]
+#
+# OUT gets each run's log, metrics.jsonl and host-memory peaks, and results.txt. The inputs and the
+# checkpoints (about 100 GB at 8B) live in WORK (default .gpu/sft8b-train, ignored by git, kept by a
+# GPU machine between calls), so `second` needs the machine `first` ran on. Settings (environment):
+# GPUS (default: every GPU), STEPS (10), STOP1 (4), STOP2 (7), TINY=1 (the bench's tiny problem,
+# for a rehearsal on CPU: give the CPU's overrides, e.g. training.fsdp=false), WHEELS (gpu-site.sh).
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out=$(realpath -m "$1")
+phase=$2
+shift 2
+extra=("$@")
+work=$(realpath -m "${WORK:-$repo/.gpu/sft8b-train}")
+steps=${STEPS:-10}
+stop1=${STOP1:-4}
+stop2=${STOP2:-7}
+recipe=$repo/recipes/llama-3.1-8b-sft.yaml
+mkdir -p "$out" "$work"
+exec > >(tee -a "$out/train.log") 2>&1
+. "$repo/scripts/gpu-site.sh"
+gpu_site "$work/site"
+export TORCHINDUCTOR_CACHE_DIR=$work/inductor HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+gpus=${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
+((gpus > 0)) || { echo "no GPUs: set GPUS (and TINY=1 with CPU overrides) for a rehearsal"; exit 1; }
+start=$SECONDS
+say() { printf '[%4ds] %s\n' "$((SECONDS - start))" "$*"; }
+result() { printf '%-10s | %s\n' "$1" "$2" | tee -a "$out/results.txt"; }
+
+# The overrides every run shares: the exported problem, STEPS steps, every step logged, no
+# periodic checkpoint (the end's and a preemption's only), one complete checkpoint kept.
+common() {
+    cat "$work/inputs.overrides"
+    printf '%s\n' "training.max_steps=$steps" training.logging_steps=1 training.save_steps=100000 \
+        training.save_total_limit=1 logging.report_to=[] "${extra[@]}"
+}
+
+# train NAME DIR NPROC [STOP_AT]: one `ctrain train` under torchrun, its host memory sampled; with
+# STOP_AT, SIGUSR1 to one worker once step STOP_AT-1 is logged (the run checkpoints and stops).
+train() {
+    local name=$1 dir=$2 nproc=$3 stop_at=${4:-} launcher sampler worker rc=0 visible seen
+    visible=$(seq -s, 0 $((nproc - 1)))
+    mapfile -t overrides < <(common)
+    seen=$(cat "$dir/metrics.jsonl" 2>/dev/null | wc -l) # a resumed run appends to its predecessors' metrics
+    say "$name: $nproc process(es) over $dir${stop_at:+, preempted during step $stop_at}"
+    CUDA_VISIBLE_DEVICES=$visible SLURM_RESTART_COUNT=${RESTARTS:-0} "$py" -m torch.distributed.run --standalone \
+        --nproc_per_node="$nproc" -m ctrain train "$recipe" "${overrides[@]}" training.output_dir="$dir" \
+        >"$out/$name.log" 2>&1 &
+    launcher=$!
+    "$py" "$repo/scripts/host-memory.py" "$launcher" "$out/$name.memory.json" 0.5 &
+    sampler=$!
+    if [[ -n $stop_at ]]; then
+        until tail -n "+$((seen + 1))" "$dir/metrics.jsonl" 2>/dev/null | grep -q "\"step\": $((stop_at - 1)),"; do
+            kill -0 "$launcher" 2>/dev/null || break
+            sleep 0.2
+        done
+        worker=$(pgrep -P "$launcher" | tail -n 1)
+        [[ -n $worker ]] && kill -USR1 "$worker" && say "$name: SIGUSR1 to worker $worker"
+    fi
+    wait "$launcher" || rc=$?
+    wait "$sampler"
+    cp "$dir/metrics.jsonl" "$out/$name.metrics.jsonl" 2>/dev/null
+    say "$name: exit $rc; $(grep -E 'resuming from|preemption|stopped at|final model' "$out/$name.log" | tail -n 3 | tr '\n' ' ')"
+    [[ -e $dir/ctrain-preempted.json ]] && say "$name: preempted: $(tr -d '\n ' <"$dir/ctrain-preempted.json")"
+    say "$name: host memory: $(cat "$out/$name.memory.json" 2>/dev/null)"
+    return $rc
+}
+
+# rate NAME FROM: tokens/s (all GPUs) over the steps after FROM of a run's metrics, and per GPU.
+rate() {
+    "$py" - "$out/$1.metrics.jsonl" "$2" "$3" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+after, gpus = int(sys.argv[2]), int(sys.argv[3])
+r = [x["throughput/tokens_per_second"] for x in rows if x["step"] > after and "throughput/tokens_per_second" in x]
+mfu = [x["throughput/mfu"] for x in rows if x["step"] > after and "throughput/mfu" in x]
+if r:
+    mean = sum(r) / len(r)
+    print(f"{mean:,.0f} tokens/s, {mean / gpus:,.0f} per GPU over steps {after + 1}-{rows[-1]['step']}"
+          + (f", logged MFU {100 * sum(mfu) / len(mfu):.1f}%" if mfu else ""))
+else:
+    print("no throughput logged")
+PY
+}
+
+first() {
+    if [[ ! -e $work/inputs.overrides ]]; then
+        say "exporting the sft8b-ctrain case's problem to $work/inputs"
+        rm -rf "$work/inputs"
+        "$py" -m ctrain bench --cases sft8b-ctrain ${TINY:+--tiny} --export "$work/inputs" \
+            | tail -n 1 | tr ' ' '\n' >"$work/inputs.overrides.new" || return 1
+        mv "$work/inputs.overrides.new" "$work/inputs.overrides"
+        du -sh "$work/inputs"/*
+    fi
+    mapfile -t overrides < <(common)
+    say "ctrain prepare"
+    "$py" -m ctrain prepare "$recipe" "${overrides[@]}" training.output_dir="$work/a" >"$out/prepare.log" 2>&1 ||
+        { tail -n 20 "$out/prepare.log"; return 1; }
+    tail -n 2 "$out/prepare.log"
+    rm -rf "$work/b"
+    mkdir -p "$work/b"
+    cp -r "$work/a/prepared" "$work/b/prepared"
+    train a "$work/a" "$gpus" || return 1
+    result a "uninterrupted, $gpus GPU(s): $(rate a 3 "$gpus")"
+    result a.memory "$(cat "$out/a.memory.json")"
+    du -sh "$work/a"/checkpoint-* "$work/a/final" 2>/dev/null | tee -a "$out/results.txt"
+    rm -rf "$work/a"/checkpoint-* "$work/a/final" # the disk holds about two 8B checkpoints at once
+    RESTARTS=0 train b1 "$work/b" "$gpus" "$stop1"
+    [[ -e $work/b/ctrain-preempted.json ]] || { result b1 "FAILED: not preempted"; return 1; }
+    result b1 "preempted: $(tr -d '\n ' <"$work/b/ctrain-preempted.json")"
+    du -sh "$work/b"/checkpoint-* | tee -a "$out/results.txt"
+}
+
+second() {
+    local half=$((gpus > 1 ? gpus / 2 : 1))
+    [[ -e $work/b/ctrain-preempted.json ]] || { echo "no preempted run in $work/b: run 'first' on this machine"; return 1; }
+    RESTARTS=1 train b2 "$work/b" "$half" "$stop2"
+    [[ -e $work/b/ctrain-preempted.json ]] || { result b2 "FAILED: not preempted"; return 1; }
+    result b2 "resumed on $half GPU(s), preempted again: $(tr -d '\n ' <"$work/b/ctrain-preempted.json")"
+    result b2.memory "$(cat "$out/b2.memory.json")"
+    RESTARTS=2 train b3 "$work/b" "$gpus" || return 1
+    result b3 "resumed on $gpus GPU(s) to the end: $(grep -c . "$out/b3.metrics.jsonl") metrics lines"
+    ls "$work/b/final" | tee -a "$out/results.txt"
+    "$py" - "$out" <<'PY' | tee -a "$out/results.txt"
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+def losses(name):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(out / f"{name}.metrics.jsonl")) if "loss" in r}
+a = losses("a")
+b = {}
+for run in ("b1", "b2", "b3"):  # metrics.jsonl is one file across the resumed runs: the last value of a step wins
+    b.update(losses(run))
+worst = 0.0
+for step in sorted(a):
+    d = b.get(step, float("nan")) - a[step]
+    worst = max(worst, abs(d))
+    print(f"step {step:3d}  uninterrupted {a[step]:.4f}  preempted twice {b.get(step, float('nan')):.4f}  diff {d:+.4f}")
+print(f"largest loss difference: {worst:.4f}")
+PY
+}
+
+case $phase in
+    first | second) "$phase" ;;
+    *) echo "usage: scripts/gpu-sft8b-train.sh OUT first|second [OVERRIDES...]"; exit 2 ;;
+esac
+rc=$?
+say "$phase: exit $rc"
+exit $rc
