@@ -3,23 +3,24 @@
 # case's own problem (`ctrain bench --cases sft8b-ctrain --export`: its chats, its tokenizer, a
 # random bf16 checkpoint of the Llama-3.1-8B shape), as torchrun runs it on a node:
 #
-#   first    the inputs; run A: STEPS steps on all GPUs, uninterrupted (its tokens/s, loss curve,
-#            host memory while it loads the checkpoint); run B: the same to its first preemption
-#            (SIGUSR1 to one worker during step STOP1), a sharded checkpoint
-#   second   run B resumed on half the GPUs (the checkpoint written by all of them) to a second
-#            preemption at step STOP2, then resumed on all of them to the end; B's losses against A's
+#   inputs   the exported problem and `ctrain prepare` of it
+#   a        run A: STEPS steps on all GPUs, uninterrupted (tokens/s, loss curve, host memory)
+#   b1       run B: the same until SIGUSR1 to one worker during step STOP1 (a sharded checkpoint)
+#   b2       run B resumed on half the GPUs (the checkpoint all of them wrote), preempted at STOP2
+#   b3       run B resumed on all the GPUs to the end
+#   compare  B's losses (whichever of b1-b3 ran) against A's, step by step
 #
-#   scripts/gpu-sft8b-train.sh OUT first|second [OVERRIDES...]
+#   scripts/gpu-sft8b-train.sh OUT PHASE[,PHASE...] [OVERRIDES...]     e.g. OUT inputs,a,b1,b2,b3,compare
 #
 # OUT gets each run's log, metrics.jsonl and host-memory peaks, and results.txt. The inputs and the
 # checkpoints (about 100 GB at 8B) live in WORK (default .gpu/sft8b-train, ignored by git, kept by a
-# GPU machine between calls), so `second` needs the machine `first` ran on. Settings (environment):
+# GPU machine between calls), so b2 and b3 need the machine b1 ran on. Settings (environment):
 # GPUS (default: every GPU), STEPS (10), STOP1 (4), STOP2 (7), TINY=1 (the bench's tiny problem,
 # for a rehearsal on CPU: give the CPU's overrides, e.g. training.fsdp=false), WHEELS (gpu-site.sh).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=$(realpath -m "$1")
-phase=$2
+phases=$2
 shift 2
 extra=("$@")
 work=$(realpath -m "${WORK:-$repo/.gpu/sft8b-train}")
@@ -95,7 +96,7 @@ else:
 PY
 }
 
-first() {
+inputs() {
     if [[ ! -e $work/inputs.overrides ]]; then
         say "exporting the sft8b-ctrain case's problem to $work/inputs"
         rm -rf "$work/inputs"
@@ -112,27 +113,41 @@ first() {
     rm -rf "$work/b"
     mkdir -p "$work/b"
     cp -r "$work/a/prepared" "$work/b/prepared"
+}
+
+a() {
     train a "$work/a" "$gpus" || return 1
     result a "uninterrupted, $gpus GPU(s): $(rate a 3 "$gpus")"
     result a.memory "$(cat "$out/a.memory.json")"
     du -sh "$work/a"/checkpoint-* "$work/a/final" 2>/dev/null | tee -a "$out/results.txt"
     rm -rf "$work/a"/checkpoint-* "$work/a/final" # the disk holds about two 8B checkpoints at once
+}
+
+b1() {
     RESTARTS=0 train b1 "$work/b" "$gpus" "$stop1"
     [[ -e $work/b/ctrain-preempted.json ]] || { result b1 "FAILED: not preempted"; return 1; }
     result b1 "preempted: $(tr -d '\n ' <"$work/b/ctrain-preempted.json")"
+    result b1.memory "$(cat "$out/b1.memory.json")"
     du -sh "$work/b"/checkpoint-* | tee -a "$out/results.txt"
 }
 
-second() {
+b2() {
     local half=$((gpus > 1 ? gpus / 2 : 1))
-    [[ -e $work/b/ctrain-preempted.json ]] || { echo "no preempted run in $work/b: run 'first' on this machine"; return 1; }
+    [[ -e $work/b/ctrain-preempted.json ]] || { echo "no preempted run in $work/b: run b1 on this machine"; return 1; }
     RESTARTS=1 train b2 "$work/b" "$half" "$stop2"
     [[ -e $work/b/ctrain-preempted.json ]] || { result b2 "FAILED: not preempted"; return 1; }
     result b2 "resumed on $half GPU(s), preempted again: $(tr -d '\n ' <"$work/b/ctrain-preempted.json")"
     result b2.memory "$(cat "$out/b2.memory.json")"
+}
+
+b3() {
     RESTARTS=2 train b3 "$work/b" "$gpus" || return 1
-    result b3 "resumed on $gpus GPU(s) to the end: $(grep -c . "$out/b3.metrics.jsonl") metrics lines"
+    result b3 "resumed on $gpus GPU(s) to the end"
     ls "$work/b/final" | tee -a "$out/results.txt"
+}
+
+# compare: B's losses (b1, b2, b3: whichever ran) against A's, step by step.
+compare() {
     "$py" - "$out" <<'PY' | tee -a "$out/results.txt"
 import json, sys
 from pathlib import Path
@@ -142,20 +157,24 @@ def losses(name):
 a = losses("a")
 b = {}
 for run in ("b1", "b2", "b3"):  # metrics.jsonl is one file across the resumed runs: the last value of a step wins
-    b.update(losses(run))
+    if (out / f"{run}.metrics.jsonl").exists():
+        b.update(losses(run))
 worst = 0.0
 for step in sorted(a):
-    d = b.get(step, float("nan")) - a[step]
+    if step not in b:
+        continue
+    d = b[step] - a[step]
     worst = max(worst, abs(d))
     print(f"step {step:3d}  uninterrupted {a[step]:.4f}  preempted twice {b.get(step, float('nan')):.4f}  diff {d:+.4f}")
 print(f"largest loss difference: {worst:.4f}")
 PY
 }
 
-case $phase in
-    first | second) "$phase" ;;
-    *) echo "usage: scripts/gpu-sft8b-train.sh OUT first|second [OVERRIDES...]"; exit 2 ;;
-esac
-rc=$?
-say "$phase: exit $rc"
+rc=0
+for phase in ${phases//,/ }; do
+    case $phase in
+        inputs | a | b1 | b2 | b3 | compare) "$phase" || { rc=$?; say "$phase: exit $rc"; break; } ;;
+        *) echo "unknown phase $phase; phases: inputs, a, b1, b2, b3, compare"; exit 2 ;;
+    esac
+done
 exit $rc

@@ -2,14 +2,14 @@
 """Peak host memory of a process tree, the node's view: every SECONDS the resident and proportional
 set sizes (RSS, PSS from /proc/PID/smaps_rollup) of PID and all its descendants are summed; PSS
 counts a page shared by N processes (a checkpoint file mapped by every rank) once in all, RSS in
-each. Runs until PID ends, then writes one JSON object to OUT.
+each. Runs until PID ends, then writes one JSON object to OUT: the peaks, and the sums over time
+(every 2 s at most) so a run's phases (loading, training, saving) can be told apart.
   scripts/host-memory.py PID OUT [SECONDS]
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
@@ -48,6 +48,15 @@ def sizes(pid: int) -> tuple[int, int]:
     return rss, pss
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, ended but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def main() -> None:
     pid, out = int(sys.argv[1]), sys.argv[2]
     every = float(sys.argv[3]) if len(sys.argv) > 3 else 0.5
@@ -55,15 +64,19 @@ def main() -> None:
     per_process: dict[int, int] = {}
     start = time.monotonic()
     at = 0.0
-    while os.path.exists(f"/proc/{pid}"):
+    series: list[tuple[float, float, float]] = []
+    while alive(pid):
         rss_sum = pss_sum = 0
         pids = tree(pid)
         for p in pids:
             rss, pss = sizes(p)
             rss_sum, pss_sum = rss_sum + rss, pss_sum + pss
             per_process[p] = max(per_process.get(p, 0), rss)
+        now = time.monotonic() - start
         if pss_sum > peak["pss_sum"]:
-            at = time.monotonic() - start
+            at = now
+        if not series or now - series[-1][0] >= 2.0:
+            series.append((round(now, 1), round(rss_sum / GIB, 2), round(pss_sum / GIB, 2)))
         peak = {"rss_sum": max(peak["rss_sum"], rss_sum), "pss_sum": max(peak["pss_sum"], pss_sum),
                 "processes": max(peak["processes"], len(pids))}  # fmt: skip
         time.sleep(every)
@@ -75,6 +88,7 @@ def main() -> None:
         "processes": peak["processes"],
         "seconds": round(time.monotonic() - start, 1),
         "interval_s": every,
+        "series_s_rss_pss_gib": series,
     }
     with open(out, "w") as handle:
         json.dump(report, handle)

@@ -1,0 +1,29 @@
+"""scripts/host-memory.py, which the GPU scripts use for a node's peak host memory: it finds a
+process tree's children and counts memory they touch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "host-memory.py"
+# A parent whose child holds 300 MiB of touched memory for a second, then both end.
+TREE = (
+    "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+    "'import time; b = bytearray(300 * 2**20); time.sleep(1.5)'])"
+)
+
+
+def test_the_peak_counts_a_childs_memory(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", TREE])
+    out = tmp_path / "memory.json"
+    subprocess.run([sys.executable, str(SCRIPT), str(parent.pid), str(out), "0.1"], check=True, timeout=60)
+    parent.wait(timeout=30)
+    report = json.loads(out.read_text())
+    assert report["processes"] >= 2, report
+    assert 0.29 <= report["largest_process_rss_gib"] < 1.0, report
+    assert report["peak_rss_sum_gib"] >= report["largest_process_rss_gib"] >= 0.29
+    assert 0.29 <= report["peak_pss_sum_gib"] <= report["peak_rss_sum_gib"]
+    assert report["series_s_rss_pss_gib"] and report["series_s_rss_pss_gib"][0][0] == 0.0
