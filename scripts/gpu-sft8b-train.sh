@@ -54,7 +54,7 @@ train() {
     local name=$1 dir=$2 nproc=$3 stop_at=${4:-} launcher sampler worker rc=0 visible seen
     visible=$(seq -s, 0 $((nproc - 1)))
     mapfile -t overrides < <(common)
-    seen=$(cat "$dir/metrics.jsonl" 2>/dev/null | wc -l) # a resumed run appends to its predecessors' metrics
+    seen=$(wc -l 2>/dev/null <"$dir/metrics.jsonl" || echo 0) # a resumed run appends to its predecessors' metrics
     say "$name: $nproc process(es) over $dir${stop_at:+, preempted during step $stop_at}"
     CUDA_VISIBLE_DEVICES=$visible SLURM_RESTART_COUNT=${RESTARTS:-0} "$py" -m torch.distributed.run --standalone \
         --nproc_per_node="$nproc" -m ctrain train "$recipe" "${overrides[@]}" training.output_dir="$dir" \
@@ -165,7 +165,7 @@ for step in sorted(a):
         continue
     d = b[step] - a[step]
     worst = max(worst, abs(d))
-    print(f"step {step:3d}  uninterrupted {a[step]:.4f}  preempted twice {b.get(step, float('nan')):.4f}  diff {d:+.4f}")
+    print(f"step {step:3d}  uninterrupted {a[step]:.4f}  preempted and resumed {b[step]:.4f}  diff {d:+.4f}")
 print(f"largest loss difference: {worst:.4f}")
 PY
 }

@@ -1,6 +1,7 @@
 # Sourced by the GPU scripts: the training stack's wheels the machine lacks, installed beside its
 # Python (never into it) from WHEELS (default .gpu/bundle/wheels and .gpu/bundle/bench-wheels, which
-# scripts/gpu-bundle.sh gathers); sets py, and PYTHONPATH to ctrain's sources and that site.
+# scripts/gpu-bundle.sh gathers); reads the caller's repo (the checkout), sets py, and PYTHONPATH to
+# ctrain's sources and that site.
 #   gpu_site SITE
 gpu_site() {
     local site=$1 wheels

@@ -90,8 +90,13 @@ def labelled(spec: BenchSpec) -> Any:
     return _rows(ids, offsets, "labels", np.where(mask.astype(bool), ids, -100).astype(np.int32))
 
 
+def word(token: int) -> str:
+    """The text of a synthetic word token, as the tokenizer's vocabulary and the chats spell it."""
+    return f"w{token}"
+
+
 def chats(spec: BenchSpec) -> Iterator[dict[str, Any]]:
-    """The examples as chat text (``w17`` is token 17), which :data:`CHAT_TEMPLATE` and
+    """The examples as chat text (:func:`word`: ``w17`` is token 17), which :data:`CHAT_TEMPLATE` and
     :func:`tokenizer` turn back into :func:`labelled`'s rows: the problem as ``ctrain train`` reads it."""
     ids, _, offsets = examples(spec)
     for start, end in zip(offsets[:-1], offsets[1:]):
@@ -100,8 +105,8 @@ def chats(spec: BenchSpec) -> Iterator[dict[str, Any]]:
         user, reply = row[2:split], row[split + 1 : -1]
         yield {
             "messages": [
-                {"role": "user", "content": " ".join(f"w{t}" for t in user)},
-                {"role": "assistant", "content": " ".join(f"w{t}" for t in reply)},
+                {"role": "user", "content": " ".join(map(word, user))},
+                {"role": "assistant", "content": " ".join(map(word, reply))},
             ]
         }
 
@@ -112,7 +117,7 @@ def tokenizer(spec: BenchSpec) -> Any:
     from transformers import PreTrainedTokenizerFast
 
     vocab = dict(SPECIAL)
-    vocab.update({f"w{i}": i for i in range(FIRST_WORD, spec.vocab)})
+    vocab.update({word(i): i for i in range(FIRST_WORD, spec.vocab)})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens(list(SPECIAL))
