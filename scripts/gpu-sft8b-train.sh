@@ -4,6 +4,10 @@
 # random bf16 checkpoint of the Llama-3.1-8B shape), as torchrun runs it on a node:
 #
 #   inputs   the exported problem and `ctrain prepare` of it
+#   load     the model's load alone (scripts/load-memory.py) with 1 process, then one per GPU: the
+#            host memory a node spends on it per rank, and each GPU's peak
+#   peak     `ctrain train` on all GPUs killed once step STOP1 is logged: each rank's GPU peak from
+#            its start (the load, the sharding, compilation, the first steps), no checkpoint
 #   a        run A: STEPS steps on all GPUs, uninterrupted (tokens/s, loss curve, host memory)
 #   b1       run B: the same until SIGUSR1 to one worker during step STOP1 (a sharded checkpoint)
 #   b2       run B resumed on half the GPUs (the checkpoint all of them wrote), preempted at STOP2
@@ -48,14 +52,15 @@ common() {
         training.save_total_limit=1 logging.report_to=[] "${extra[@]}"
 }
 
-# train NAME DIR NPROC [STOP_AT]: one `ctrain train` under torchrun, its host memory sampled; with
-# STOP_AT, SIGUSR1 to one worker once step STOP_AT-1 is logged (the run checkpoints and stops).
+# train NAME DIR NPROC [STOP_AT [KILL]]: one `ctrain train` under torchrun, its host memory sampled;
+# with STOP_AT, SIGUSR1 to one worker once step STOP_AT-1 is logged (the run checkpoints and stops),
+# or with KILL, SIGKILL to every process of the run (nothing is saved).
 train() {
-    local name=$1 dir=$2 nproc=$3 stop_at=${4:-} launcher sampler worker rc=0 visible seen
+    local name=$1 dir=$2 nproc=$3 stop_at=${4:-} how=${5:-USR1} launcher sampler worker rc=0 visible seen
     visible=$(seq -s, 0 $((nproc - 1)))
     mapfile -t overrides < <(common)
     seen=$(wc -l 2>/dev/null <"$dir/metrics.jsonl" || echo 0) # a resumed run appends to its predecessors' metrics
-    say "$name: $nproc process(es) over $dir${stop_at:+, preempted during step $stop_at}"
+    say "$name: $nproc process(es) over $dir${stop_at:+, SIG$how during step $stop_at}"
     CUDA_VISIBLE_DEVICES=$visible SLURM_RESTART_COUNT=${RESTARTS:-0} "$py" -m torch.distributed.run --standalone \
         --nproc_per_node="$nproc" -m ctrain train "$recipe" "${overrides[@]}" training.output_dir="$dir" \
         >"$out/$name.log" 2>&1 &
@@ -67,15 +72,20 @@ train() {
             kill -0 "$launcher" 2>/dev/null || break
             sleep 0.2
         done
-        worker=$(pgrep -P "$launcher" | tail -n 1)
-        [[ -n $worker ]] && kill -USR1 "$worker" && say "$name: SIGUSR1 to worker $worker"
+        if [[ $how == KILL ]]; then
+            pkill -KILL -P "$launcher"
+            kill -KILL "$launcher" && say "$name: SIGKILL to the run"
+        else
+            worker=$(pgrep -P "$launcher" | tail -n 1)
+            [[ -n $worker ]] && kill -USR1 "$worker" && say "$name: SIGUSR1 to worker $worker"
+        fi
     fi
     wait "$launcher" || rc=$?
     wait "$sampler"
     cp "$dir/metrics.jsonl" "$out/$name.metrics.jsonl" 2>/dev/null
     say "$name: exit $rc; $(grep -E 'resuming from|preemption|stopped at|final model' "$out/$name.log" | tail -n 3 | tr '\n' ' ')"
     [[ -e $dir/ctrain-preempted.json ]] && say "$name: preempted: $(tr -d '\n ' <"$dir/ctrain-preempted.json")"
-    say "$name: host memory: $(cat "$out/$name.memory.json" 2>/dev/null)"
+    say "$name: host memory: $(peaks "$out/$name.memory.json" 2>/dev/null)"
     return $rc
 }
 
@@ -110,15 +120,46 @@ inputs() {
     "$py" -m ctrain prepare "$recipe" "${overrides[@]}" training.output_dir="$work/a" >"$out/prepare.log" 2>&1 ||
         { tail -n 20 "$out/prepare.log"; return 1; }
     tail -n 2 "$out/prepare.log"
-    rm -rf "$work/b"
-    mkdir -p "$work/b"
-    cp -r "$work/a/prepared" "$work/b/prepared"
+    for run in b peak; do
+        rm -rf "${work:?}/$run"
+        mkdir -p "$work/$run"
+        cp -r "$work/a/prepared" "$work/$run/prepared"
+    done
+}
+
+# peaks FILE: host-memory.py's peaks, without its series.
+peaks() {
+    "$py" -c 'import json, sys; r = json.load(open(sys.argv[1])); print({k: v for k, v in r.items() if not k.startswith("series")})' "$1"
+}
+
+load() {
+    local n launcher sampler
+    mapfile -t overrides < <(common)
+    for n in $( ((gpus > 1)) && echo 1 "$gpus" || echo 1); do
+        say "load: $n process(es)"
+        CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) "$py" -m torch.distributed.run --standalone --nproc_per_node="$n" \
+            "$repo/scripts/load-memory.py" "$recipe" "${overrides[@]}" training.output_dir="$work/a" >"$out/load$n.log" 2>&1 &
+        launcher=$!
+        "$py" "$repo/scripts/host-memory.py" "$launcher" "$out/load$n.memory.json" 0.2 &
+        sampler=$!
+        wait "$launcher" || { tail -n 20 "$out/load$n.log"; return 1; }
+        wait "$sampler"
+        grep '^{' "$out/load$n.log" | while read -r line; do result "load$n" "$line"; done
+        result "load$n.node" "$(peaks "$out/load$n.memory.json")"
+    done
+}
+
+peak() {
+    train peak "$work/peak" "$gpus" $((stop1 + 1)) KILL
+    grep -E 'step [0-9]+ memory' "$out/peak.log" | tail -n "$gpus" | while read -r line; do result peak "$line"; done
+    result peak.rate "$(rate peak 1 "$gpus")"
+    result peak.node "$(peaks "$out/peak.memory.json")"
 }
 
 a() {
     train a "$work/a" "$gpus" || return 1
     result a "uninterrupted, $gpus GPU(s): $(rate a 3 "$gpus")"
-    result a.memory "$(cat "$out/a.memory.json")"
+    result a.memory "$(peaks "$out/a.memory.json")"
     du -sh "$work/a"/checkpoint-* "$work/a/final" 2>/dev/null | tee -a "$out/results.txt"
     rm -rf "$work/a"/checkpoint-* "$work/a/final" # the disk holds about two 8B checkpoints at once
 }
@@ -127,7 +168,7 @@ b1() {
     RESTARTS=0 train b1 "$work/b" "$gpus" "$stop1"
     [[ -e $work/b/ctrain-preempted.json ]] || { result b1 "FAILED: not preempted"; return 1; }
     result b1 "preempted: $(tr -d '\n ' <"$work/b/ctrain-preempted.json")"
-    result b1.memory "$(cat "$out/b1.memory.json")"
+    result b1.memory "$(peaks "$out/b1.memory.json")"
     du -sh "$work/b"/checkpoint-* | tee -a "$out/results.txt"
 }
 
@@ -137,7 +178,7 @@ b2() {
     RESTARTS=1 train b2 "$work/b" "$half" "$stop2"
     [[ -e $work/b/ctrain-preempted.json ]] || { result b2 "FAILED: not preempted"; return 1; }
     result b2 "resumed on $half GPU(s), preempted again: $(tr -d '\n ' <"$work/b/ctrain-preempted.json")"
-    result b2.memory "$(cat "$out/b2.memory.json")"
+    result b2.memory "$(peaks "$out/b2.memory.json")"
 }
 
 b3() {
@@ -173,8 +214,8 @@ PY
 rc=0
 for phase in ${phases//,/ }; do
     case $phase in
-        inputs | a | b1 | b2 | b3 | compare) "$phase" || { rc=$?; say "$phase: exit $rc"; break; } ;;
-        *) echo "unknown phase $phase; phases: inputs, a, b1, b2, b3, compare"; exit 2 ;;
+        inputs | load | peak | a | b1 | b2 | b3 | compare) "$phase" || { rc=$?; say "$phase: exit $rc"; break; } ;;
+        *) echo "unknown phase $phase; phases: inputs, load, peak, a, b1, b2, b3, compare"; exit 2 ;;
     esac
 done
 exit $rc

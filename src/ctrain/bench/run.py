@@ -667,7 +667,11 @@ def run_case(
             if case.full is not None:
                 settings: dict[str, Any] = full_args(case, spec, device, max_steps, tmp)
                 attention = best_attention(device) if case.full.tuned else "sdpa"
-                model = base_model(spec, device, torch.bfloat16, attention)
+                # FSDP keeps float32 masters: made in float32, as the recipe cases' are, so both start
+                # from the same weights (made in bf16 and upcast, the masters would sit on the bf16
+                # grid, where Adam's first small updates round away). DeepSpeed wants the bf16 model.
+                made = torch.float32 if case.full.sharding == "fsdp" else torch.bfloat16
+                model = base_model(spec, device, made, attention)
             elif case.lora is None:
                 settings = seeds_args(spec, device, max_steps, tmp)
                 torch.manual_seed(spec.seed)
@@ -689,6 +693,8 @@ def run_case(
             )
             if case.full is not None or case.lora is not None:
                 settings["attn_implementation"] = attention
+            if case.full is not None:
+                settings["weights_made_in"] = str(made).removeprefix("torch.")
             if case.lora is not None:
                 settings["peft"] = _peft_settings(trainer.model, four_bit=case.lora.four_bit)
         else:
@@ -712,7 +718,8 @@ def run_case(
             args.save_strategy = SaveStrategy.NO
             if case.recipe is not None:
                 attention = recipe_attention(bench_recipe, layout.device_type, layout.precision)
-                model = base_model(spec, args.device, load_dtype(bench_recipe, layout.precision), attention)
+                made = load_dtype(bench_recipe, layout.precision)
+                model = base_model(spec, args.device, made, attention)
                 if bench_recipe.peft.method == "qlora":
                     model = four_bit_model(model, Path(tmp) / "base", attention)
                 if bench_recipe.peft.enabled:
@@ -736,6 +743,7 @@ def run_case(
                 settings["recipe"] = case.recipe
                 settings["peft"] = vars(bench_recipe.peft)
                 settings["attn_implementation"] = model.config._attn_implementation
+                settings["weights_made_in"] = str(made).removeprefix("torch.")
         start = time.perf_counter()
         try:
             trainer.train()

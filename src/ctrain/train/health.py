@@ -413,6 +413,10 @@ def rank_checks(level_name: str, device: Any, log: Any, nccl_logs: bool = False)
         transports = {"paths": [], "network": None}
     summary["transports"] = transports
     summary["warnings"] = network_warnings(transports, nodes, bus, fabric(), cuda) if rank == 0 else []
+    if cuda:
+        # The memory probe allocated most of the GPU (MEMORY_SHARE): the peak a training logs
+        # ("GPU allocated ... peak") must be its own, so the probes' is forgotten here.
+        torch.cuda.reset_peak_memory_stats(device)
     summary["seconds"] = round(time.perf_counter() - started, 3)
     if rank == 0:
         _log_summary(log, summary, findings, cuda)

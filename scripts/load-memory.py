@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""The memory of loading a recipe's model the way `ctrain train` loads it under FSDP, and nothing
+else: every rank reads the checkpoint (``ctrain.train.model.build_model``, the weights straight
+onto its own GPU, in the dtype training keeps). Run it under torchrun with 1 process and then with
+one per GPU, with scripts/host-memory.py sampling the tree, to see what of a node's host memory
+grows with its GPU count. Each rank prints one JSON line: its host RSS and anonymous memory after
+the load, its peak RSS, its GPU's peak allocation, the seconds the load took.
+  torchrun --nproc_per_node=N scripts/load-memory.py RECIPE [KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+
+GIB = 2**30
+
+
+def status_kib(field: str) -> int:
+    """A size from /proc/self/status (RssAnon, RssFile, VmRSS), in KiB."""
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def main() -> None:
+    import torch
+    import torch.distributed as dist
+
+    from ctrain.train.model import build_model, load_config
+    from ctrain.train.recipe import load_recipe
+    from ctrain.train.tokenizer import load_tokenizer
+
+    recipe = load_recipe(sys.argv[1], sys.argv[2:])
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    config = load_config(recipe)
+    tokenizer = load_tokenizer(recipe)
+    precision = "bf16" if cuda else "fp32"
+    dist.barrier()
+    start = time.perf_counter()
+    model = build_model(recipe, config, tokenizer, precision, device.type, device)
+    if cuda:
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    report = {
+        "rank": dist.get_rank(),
+        "world": dist.get_world_size(),
+        "load_s": round(seconds, 1),
+        "weights_gib": round(sum(p.numel() * p.element_size() for p in model.parameters()) / GIB, 2),
+        "rss_gib": round(status_kib("VmRSS") / 2**20, 2),
+        "rss_anon_gib": round(status_kib("RssAnon") / 2**20, 2),
+        "rss_file_gib": round(status_kib("RssFile") / 2**20, 2),
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+    }
+    if cuda:
+        report["gpu_peak_allocated_gib"] = round(torch.cuda.max_memory_allocated(device) / GIB, 2)
+    print(json.dumps(report), flush=True)
+    time.sleep(2)  # the sampler's interval: every rank is seen holding what it loaded
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
