@@ -4,8 +4,9 @@
 # random bf16 checkpoint of the Llama-3.1-8B shape), as torchrun runs it on a node:
 #
 #   inputs   the exported problem and `ctrain prepare` of it
-#   load     the model's load alone (scripts/load-memory.py) with 1 process, then one per GPU: the
-#            host memory a node spends on it per rank, and each GPU's peak
+#   load     the model's load alone (scripts/load-memory.py) with 1 process, then one per GPU (or
+#            LOAD_RANKS, e.g. "1 2 4"): the host memory a node spends on it per rank, each GPU's peak;
+#            then the baseline, read into host memory first, with LOAD_HOST_RANKS processes ("1")
 #   peak     `ctrain train` on all GPUs killed once step STOP1 is logged: each rank's GPU peak from
 #            its start (the load, the sharding, compilation, the first steps), no checkpoint
 #   a        run A: STEPS steps on all GPUs, uninterrupted (tokens/s, loss curve, host memory)
@@ -132,20 +133,31 @@ peaks() {
     "$py" -c 'import json, sys; r = json.load(open(sys.argv[1])); print({k: v for k, v in r.items() if not k.startswith("series")})' "$1"
 }
 
-load() {
-    local n launcher sampler
+# load_with NAME NPROC [--via-host]: scripts/load-memory.py under torchrun, its host memory sampled.
+load_with() {
+    local name=$1 n=$2 launcher sampler
+    shift 2
     mapfile -t overrides < <(common)
-    for n in $( ((gpus > 1)) && echo 1 "$gpus" || echo 1); do
-        say "load: $n process(es)"
-        CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) "$py" -m torch.distributed.run --standalone --nproc_per_node="$n" \
-            "$repo/scripts/load-memory.py" "$recipe" "${overrides[@]}" training.output_dir="$work/a" >"$out/load$n.log" 2>&1 &
-        launcher=$!
-        "$py" "$repo/scripts/host-memory.py" "$launcher" "$out/load$n.memory.json" 0.2 &
-        sampler=$!
-        wait "$launcher" || { tail -n 20 "$out/load$n.log"; return 1; }
-        wait "$sampler"
-        grep '^{' "$out/load$n.log" | while read -r line; do result "load$n" "$line"; done
-        result "load$n.node" "$(peaks "$out/load$n.memory.json")"
+    say "$name: $n process(es) $*"
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(((n < gpus ? n : gpus) - 1))) "$py" -m torch.distributed.run --standalone \
+        --nproc_per_node="$n" "$repo/scripts/load-memory.py" "$@" "$recipe" "${overrides[@]}" \
+        training.output_dir="$work/a" >"$out/$name.log" 2>&1 &
+    launcher=$!
+    "$py" "$repo/scripts/host-memory.py" "$launcher" "$out/$name.memory.json" 0.2 &
+    sampler=$!
+    wait "$launcher" || { tail -n 20 "$out/$name.log"; return 1; }
+    wait "$sampler"
+    grep '^{' "$out/$name.log" | while read -r line; do result "$name" "$line"; done
+    result "$name.node" "$(peaks "$out/$name.memory.json")"
+}
+
+load() {
+    local n
+    for n in ${LOAD_RANKS:-$( ((gpus > 1)) && echo 1 "$gpus" || echo 1)}; do
+        load_with "load$n" "$n" || return 1
+    done
+    for n in ${LOAD_HOST_RANKS:-1}; do
+        load_with "loadhost$n" "$n" --via-host || return 1
     done
 }
 

@@ -3,9 +3,12 @@
 else: every rank reads the checkpoint (``ctrain.train.model.build_model``, the weights straight
 onto its own GPU, in the dtype training keeps). Run it under torchrun with 1 process and then with
 one per GPU, with scripts/host-memory.py sampling the tree, to see what of a node's host memory
-grows with its GPU count. Each rank prints one JSON line: its host RSS and anonymous memory after
-the load, its peak RSS, its GPU's peak allocation, the seconds the load took.
-  torchrun --nproc_per_node=N scripts/load-memory.py RECIPE [KEY=VALUE ...]
+grows with its GPU count (more processes than GPUs share them, round robin: a one-GPU machine
+still shows the host side of 4 ranks). Each rank prints one JSON line: its host RSS and anonymous memory after
+the load, its peak RSS, its GPU's peak allocation, the seconds the load took. ``--via-host`` loads
+as ctrain does without FSDP (and as most scripts do): into host memory first, then to the GPU; the
+baseline.
+  torchrun --nproc_per_node=N scripts/load-memory.py [--via-host] RECIPE [KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -36,25 +39,30 @@ def main() -> None:
     from ctrain.train.recipe import load_recipe
     from ctrain.train.tokenizer import load_tokenizer
 
-    recipe = load_recipe(sys.argv[1], sys.argv[2:])
+    args = sys.argv[1:]
+    via_host = args[:1] == ["--via-host"]
+    recipe = load_recipe(args[1] if via_host else args[0], args[2:] if via_host else args[1:])
     local = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    device = torch.device("cuda", local % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo")
+    dist.init_process_group("gloo")  # barriers only, and NCCL refuses two ranks on one GPU
     config = load_config(recipe)
     tokenizer = load_tokenizer(recipe)
     precision = "bf16" if cuda else "fp32"
     dist.barrier()
     start = time.perf_counter()
-    model = build_model(recipe, config, tokenizer, precision, device.type, device)
+    model = build_model(recipe, config, tokenizer, precision, device.type, None if via_host else device)
+    if via_host:
+        model.to(device)
     if cuda:
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     report = {
         "rank": dist.get_rank(),
         "world": dist.get_world_size(),
+        "via": "host" if via_host else "gpu",
         "load_s": round(seconds, 1),
         "weights_gib": round(sum(p.numel() * p.element_size() for p in model.parameters()) / GIB, 2),
         "rss_gib": round(status_kib("VmRSS") / 2**20, 2),
