@@ -232,3 +232,19 @@ def test_export_is_the_bench_problem_as_ctrain_train_reads_it(tmp_path):
     assert str(config.dtype).endswith("bfloat16")
     again = CliRunner().invoke(main, args)
     assert again.exit_code != 0 and "is not empty" in again.output
+
+
+def test_layers_cut_a_cases_model_and_reach_its_workers(tmp_path):
+    from ctrain.bench.run import CASES
+    from ctrain.bench.suite import _worker, case_spec
+
+    case = CASES["sft8b-trl-best"]
+    whole, cut = case_spec(case, False), case_spec(case, False, 8)
+    assert (cut.layers, cut.name, cut.hidden) == (8, f"{whole.name}-8-layers", whole.hidden)
+    assert cut.parameters() < whole.parameters()
+    assert case_spec(case, False, None) == whole
+    args = _worker(case, warmup=1, steps=1, tiny=False, device="cuda", json_path=tmp_path / "r.json",
+                   out=tmp_path, profile=False, layers=8)  # fmt: skip
+    assert args[args.index("--layers") + 1] == "8"
+    assert "--layers" not in _worker(case, warmup=1, steps=1, tiny=False, device="cuda",
+                                     json_path=tmp_path / "r.json", out=tmp_path, profile=False)  # fmt: skip

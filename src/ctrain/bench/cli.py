@@ -28,6 +28,12 @@ def _ints(value: str | None) -> list[int] | None:
 )
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option("--tiny", is_flag=True, help="A tiny model and data set: checks the code in about a minute on a CPU.")
+@click.option(
+    "--layers",
+    type=click.IntRange(min=1),
+    help="Only this many decoder layers of each case's model: the same code on fewer GPUs (a loss check), "
+    "not the model's throughput.",
+)
 @click.option("--warmup", default=8, show_default=True, help="Steps before timing starts (compilation, allocator).")
 @click.option("--steps", default=30, show_default=True, help="Timed steps.")
 @click.option("--gpus", help="Weak-scaling sweep of the cases over GPU counts, e.g. 1,2,4 (torchrun per count).")
@@ -64,6 +70,7 @@ def bench(
     cases: str,
     device: str,
     tiny: bool,
+    layers: int | None,
     warmup: int,
     steps: int,
     gpus: str | None,
@@ -97,7 +104,7 @@ def bench(
         from ctrain.bench.suite import case_spec, pick_cases, resolve_device
 
         case = pick_cases([c for c in cases.split(",") if c][:1])[0]
-        overrides = export(case_spec(case, tiny), export_dir, resolve_device(device))
+        overrides = export(case_spec(case, tiny, layers), export_dir, resolve_device(device))
         click.echo(" ".join(overrides))
         return
     from ctrain.bench.suite import bench as run_bench
@@ -114,6 +121,7 @@ def bench(
         out=out,
         profile=profile,
         attention_check=not no_attention_check,
+        layers=layers,
     )
     if table:
         click.echo(table)

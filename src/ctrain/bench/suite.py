@@ -101,11 +101,15 @@ def compare_losses(
     }
 
 
-def case_spec(case: Case, tiny: bool) -> BenchSpec:
-    """The model shape a case runs on: its own, or the tiny one that checks the code on a CPU."""
+def case_spec(case: Case, tiny: bool, layers: int | None = None) -> BenchSpec:
+    """The model shape a case runs on: its own, or the tiny one that checks the code on a CPU; with
+    ``layers``, that many decoder layers of it (named so: a check that fits fewer GPUs)."""
+    from dataclasses import replace
+
     from ctrain.bench.spec import TINY
 
-    return TINY if tiny else case.spec
+    spec = TINY if tiny else case.spec
+    return replace(spec, name=f"{spec.name}-{layers}-layers", layers=layers) if layers else spec
 
 
 def run_here(
@@ -117,6 +121,7 @@ def run_here(
     steps: int,
     strategy: str,
     profile: Path | None,
+    layers: int | None = None,
 ) -> list[dict[str, Any]]:
     """The cases one after another in this process (one rank of a torchrun, or the only process)."""
     results = []
@@ -124,7 +129,7 @@ def run_here(
         ui.info(f"bench: {case.name}: {case.description}")
         prof = profile / case.name if profile else None
         try:
-            spec = case_spec(case, tiny)
+            spec = case_spec(case, tiny, layers)
             r = run_case(case, spec, device=device, warmup=warmup, steps=steps, strategy=strategy, profile_dir=prof)
         except Exception as exc:  # one failing case must not lose the others' numbers
             if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -149,11 +154,13 @@ def _worker(
     profile: bool,
     strategy: str = "ddp",
     attention_check: bool = False,
+    layers: int | None = None,
 ) -> list[str]:
     """``ctrain bench`` arguments that run ``case`` alone and write its JSON to ``json_path``."""
     args = ["-m", "ctrain", "bench", "--cases", case.name, "--warmup", str(warmup), "--steps", str(steps)]
     args += ["--strategy", strategy, "--json", str(json_path), "--device", device, "--out", str(out)]
     args += (["--tiny"] if tiny else []) + (["--profile"] if profile else [])
+    args += ["--layers", str(layers)] if layers else []
     return args + ([] if attention_check else ["--no-attention-check"])
 
 
@@ -191,6 +198,7 @@ def run_isolated(
     profile: bool,
     extra: dict[str, Any],
     attention_check: bool = True,
+    layers: int | None = None,
 ) -> list[dict[str, Any]]:
     """Each case in a fresh process of its own, one after another (see the module's docstring).
 
@@ -208,7 +216,7 @@ def run_isolated(
             check, attention_check = attention_check, False
             worker = _worker(
                 case, warmup=warmup, steps=steps, tiny=tiny, device=device, json_path=path, out=out,
-                profile=profile, attention_check=check,
+                profile=profile, attention_check=check, layers=layers,
             )  # fmt: skip
             doc = _collect(case, [sys.executable], worker, path, case.name, _one_gpu(device))
             if check and "attention_check" in doc:
@@ -227,6 +235,7 @@ def sweep(
     tiny: bool,
     out: Path,
     profile: bool = False,
+    layers: int | None = None,
 ) -> list[dict[str, Any]]:
     """Weak scaling: one ``torchrun`` (or plain process for 1 GPU) per GPU count, strategy and case."""
     results: list[dict[str, Any]] = []
@@ -249,6 +258,7 @@ def sweep(
                     out=out / label,
                     profile=profile,
                     strategy=strategy,
+                    layers=layers,
                 )
                 doc = _collect(case, launcher, worker, path, f"{label} {case.name}", env)
                 results.extend({"world_size": n, **row} for row in doc["results"])
@@ -329,6 +339,7 @@ def bench(
     out: Path,
     profile: bool,
     attention_check: bool = True,
+    layers: int | None = None,
 ) -> str:
     """Run the benchmark as asked; returns the table, empty on ranks other than 0 (which write no JSON)."""
     chosen = pick_cases(cases)
@@ -339,14 +350,18 @@ def bench(
         raise ConfigError("--steps and --warmup must be at least 1")
     device = resolve_device(device)
     env = environment(device)
-    specs = [case_spec(case, tiny) for case in chosen]
+    if layers is not None and layers < 1:
+        raise ConfigError(f"--layers must be at least 1, got {layers}")
+    specs = [case_spec(case, tiny, layers) for case in chosen]
     extra: dict[str, Any] = {"specs": {spec.name: vars(spec) for spec in specs}}
     if gpus:
         if device != "cuda":
             raise ConfigError("--gpus needs CUDA devices")
         if any(case.fast is None for case in chosen) and any(s != "ddp" for s in strategies):
             raise ConfigError("only the fast-engine cases sweep strategies other than DDP")
-        results = sweep(chosen, gpus, strategies, warmup=warmup, steps=steps, tiny=tiny, out=out, profile=profile)
+        results = sweep(
+            chosen, gpus, strategies, warmup=warmup, steps=steps, tiny=tiny, out=out, profile=profile, layers=layers
+        )
     elif len(chosen) > 1:
         results = run_isolated(
             chosen,
@@ -358,6 +373,7 @@ def bench(
             profile=profile,
             extra=extra,
             attention_check=attention_check,
+            layers=layers,
         )
     else:
         if device == "cuda" and attention_check and int(os.environ.get("RANK", "0")) == 0:
@@ -377,6 +393,7 @@ def bench(
             steps=steps,
             strategy=strategy,
             profile=out if profile else None,
+            layers=layers,
         )
     add_scaling(results)
     losses = next((found for pair in LOSS_PAIRS if (found := compare_losses(results, *pair))), None)
