@@ -162,6 +162,8 @@ load() {
 }
 
 peak() {
+    find "$work/peak" -mindepth 1 -maxdepth 1 ! -name prepared -exec rm -rf {} + # a new run each time
+    rm -f "$out/peak.metrics.jsonl"
     train peak "$work/peak" "$gpus" $((stop1 + 1)) KILL
     grep -E 'step [0-9]+ memory' "$out/peak.log" | tail -n "$gpus" | while read -r line; do result peak "$line"; done
     result peak.rate "$(rate peak 1 "$gpus")"
