@@ -25,13 +25,19 @@
 #             (the library in CTRAIN_GPU_BASELINE_LIB, when that file exists)
 #   compile   torch.compile's caches cold and warm: the 8B LoRA bench case run twice, in new processes
 #             over one TORCHINDUCTOR_CACHE_DIR (bare, no Slurm needed)
+#   sft8b     recipes/llama-3.1-8b-sft.yaml (FSDP2 over all the GPUs of one node, the fast engine)
+#             through `ctrain submit`, on the 8B bench case's exported problem; the job is killed once
+#             step 3 is logged (the 90 GiB checkpoint at a run's end is measured elsewhere). Not in
+#             the default list; use CTRAIN_GPU_NODES=1 so that one node holds every GPU
 #
 #   scripts/gpu-testbed.sh [STAGE...]     (default: all, in the order above; done stages are skipped)
 #
 # Settings (environment): CTRAIN_GPU_BUNDLE (default .gpu/bundle in the repository), CTRAIN_GPU_WORK
 # (default /var/tmp/ctrain-gpu: logs, results, the image's root), CTRAIN_GPU_DEADLINE (seconds this
 # run may take before it skips what is left, default 3000), CTRAIN_GPU_BASELINE_LIB (an earlier
-# sbatch/lib/ctrain.sh for the start stage's baseline), PYTHON (default python3).
+# sbatch/lib/ctrain.sh for the start stage's baseline), CTRAIN_GPU_NODES (the testbed's nodes, default
+# 2; the GPUs are split between them), CTRAIN_GPU_SFT8B_OVERRIDES (more recipe overrides for sft8b,
+# e.g. model.config_overrides.num_hidden_layers=8 where the GPUs cannot hold 8B), PYTHON (default python3).
 # Every stage logs to WORK/logs/STAGE.log and adds a line to WORK/results.txt; the end prints them.
 # NVLink multicast stays off everywhere (NCCL_NVLS_ENABLE=0 and friends, passed into every job).
 set -uo pipefail
@@ -219,7 +225,7 @@ stage_install() {
 
 stage_testbed() {
     set -x
-    ctrain testbed up --nodes 2 || return 1
+    ctrain testbed up --nodes "${CTRAIN_GPU_NODES:-2}" || return 1
     ctrain testbed status
     cat "$state_dir/slurm.conf" "$state_dir/gres.conf" "$state_dir/cgroup.conf" "$state_dir/task-prolog.sh"
     sinfo -N -o '%N %G %c %m %T'
@@ -608,13 +614,54 @@ stage_compile() {
     du -sh "$out"/cache/* | while read -r line; do result compile "size: $line"; done
 }
 
+stage_sft8b() {
+    set -x
+    cd "$project" || return 1
+    local per_node job log state waited=0 overrides
+    per_node=$(sinfo -h -N -o '%G' | head -n 1 | grep -o 'gpu:[0-9]*' | cut -d: -f2)
+    [[ $per_node =~ ^[0-9]+$ ]] || { echo "no GPUs in sinfo"; return 1; }
+    if [[ ! -e sft8b-inputs.overrides ]]; then # relative paths: the job runs in the project directory
+        rm -rf sft8b-inputs
+        "$PY" -m ctrain bench --cases sft8b-ctrain --export sft8b-inputs | tail -n 1 | tr ' ' '\n' \
+            >sft8b-inputs.overrides.new || return 1
+        mv sft8b-inputs.overrides.new sft8b-inputs.overrides
+    fi
+    mapfile -t overrides <sft8b-inputs.overrides
+    # shellcheck disable=SC2086 # the extra overrides are words
+    ctrain submit --nodes 1 --gpus-per-node "$per_node" --job-name sft8b --write-script logs/sft8b.sbatch \
+        recipes/llama-3.1-8b-sft.yaml "${overrides[@]}" training.max_steps=20 training.logging_steps=1 \
+        'logging.report_to=[]' ${CTRAIN_GPU_SFT8B_OVERRIDES:-} || return 1
+    chown -R "$(job_user):" "$project"
+    job=$(submit logs/sft8b.sbatch)
+    [[ $job =~ ^[0-9]+$ ]] || { result sft8b "sbatch failed: $job"; return 1; }
+    while ((waited < $(left) - 60)); do
+        log=$(job_log "$job")
+        [[ -n $log ]] && grep -q 'step 3/' "$log" 2>/dev/null && break
+        state=$(scontrol show job -o "$job" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
+        [[ $state == PENDING || $state == RUNNING || $state == CONFIGURING ]] || break
+        sleep 2
+        waited=$((waited + 2))
+    done
+    scancel --signal=KILL --full "$job"
+    state=$(wait_job "$job" 60)
+    log=$(job_log "$job")
+    cat "$log"
+    cp "$log" "$work/logs/"
+    set +x
+    result sft8b "job $job $state after ${waited}s: $(grep -h -o 'on [0-9]* node(s) \[[^]]*\] x [0-9]* process(es)' "$log" | head -n 1)"
+    grep -h -E 'preflight|training |step [0-9]+/|step [0-9]+ memory' "$log" | tail -n 12 | while IFS= read -r line; do
+        result sft8b "$line"
+    done
+    grep -q 'step 3/' "$log"
+}
+
 # --- main -------------------------------------------------------------------------------------------
 
 all=(probe install testbed image checks demo sbatch sft bench socket preempt start compile)
 (($# > 0)) && stages=("$@") || stages=("${all[@]}")
 # Rough seconds each stage needs at least (it is skipped with less left before the deadline).
 declare -A need=([probe]=5 [install]=60 [testbed]=30 [image]=120 [checks]=40 [demo]=150 [sbatch]=120 [sft]=150
-                 [bench]=240 [socket]=60 [preempt]=200 [start]=300 [compile]=300)
+                 [bench]=240 [socket]=60 [preempt]=200 [start]=300 [compile]=300 [sft8b]=240)
 [[ -e $work/job-as-root ]] && JOB_AS_ROOT=1
 say "stages: ${stages[*]} (deadline ${deadline}s; logs in $work/logs)"
 # Jobs a run that was stopped half-way left behind would hold the GPUs.
