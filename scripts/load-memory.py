@@ -4,10 +4,10 @@ else: every rank reads the checkpoint (``ctrain.train.model.build_model``, the w
 onto its own GPU, in the dtype training keeps). Run it under torchrun with 1 process and then with
 one per GPU, with scripts/host-memory.py sampling the tree, to see what of a node's host memory
 grows with its GPU count (more processes than GPUs share them, round robin: a one-GPU machine
-still shows the host side of 4 ranks). Each rank prints one JSON line: its host RSS and anonymous memory after
-the load, its peak RSS, its GPU's peak allocation, the seconds the load took. ``--via-host`` loads
-as ctrain does without FSDP (and as most scripts do): into host memory first, then to the GPU; the
-baseline.
+still shows the host side of 4 ranks). Each rank prints one JSON line: its host RSS and anonymous
+memory after the load, its peak RSS, its GPU's peak allocation, the seconds the load took.
+``--via-host`` loads as ctrain does without FSDP (and as most scripts do): into host memory first,
+then to the GPU; the baseline.
   torchrun --nproc_per_node=N scripts/load-memory.py [--via-host] RECIPE [KEY=VALUE ...]
 """
 

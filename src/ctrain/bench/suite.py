@@ -350,8 +350,13 @@ def bench(
         raise ConfigError("--steps and --warmup must be at least 1")
     device = resolve_device(device)
     env = environment(device)
-    if layers is not None and layers < 1:
-        raise ConfigError(f"--layers must be at least 1, got {layers}")
+    if layers is not None:
+        whole = {case.name: case_spec(case, tiny).layers for case in chosen}
+        too_many = [name for name, count in whole.items() if not 1 <= layers <= count]
+        if too_many:
+            raise ConfigError(
+                f"--layers {layers}: {too_many[0]}'s model has {whole[too_many[0]]} decoder layers; give 1 to {whole[too_many[0]]}"
+            )
     specs = [case_spec(case, tiny, layers) for case in chosen]
     extra: dict[str, Any] = {"specs": {spec.name: vars(spec) for spec in specs}}
     if gpus:
