@@ -250,8 +250,12 @@ def test_layers_cut_a_cases_model_and_reach_its_workers(tmp_path):
                                      json_path=tmp_path / "r.json", out=tmp_path, profile=False)  # fmt: skip
 
 
-def test_more_layers_than_the_model_has_is_one_clear_error():
-    result = CliRunner().invoke(main, ["bench", "--device", "cpu", "--cases", "sft8b-ctrain", "--layers", "40"])
+@pytest.mark.parametrize("export", [False, True], ids=["measure", "export"])
+def test_more_layers_than_the_model_has_is_one_clear_error(tmp_path, export):
+    args = ["bench", "--device", "cpu", "--cases", "sft8b-ctrain", "--layers", "40"]
+    target = tmp_path / "inputs"
+    result = CliRunner().invoke(main, args + (["--export", str(target)] if export else []))
     assert result.exit_code != 0
     assert "--layers 40: sft8b-ctrain's model has 32 decoder layers; give 1 to 32" in result.output
     assert "Traceback" not in result.output
+    assert not target.exists()

@@ -109,7 +109,13 @@ def case_spec(case: Case, tiny: bool, layers: int | None = None) -> BenchSpec:
     from ctrain.bench.spec import TINY
 
     spec = TINY if tiny else case.spec
-    return replace(spec, name=f"{spec.name}-{layers}-layers", layers=layers) if layers else spec
+    if layers is None:
+        return spec
+    if not 1 <= layers <= spec.layers:
+        raise ConfigError(
+            f"--layers {layers}: {case.name}'s model has {spec.layers} decoder layers; give 1 to {spec.layers}"
+        )
+    return replace(spec, name=f"{spec.name}-{layers}-layers", layers=layers)
 
 
 def run_here(
@@ -350,14 +356,7 @@ def bench(
         raise ConfigError("--steps and --warmup must be at least 1")
     device = resolve_device(device)
     env = environment(device)
-    if layers is not None:
-        whole = {case.name: case_spec(case, tiny).layers for case in chosen}
-        too_many = [name for name, count in whole.items() if not 1 <= layers <= count]
-        if too_many:
-            raise ConfigError(
-                f"--layers {layers}: {too_many[0]}'s model has {whole[too_many[0]]} decoder layers; give 1 to {whole[too_many[0]]}"
-            )
-    specs = [case_spec(case, tiny, layers) for case in chosen]
+    specs = [case_spec(case, tiny, layers) for case in chosen]  # before any work: a bad --layers stops here
     extra: dict[str, Any] = {"specs": {spec.name: vars(spec) for spec in specs}}
     if gpus:
         if device != "cuda":
