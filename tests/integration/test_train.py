@@ -455,6 +455,42 @@ def test_restart_after_a_kill_during_the_final_save_trains_no_step(finished_run:
     _figure("restart after a complete final model", seconds, "no-op, exit 0")
 
 
+FINE_TUNE = TINY_RECIPE.replace(
+    TINY_RECIPE[TINY_RECIPE.index("model:") : TINY_RECIPE.index("data:")], "model:\n  path: base\n"
+)
+
+
+def test_a_bf16_model_fine_tuned_in_full_is_saved_in_bf16(finished_run: Path, tmp_path: Path, ctrain) -> None:
+    """Training keeps float32 masters; the final model comes back in the pretrained checkpoint's dtype
+    (model.save_dtype: auto), tied weights still tied: the last checkpoint's weights, each rounded once."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    pretrained = finished_run / "outputs/tiny/final"
+    AutoModelForCausalLM.from_pretrained(pretrained, dtype=torch.float32).to(torch.bfloat16).save_pretrained(
+        tmp_path / "base"
+    )
+    AutoTokenizer.from_pretrained(pretrained).save_pretrained(tmp_path / "base")
+    (tmp_path / "ft.yaml").write_text(FINE_TUNE)
+    result = ctrain("train", "ft.yaml", "training.max_steps=4", "training.save_steps=4")
+    assert result.returncode == 0, result.stderr[-4000:]
+    final, last = tmp_path / "outputs/ft/final", tmp_path / "outputs/ft/checkpoint-4"
+    assert json.loads((final / "config.json").read_text())["dtype"] == "bfloat16"
+    saved, masters = load_file(final / "model.safetensors"), load_file(last / "model.safetensors")
+    base = load_file(tmp_path / "base/model.safetensors")
+    assert sorted(saved) == sorted(base) == sorted(masters), "a tensor is added or lost (lm_head is tied)"
+    assert {t.dtype for t in masters.values()} == {torch.float32}
+    for name, tensor in saved.items():
+        assert tensor.dtype == torch.bfloat16, name
+        assert torch.equal(tensor, masters[name].to(torch.bfloat16)), f"{name} is not the checkpoint's weights"
+    assert not all(torch.equal(saved[n], base[n]) for n in saved), "training changed nothing"
+    loaded = AutoModelForCausalLM.from_pretrained(final)
+    assert loaded.dtype == torch.bfloat16
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    assert checkpoint.verify(final).damage is None, "the marker does not match the rewritten config"
+
+
 def test_eval_refuses_a_final_model_without_its_marker(finished_run: Path, tmp_path: Path, ctrain) -> None:
     output = _copy_of(finished_run, tmp_path)
     (output / "final" / COMPLETE_MARKER).unlink()

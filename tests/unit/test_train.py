@@ -548,3 +548,29 @@ def test_after_an_error_the_process_ends_without_freeing_what_it_kept() -> None:
     assert result.returncode == 3
     assert "Traceback" in result.stderr and "ValueError: shapes differ" in result.stderr
     assert "freed" not in result.stdout
+
+
+def test_the_final_model_dtype_is_the_pretrained_ones_unless_set() -> None:
+    import torch
+    from transformers import AutoConfig
+
+    from ctrain.train.model import final_dtype
+    from ctrain.train.recipe import Recipe
+
+    config = AutoConfig.for_model("llama")
+    pretrained = Recipe()
+    pretrained.model.path = "base"
+    for stated, expected in [("bfloat16", torch.bfloat16), (torch.float16, torch.float16), (None, torch.float32),
+                             ("int8", torch.float32)]:  # fmt: skip
+        config.dtype = stated
+        assert final_dtype(pretrained, config, "bf16") == expected, stated
+    config.dtype = torch.bfloat16
+    pretrained.model.save_dtype = "float32"
+    assert final_dtype(pretrained, config, "bf16") == torch.float32
+    new = Recipe()
+    new.model.config = "llama"
+    assert final_dtype(new, config, "bf16") == torch.float32  # the masters it trained
+    new.training.deepspeed = "ds.json"
+    assert final_dtype(new, config, "bf16") == torch.bfloat16  # DeepSpeed trains the model in bf16
+    new.model.dtype = "float16"
+    assert final_dtype(new, config, "fp16") == torch.float16

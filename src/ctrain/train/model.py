@@ -116,17 +116,37 @@ def attention(recipe: Recipe, device_type: str, dtype: str) -> str:
     return "sdpa"
 
 
+def _dtypes() -> dict[str, Any]:
+    import torch
+
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
 def load_dtype(recipe: Recipe, precision: str) -> Any:
     """Weights dtype at load: ``auto`` keeps float32 master weights (mixed precision autocasts), except
     under DeepSpeed, which keeps its own float32 copy and wants the model in the training dtype."""
     import torch
 
-    names = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
     if recipe.model.dtype != "auto":
-        return names[recipe.model.dtype]
+        return _dtypes()[recipe.model.dtype]
     if recipe.training.deepspeed and precision in ("bf16", "fp16"):
         return torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.float32
+
+
+def final_dtype(recipe: Recipe, config: Any, precision: str) -> Any:
+    """The dtype the final model is saved in: ``model.save_dtype``, under ``auto`` the pretrained
+    checkpoint's own, so that fine-tuning a bf16 model gives back a bf16 one of the same size (not
+    twice that in float32 masters), and for a new model (or a checkpoint that names none) the dtype
+    it trained in. ``config`` is the model's config as :func:`load_config` read it, before loading."""
+    names = _dtypes()
+    if recipe.model.save_dtype != "auto":
+        return names[recipe.model.save_dtype]
+    stated = getattr(config, "dtype", None) if recipe.model.path else None
+    for name, dtype in names.items():
+        if stated in (name, dtype):
+            return dtype
+    return load_dtype(recipe, precision)
 
 
 def build_model(
@@ -304,15 +324,15 @@ def _with_adapter(recipe: Recipe, adapter_dir: Path, **load: Any) -> Any:
         return PeftModel.from_pretrained(base, str(adapter_dir))
 
 
-def merge_adapters(recipe: Recipe, adapter_dir: Path, target: Path) -> None:
-    """Fold the adapter in ``adapter_dir`` into a fresh copy of the base model and save it to ``target``.
+def merge_adapters(recipe: Recipe, adapter_dir: Path, target: Path, dtype: Any) -> None:
+    """Fold the adapter in ``adapter_dir`` into a fresh copy of the base model and save it to ``target``
+    with weights in ``dtype`` (:func:`final_dtype`).
 
-    The base is loaded again at full precision on the CPU: merging into QLoRA's 4-bit weights would
-    round the result, and the training model may be wrapped or sharded.
+    The base is loaded again on the CPU, not taken from training: merging into QLoRA's 4-bit weights
+    would round the result, and the training model may be wrapped or sharded.
     """
     from transformers import AutoTokenizer
 
-    dtype = load_dtype(recipe, "fp32") if recipe.model.dtype != "auto" else "auto"
     adapted = _with_adapter(recipe, adapter_dir, dtype=dtype)
     with warnings.catch_warnings():  # transformers' deprecation notices, raised from inside PEFT
         warnings.simplefilter("ignore", FutureWarning)

@@ -63,6 +63,9 @@ class ModelSettings:
     revision: str | None = None
     #: Weights dtype at load; ``auto``: float32 master weights with autocast (bf16/fp16 under DeepSpeed).
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    #: Weights dtype of the final model (and of ``final/merged``); ``auto``: the pretrained checkpoint's own,
+    #: for a new model the dtype it trained in. Checkpoints keep the training weights as they are.
+    save_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     #: ``auto``: FlashAttention 2 on CUDA in bf16/fp16 when installed, else SDPA; or one by name.
     attn_implementation: Literal[
         "auto", "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"
@@ -679,6 +682,7 @@ RUN_INDEPENDENT = frozenset({
     "training.logging_steps", "training.save_steps", "training.save_total_limit", "training.eval_steps",
     "training.resume", "training.preemption_signals", "training.dataloader_workers", "training.ddp_timeout_minutes",
     "training.peak_tflops", "fast.sync_metrics", "fast.gc_every", "fast.ddp_bucket_mb", "peft.merge",
+    "model.save_dtype",
 })  # fmt: skip
 
 

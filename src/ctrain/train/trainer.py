@@ -12,6 +12,7 @@ loss or gradient norm before saving it, 2 recipe errors (nothing was trained or 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError, CtrainError
-from ctrain.files import atomic_write_json, check_tree
+from ctrain.files import atomic_write_json, atomic_write_text, check_tree
 from ctrain.train import checkpoint, goodput, health, logs, rundir
 from ctrain.train.artifacts import (
     COMPLETE_MARKER,
@@ -414,6 +415,48 @@ def whole_final_model(trainer: Any) -> None:
         plugin.set_state_dict_type("FULL_STATE_DICT")
 
 
+def save_final_model(trainer: Any, final: Path, dtype: Any, adapters: bool) -> None:
+    """Save the trained model (or adapter) to ``final``, a full model's weights in ``dtype``.
+
+    The Trainer gathers the weights one way under DDP, another under FSDP or DeepSpeed, and every
+    way ends in ``_save(output_dir, state_dict)``: the cast goes there, one tensor at a time (the
+    float32 copy of each is freed as its cast is made, so rank 0 never holds both whole), tied
+    tensors cast once so that they stay tied. An adapter is saved as it trained.
+    """
+    whole_final_model(trainer)
+    if adapters:
+        trainer.save_model(str(final))
+        return
+    original = trainer._save
+
+    def cast_save(output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
+        if trainer.args.should_save:
+            if state_dict is None:
+                state_dict = trainer.accelerator.unwrap_model(trainer.model, keep_torch_compile=False).state_dict()
+            made: dict[tuple[Any, ...], Any] = {}
+            for name in list(state_dict):
+                tensor = state_dict[name]
+                if tensor.is_floating_point() and tensor.dtype != dtype:
+                    key = (tensor.device, tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
+                    if key not in made:
+                        made[key] = tensor.to(device="cpu", dtype=dtype)
+                    state_dict[name] = made[key]
+                del tensor
+        original(output_dir, state_dict)
+
+    trainer._save = cast_save
+    try:
+        trainer.save_model(str(final))
+    finally:
+        del trainer._save
+    config = final / "config.json"
+    if trainer.args.should_save and config.is_file():
+        # save_pretrained names the dtype of the model in memory (the float32 masters): name the saved one.
+        values = json.loads(config.read_text())
+        values["dtype"] = str(dtype).removeprefix("torch.")
+        atomic_write_text(config, json.dumps(values, indent=2, sort_keys=True) + "\n")
+
+
 def run(recipe: Recipe) -> int:
     """Train the recipe in this process (one of the launcher's processes); returns the exit code."""
     openmp_defaults()
@@ -478,6 +521,7 @@ def run(recipe: Recipe) -> int:
         build_model,
         check_adapters,
         check_sizes,
+        final_dtype,
         load_config,
         merge_adapters,
     )
@@ -486,6 +530,7 @@ def run(recipe: Recipe) -> int:
     layout = plan(recipe)
     config = load_config(recipe)
     check_sizes(recipe, config)
+    saved_dtype = final_dtype(recipe, config, layout.precision)
     if recipe.peft.enabled:
         check_adapters(recipe, config)
     report_to = _report_to(recipe)
@@ -578,14 +623,13 @@ def run(recipe: Recipe) -> int:
         barrier()  # the launcher may end every rank once one exits non-zero: rank 0 has written first
         close_process_group(PREEMPTED_EXIT_CODE)
         return PREEMPTED_EXIT_CODE
-    whole_final_model(trainer)
-    trainer.save_model(str(final))
+    save_final_model(trainer, final, saved_dtype, recipe.peft.enabled)
     barrier()
     if rank == 0:
         (final / RECIPE_COPY).write_text(recipe.to_yaml())
         if recipe.peft.merge:
             log.info("merging the adapter into the base model: %s", final / MERGED_DIR)
-            merge_adapters(recipe, final, final / MERGED_DIR)
+            merge_adapters(recipe, final, final / MERGED_DIR, saved_dtype)
     barrier()
     damage = checkpoint.seal(final, {"step": trainer.state.global_step, "world_size": world}, rank, world)
     if damage is not None:
