@@ -9,7 +9,8 @@
 #            then the baseline, read into host memory first, with LOAD_HOST_RANKS processes ("1")
 #   peak     `ctrain train` on all GPUs killed once step STOP1 is logged: each rank's GPU peak from
 #            its start (the load, the sharding, compilation, the first steps), no checkpoint
-#   a        run A: STEPS steps on all GPUs, uninterrupted (tokens/s, loss curve, host memory)
+#   a        run A: STEPS steps on all GPUs, uninterrupted (tokens/s, loss curve, host memory), its
+#            final model checked against its last checkpoint (scripts/final-check.py)
 #   b1       run B: the same until SIGUSR1 to one worker during step STOP1 (a sharded checkpoint)
 #   b2       run B resumed on half the GPUs (the checkpoint all of them wrote), preempted at STOP2
 #   b3       run B resumed on all the GPUs to the end
@@ -175,6 +176,7 @@ a() {
     result a "uninterrupted, $gpus GPU(s): $(rate a 3 "$gpus")"
     result a.memory "$(peaks "$out/a.memory.json")"
     du -sh "$work/a"/checkpoint-* "$work/a/final" 2>/dev/null | tee -a "$out/results.txt"
+    result a.final "$("$py" "$repo/scripts/final-check.py" "$work/a/final" "$work/inputs/model" "$work/a/checkpoint-$steps" 2>&1 | tail -n 1)"
     rm -rf "$work/a"/checkpoint-* "$work/a/final" # the disk holds about two 8B checkpoints at once
 }
 
