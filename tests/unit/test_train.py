@@ -574,3 +574,66 @@ def test_the_final_model_dtype_is_the_pretrained_ones_unless_set() -> None:
     assert final_dtype(new, config, "bf16") == torch.bfloat16  # DeepSpeed trains the model in bf16
     new.model.dtype = "float16"
     assert final_dtype(new, config, "fp16") == torch.float16
+
+
+LLAMA_8B = 8_030_261_248  # parameters of the Llama-3.1-8B shape (the bench's model)
+# GPU memory: an 80 GB card's 79.2 GiB, and what torch reports for an H200 (measured: total_memory, 139.8 GiB).
+H100, H200 = 85_045_510_144, 150_109_880_320
+
+
+def test_the_llama_8b_shape_is_counted_exactly_without_memory() -> None:
+    from transformers import AutoConfig
+
+    from ctrain.train.model import count_parameters
+    from ctrain.train.recipe import Recipe
+
+    config = AutoConfig.for_model("llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                                  num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)  # fmt: skip
+    assert count_parameters(Recipe(), config) == LLAMA_8B
+
+
+def test_a_full_fine_tune_that_cannot_fit_its_gpus_is_refused_with_the_fix() -> None:
+    from ctrain.train.model import check_fits
+    from ctrain.train.recipe import Recipe
+
+    recipe = Recipe()
+    recipe.training.fsdp = True
+    line = check_fits(recipe, LLAMA_8B, "bf16", 4, H100, "NVIDIA H100 80GB HBM3")
+    assert line == (
+        "memory per GPU: the weights, their gradients and AdamW state 29.9 GiB (16 bytes x 8.03e+09 parameters / 4 "
+        "ranks) of one GPU's 79.2 GiB (NVIDIA H100 80GB HBM3); the rest is for activations"
+    )
+    with pytest.raises(ConfigError) as err:
+        check_fits(recipe, LLAMA_8B, "bf16", 1, H100, "NVIDIA H100 80GB HBM3")
+    assert str(err.value) == (
+        "the weights, their gradients and AdamW state (16 bytes per parameter in float32) are 119.7 GiB per GPU for "
+        "8.03e+09 parameters sharded over 1 rank(s), more than one GPU's 79.2 GiB (NVIDIA H100 80GB HBM3): run on "
+        "at least 2 GPUs of this size (more for the activations), or train adapters (peft.method: lora)"
+    )
+    check_fits(recipe, LLAMA_8B, "bf16", 1, H200, "H200")  # 119.7 of 139.8 GiB: the floor fits
+    recipe.training.fsdp = False
+    with pytest.raises(ConfigError, match=r"119.7 GiB per GPU for 8.03e\+09 parameters whole on every GPU \(no "
+                                          r"training.fsdp\), more than .*: set training.fsdp: true to shard it over "
+                                          r"the GPUs \(at least 2 of this size\)"):  # fmt: skip
+        check_fits(recipe, LLAMA_8B, "bf16", 8, H100, "H100")
+    recipe.training.optim = "sgd"  # no state: weights and gradients only
+    assert "8 bytes x 8.03e+09 parameters" in check_fits(recipe, LLAMA_8B, "bf16", 8, H100, "H100")
+    recipe.training.optim = "auto"
+    recipe.model.dtype = "bfloat16"  # everything in bf16: half of it
+    assert "8 bytes x 8.03e+09 parameters" in check_fits(recipe, LLAMA_8B, "bf16", 8, H100, "H100")
+
+
+def test_under_fsdp_the_whole_model_must_fit_one_gpu_for_the_load() -> None:
+    from ctrain.train.model import check_fits
+    from ctrain.train.recipe import Recipe
+
+    recipe = Recipe()
+    recipe.training.fsdp = True
+    seventy = 70_553_706_496
+    with pytest.raises(ConfigError) as err:
+        check_fits(recipe, seventy, "bf16", 64, H200, "H200")  # 16 GiB of state per GPU, but 263 GiB to read
+    assert str(err.value) == (
+        "under training.fsdp every rank reads the whole model onto its GPU before sharding it: 7.06e+10 parameters "
+        "in float32 are 262.8 GiB, more than one GPU's 139.8 GiB (H200); use GPUs with more memory, or train "
+        "adapters (peft.method: lora or qlora)"
+    )

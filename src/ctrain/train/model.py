@@ -106,6 +106,66 @@ def check_sizes(recipe: Recipe, config: Any) -> None:
         )
 
 
+# Optimizers whose state is two moments per weight in the weights' dtype (torch's AdamW): with the
+# weights and their gradients, four copies of the model; any other optimizer is counted at two (no state).
+ADAMW_OPTIMIZERS = frozenset({"auto", "adamw_torch", "adamw_torch_fused"})
+
+
+def count_parameters(recipe: Recipe, config: Any) -> int | None:
+    """The model's exact parameter count (tied weights once), from a copy built on the meta device
+    (no memory, well under a second at 70B); None when the config cannot be built that way."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
+    except Exception:  # noqa: BLE001 - a config only from_pretrained can build: no estimate, no check
+        return None
+    return sum(p.numel() for p in model.parameters())
+
+
+def check_fits(recipe: Recipe, count: int, precision: str, world: int, gpu_bytes: int, gpu: str) -> str:
+    """Refuse a full fine-tune that cannot fit its GPUs whatever its batch, before data and weights
+    load (the allocator's error comes minutes later); returns the line the start logs instead.
+
+    What is counted is a floor, never an estimate of activations: the weights, their gradients and
+    the optimizer's state on each GPU (sharded over the ranks under ``training.fsdp``, else whole on
+    every GPU), and under FSDP the whole model as each rank reads it onto its GPU before sharding it.
+    """
+    import torch
+
+    dtype = load_dtype(recipe, precision)
+    size = torch.empty((), dtype=dtype).element_size()
+    fsdp = recipe.training.fsdp
+    copies = 4 if recipe.training.optim in ADAMW_OPTIMIZERS else 2
+    per_parameter = size * copies
+    state = count * per_parameter / (world if fsdp else 1)
+    gib, have = 2**30, f"one GPU's {gpu_bytes / 2**30:.1f} GiB ({gpu})"
+    what = f"the weights, their gradients and {'AdamW state' if copies == 4 else 'no optimizer state'}"
+    dtype_name = str(dtype).removeprefix("torch.")
+    if fsdp and count * size > gpu_bytes:
+        raise ConfigError(
+            f"under training.fsdp every rank reads the whole model onto its GPU before sharding it: {count:.3g} "
+            f"parameters in {dtype_name} are {count * size / gib:.1f} GiB, more than {have}; use GPUs with more "
+            "memory, or train adapters (peft.method: lora or qlora)"
+        )
+    if state > gpu_bytes:
+        needed = math.ceil(count * per_parameter / gpu_bytes)
+        where = f"sharded over {world} rank(s)" if fsdp else "whole on every GPU (no training.fsdp)"
+        fix = (f"run on at least {needed} GPUs of this size (more for the activations)" if fsdp else
+               f"set training.fsdp: true to shard it over the GPUs (at least {needed} of this size)")  # fmt: skip
+        raise ConfigError(
+            f"{what} ({per_parameter} bytes per parameter in {dtype_name}) are {state / gib:.1f} GiB per GPU for "
+            f"{count:.3g} parameters {where}, more than {have}: {fix}, or train adapters (peft.method: lora)"
+        )
+    shared = f" / {world} rank{'s' if world > 1 else ''}" if fsdp else ""
+    return (
+        f"memory per GPU: {what} {state / gib:.1f} GiB ({per_parameter} bytes x {count:.3g} parameters{shared}) "
+        f"of {have}; the rest is for activations"
+    )
+
+
 def attention(recipe: Recipe, device_type: str, dtype: str) -> str:
     """``auto``: FlashAttention 2 on CUDA in half precision when the package is there, else SDPA."""
     wanted = recipe.model.attn_implementation

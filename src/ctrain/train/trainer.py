@@ -415,6 +415,23 @@ def whole_final_model(trainer: Any) -> None:
         plugin.set_state_dict_type("FULL_STATE_DICT")
 
 
+def _check_memory(recipe: Recipe, config: Any, layout: Layout, device: Any) -> None:
+    """A full fine-tune's floor of GPU memory against this GPU's (:func:`ctrain.train.model.check_fits`).
+    Every rank checks its own GPU's total, not its free memory (the preflight's business), so all
+    ranks of a job on one kind of GPU decide alike."""
+    import torch
+
+    from ctrain.train.model import check_fits, count_parameters
+
+    count = count_parameters(recipe, config)
+    if count is None:
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    line = check_fits(recipe, count, layout.precision, layout.world_size, total, torch.cuda.get_device_name(device))
+    if layout.rank == 0:
+        log.info("%s", line)
+
+
 def save_final_model(trainer: Any, final: Path, dtype: Any, adapters: bool) -> None:
     """Save the trained model (or adapter) to ``final``, a full model's weights in ``dtype``.
 
@@ -542,6 +559,8 @@ def run(recipe: Recipe) -> int:
         summary = health.rank_checks(checks, args.device, log, nccl_logs=nccl_logs)
         if rank == 0:
             goodput.mark("checked", summary["seconds"])
+    if layout.device_type == "cuda" and not recipe.peft.enabled and not recipe.training.deepspeed:
+        _check_memory(recipe, config, layout, args.device)
     data = obtain_data(recipe, layout)
     if rank == 0:
         goodput.mark("data")
