@@ -619,6 +619,12 @@ def test_a_full_fine_tune_that_cannot_fit_its_gpus_is_refused_with_the_fix() -> 
     recipe.training.optim = "sgd"  # no state: weights and gradients only
     assert "8 bytes x 8.03e+09 parameters" in check_fits(recipe, LLAMA_8B, "bf16", 8, H100, "H100")
     recipe.training.optim = "auto"
+    recipe.training.fsdp, recipe.training.fsdp_config = True, {"cpu_offload": True}  # the state in host memory
+    assert check_fits(recipe, LLAMA_8B, "bf16", 1, H100, "H100") == (
+        "memory per GPU: the weights, their gradients and AdamW state (119.7 GiB per rank) live in host memory "
+        "(training.fsdp_config.cpu_offload), after each rank reads 29.9 GiB onto one GPU's 79.2 GiB (H100)"
+    )
+    recipe.training.fsdp, recipe.training.fsdp_config = False, {}
     recipe.model.dtype = "bfloat16"  # everything in bf16: half of it
     assert "8 bytes x 8.03e+09 parameters" in check_fits(recipe, LLAMA_8B, "bf16", 8, H100, "H100")
 

@@ -131,7 +131,8 @@ def check_fits(recipe: Recipe, count: int, precision: str, world: int, gpu_bytes
 
     What is counted is a floor, never an estimate of activations: the weights, their gradients and
     the optimizer's state on each GPU (sharded over the ranks under ``training.fsdp``, else whole on
-    every GPU), and under FSDP the whole model as each rank reads it onto its GPU before sharding it.
+    every GPU; none with FSDP's CPU offload), and under FSDP the whole model as each rank reads it
+    onto its GPU before sharding it.
     """
     import torch
 
@@ -149,6 +150,11 @@ def check_fits(recipe: Recipe, count: int, precision: str, world: int, gpu_bytes
             f"under training.fsdp every rank reads the whole model onto its GPU before sharding it: {count:.3g} "
             f"parameters in {dtype_name} are {count * size / gib:.1f} GiB, more than {have}; use GPUs with more "
             "memory, or train adapters (peft.method: lora or qlora)"
+        )
+    if fsdp and recipe.training.fsdp_settings().get("cpu_offload"):  # as transformers reads it: truthy
+        return (
+            f"memory per GPU: {what} ({state / gib:.1f} GiB per rank) live in host memory "
+            f"(training.fsdp_config.cpu_offload), after each rank reads {count * size / gib:.1f} GiB onto {have}"
         )
     if state > gpu_bytes:
         needed = math.ceil(count * per_parameter / gpu_bytes)
