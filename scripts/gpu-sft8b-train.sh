@@ -6,7 +6,8 @@
 #   inputs   the exported problem and `ctrain prepare` of it
 #   load     the model's load alone (scripts/load-memory.py) with 1 process, then one per GPU (or
 #            LOAD_RANKS, e.g. "1 2 4"): the host memory a node spends on it per rank, each GPU's peak;
-#            then the baseline, read into host memory first, with LOAD_HOST_RANKS processes ("1")
+#            then the baseline, read into host memory first, with LOAD_HOST_RANKS processes ("1"), and
+#            with LOAD_WIDEN_RANKS processes (none) each tensor widened to float32 on the host
 #   peak     `ctrain train` on all GPUs killed once step STOP1 is logged: each rank's GPU peak from
 #            its start (the load, the sharding, compilation, the first steps), no checkpoint
 #   a        run A: STEPS steps on all GPUs, uninterrupted (tokens/s, loss curve, host memory), its
@@ -159,6 +160,9 @@ load() {
     done
     for n in ${LOAD_HOST_RANKS:-1}; do
         load_with "loadhost$n" "$n" --via-host || return 1
+    done
+    for n in ${LOAD_WIDEN_RANKS:-}; do
+        load_with "loadwiden$n" "$n" --widen-on-host || return 1
     done
 }
 

@@ -7,8 +7,10 @@ grows with its GPU count (more processes than GPUs share them, round robin: a on
 still shows the host side of 4 ranks). Each rank prints one JSON line: its host RSS and anonymous
 memory after the load, its peak RSS, its GPU's peak allocation, the seconds the load took.
 ``--via-host`` loads as ctrain does without FSDP (and as most scripts do): into host memory first,
-then to the GPU; the baseline.
-  torchrun --nproc_per_node=N scripts/load-memory.py [--via-host] RECIPE [KEY=VALUE ...]
+then to the GPU; the baseline. ``--widen-on-host`` reads straight to the GPU as transformers does
+when asked for float32 from a bf16 checkpoint (each tensor widened in host memory, then moved), as
+ctrain did before it read the stored dtype and widened on the GPU (``ctrain.train.model._read_dtype``).
+  torchrun --nproc_per_node=N scripts/load-memory.py [--via-host | --widen-on-host] RECIPE [KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ def main() -> None:
     from ctrain.train.tokenizer import load_tokenizer
 
     args = sys.argv[1:]
-    via_host = args[:1] == ["--via-host"]
-    recipe = load_recipe(args[1] if via_host else args[0], args[2:] if via_host else args[1:])
+    via_host, widen_on_host = args[:1] == ["--via-host"], args[:1] == ["--widen-on-host"]
+    if via_host or widen_on_host:
+        args = args[1:]
+    recipe = load_recipe(args[0], args[1:])
     local = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", local % torch.cuda.device_count()) if cuda else torch.device("cpu")
@@ -49,6 +53,8 @@ def main() -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("gloo")  # barriers only, and NCCL refuses two ranks on one GPU
     config = load_config(recipe)
+    if widen_on_host:
+        config.dtype = None  # no stored dtype: read in the training dtype, as before
     tokenizer = load_tokenizer(recipe)
     precision = "bf16" if cuda else "fp32"
     dist.barrier()
@@ -62,7 +68,7 @@ def main() -> None:
     report = {
         "rank": dist.get_rank(),
         "world": dist.get_world_size(),
-        "via": "host" if via_host else "gpu",
+        "via": "host" if via_host else "gpu, widened on the host" if widen_on_host else "gpu",
         "load_s": round(seconds, 1),
         "weights_gib": round(sum(p.numel() * p.element_size() for p in model.parameters()) / GIB, 2),
         "rss_gib": round(status_kib("VmRSS") / 2**20, 2),

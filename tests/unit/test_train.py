@@ -643,3 +643,40 @@ def test_under_fsdp_the_whole_model_must_fit_one_gpu_for_the_load() -> None:
         "in float32 are 262.8 GiB, more than one GPU's 139.8 GiB (H200); use GPUs with more memory, or train "
         "adapters (peft.method: lora or qlora)"
     )
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma"])
+def test_a_checkpoint_read_straight_to_a_device_equals_the_one_read_in_float32(
+    model_type: str, trained_tokenizer, tmp_path: Path
+) -> None:
+    """Under FSDP the weights go straight to the rank's device (here the CPU stands in for it): read
+    in their stored bf16 and widened there when the model makes its buffers in float32 (Llama), read
+    in float32 as before when it does not (Gemma's embedding scale); either way the model read on the
+    host in float32."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ctrain.train.model import _read_dtype, build_model, load_config
+    from ctrain.train.recipe import Recipe
+
+    shape = AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                 vocab_size=len(trained_tokenizer))  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(shape, dtype=torch.bfloat16).save_pretrained(tmp_path / "base")
+    recipe = Recipe()
+    recipe.model.path = str(tmp_path / "base")
+    config = load_config(recipe)
+    expected = torch.bfloat16 if model_type == "llama" else torch.float32
+    assert _read_dtype(recipe, config, torch.float32) == expected
+    assert config.dtype == torch.bfloat16, "the check changed the config"
+    on_device = build_model(recipe, config, trained_tokenizer, "fp32", "cpu", torch.device("cpu"))
+    on_host = build_model(recipe, load_config(recipe), trained_tokenizer, "fp32", "cpu")
+    assert on_device.dtype == on_host.dtype == torch.float32 and on_device.config.dtype == torch.float32
+    mine = {**dict(on_device.named_parameters()), **dict(on_device.named_buffers())}
+    theirs = {**dict(on_host.named_parameters()), **dict(on_host.named_buffers())}
+    assert sorted(mine) == sorted(theirs)
+    for name, tensor in theirs.items():
+        assert mine[name].dtype == tensor.dtype and torch.equal(mine[name], tensor), name
+    batch = torch.tensor([[1, 5, 9, 12, 7]])
+    assert torch.equal(on_device(batch).logits, on_host(batch).logits)
