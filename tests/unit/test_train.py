@@ -589,7 +589,14 @@ def test_the_llama_8b_shape_is_counted_exactly_without_memory() -> None:
 
     config = AutoConfig.for_model("llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                   num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)  # fmt: skip
-    assert count_parameters(Recipe(), config) == LLAMA_8B
+    pretrained = Recipe()
+    pretrained.model.path = "base"
+    assert count_parameters(pretrained, config) == LLAMA_8B
+    new = Recipe()
+    new.model.config = "llama"  # its vocabulary comes from the tokenizer: embeddings of one token each
+    assert count_parameters(new, config) == LLAMA_8B - 2 * (128256 - 1) * 4096
+    new.model.config_overrides = {"vocab_size": 128256}
+    assert count_parameters(new, config) == LLAMA_8B
 
 
 def test_a_full_fine_tune_that_cannot_fit_its_gpus_is_refused_with_the_fix() -> None:

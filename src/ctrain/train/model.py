@@ -114,15 +114,18 @@ ADAMW_OPTIMIZERS = frozenset({"auto", "adamw_torch", "adamw_torch_fused"})
 
 def count_parameters(recipe: Recipe, config: Any) -> int | None:
     """The model's exact parameter count (tied weights once), from a copy built on the meta device
-    (no memory, well under a second at 70B); None when the config cannot be built that way."""
+    (no memory, well under a second at 70B); None when the config cannot be built that way. A new
+    model's vocabulary comes from the tokenizer, not read yet: its embeddings count one token each,
+    so the count stays a floor."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    shape = copy.deepcopy(config)  # a copy: from_config sets fields of the config it gets
+    if not recipe.model.path and "vocab_size" not in recipe.model.config_overrides:
+        shape.vocab_size = 1
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(  # a copy: from_config sets fields of the config it gets
-                copy.deepcopy(config), trust_remote_code=recipe.model.trust_remote_code
-            )
+            model = AutoModelForCausalLM.from_config(shape, trust_remote_code=recipe.model.trust_remote_code)
     except Exception:  # noqa: BLE001 - a config only from_pretrained can build: no estimate, no check
         return None
     return sum(p.numel() for p in model.parameters())
