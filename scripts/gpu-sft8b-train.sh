@@ -22,7 +22,7 @@
 # OUT gets each run's log, metrics.jsonl and host-memory peaks, and results.txt. The inputs and the
 # checkpoints (about 100 GB at 8B) live in WORK (default .gpu/sft8b-train, ignored by git, kept by a
 # GPU machine between calls), so b2 and b3 need the machine b1 ran on. Settings (environment):
-# GPUS (default: every GPU), STEPS (10), STOP1 (4), STOP2 (7), TINY=1 (the bench's tiny problem,
+# RECIPE (recipes/llama-3.1-8b-sft.yaml), GPUS (default: every GPU), STEPS (10), STOP1 (4), STOP2 (7), TINY=1 (the bench's tiny problem,
 # for a rehearsal on CPU: give the CPU's overrides, e.g. training.fsdp=false), WHEELS (gpu-site.sh).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,7 +34,7 @@ work=$(realpath -m "${WORK:-$repo/.gpu/sft8b-train}")
 steps=${STEPS:-10}
 stop1=${STOP1:-4}
 stop2=${STOP2:-7}
-recipe=$repo/recipes/llama-3.1-8b-sft.yaml
+recipe=$(realpath -m "${RECIPE:-$repo/recipes/llama-3.1-8b-sft.yaml}")
 mkdir -p "$out" "$work"
 exec > >(tee -a "$out/train.log") 2>&1
 . "$repo/scripts/gpu-site.sh"
