@@ -112,23 +112,33 @@ def check_sizes(recipe: Recipe, config: Any) -> None:
 ADAMW_OPTIMIZERS = frozenset({"auto", "adamw_torch", "adamw_torch_fused"})
 
 
-def count_parameters(recipe: Recipe, config: Any) -> int | None:
-    """The model's exact parameter count (tied weights once), from a copy built on the meta device
-    (no memory, well under a second at 70B); None when the config cannot be built that way. A new
-    model's vocabulary comes from the tokenizer, not read yet: its embeddings count one token each,
-    so the count stays a floor."""
+def _meta_model(recipe: Recipe, config: Any, **fields: Any) -> Any:
+    """The model of ``config`` (a copy, with ``fields`` set) built on the meta device: its shapes and
+    dtypes without memory, well under a second at 70B; None when the config cannot be built that way
+    (one only ``from_pretrained`` builds), and the caller decides as if it had not asked."""
     import torch
     from transformers import AutoModelForCausalLM
 
     shape = copy.deepcopy(config)  # a copy: from_config sets fields of the config it gets
-    if not recipe.model.path and "vocab_size" not in recipe.model.config_overrides:
-        shape.vocab_size = 1
+    dtype = fields.pop("dtype", None)
+    for key, value in fields.items():
+        setattr(shape, key, value)
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(shape, trust_remote_code=recipe.model.trust_remote_code)
-    except Exception:  # noqa: BLE001 - a config only from_pretrained can build: no estimate, no check
+            return AutoModelForCausalLM.from_config(
+                shape, dtype=dtype, trust_remote_code=recipe.model.trust_remote_code
+            )
+    except Exception:  # noqa: BLE001 - whatever the model's own code raises
         return None
-    return sum(p.numel() for p in model.parameters())
+
+
+def count_parameters(recipe: Recipe, config: Any) -> int | None:
+    """The model's exact parameter count (tied weights once), from its meta copy; None when there is
+    none. A new model's vocabulary comes from the tokenizer, not read yet: its embeddings count one
+    token each, so the count stays a floor."""
+    new_vocabulary = not recipe.model.path and "vocab_size" not in recipe.model.config_overrides
+    model = _meta_model(recipe, config, **({"vocab_size": 1} if new_vocabulary else {}))
+    return None if model is None else sum(p.numel() for p in model.parameters())
 
 
 def check_fits(recipe: Recipe, count: int, precision: str, world: int, gpu_bytes: int, gpu: str) -> str:
@@ -140,10 +150,8 @@ def check_fits(recipe: Recipe, count: int, precision: str, world: int, gpu_bytes
     every GPU; none with FSDP's CPU offload), and under FSDP the whole model as each rank reads it
     onto its GPU before sharding it.
     """
-    import torch
-
     dtype = load_dtype(recipe, precision)
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     fsdp = recipe.training.fsdp
     copies = 4 if recipe.training.optim in ADAMW_OPTIMIZERS else 2
     per_parameter = size * copies
@@ -237,17 +245,12 @@ def _read_dtype(recipe: Recipe, config: Any, dtype: Any) -> Any:
     in ``dtype``. Llama's rotary frequencies are; Gemma's embedding scale is not, so Gemma reads as before.
     """
     import torch
-    from transformers import AutoModelForCausalLM
 
     stored = stored_dtype(config)
     if stored is None or stored.itemsize >= dtype.itemsize:
         return dtype
-    try:
-        with torch.device("meta"):
-            shape = AutoModelForCausalLM.from_config(
-                copy.deepcopy(config), dtype=stored, trust_remote_code=recipe.model.trust_remote_code
-            )
-    except Exception:  # noqa: BLE001 - a config only from_pretrained can build: read as before
+    shape = _meta_model(recipe, config, dtype=stored)
+    if shape is None:
         return dtype
     made = {b.dtype for b in shape.buffers() if b.is_floating_point()}
     return stored if made <= {torch.float32} else dtype
