@@ -29,6 +29,10 @@
 #             through `ctrain submit`, on the 8B bench case's exported problem; the job is killed once
 #             step 3 is logged (the 90 GiB checkpoint at a run's end is measured elsewhere). Not in
 #             the default list; use CTRAIN_GPU_NODES=1 so that one node holds every GPU
+#   lora8b    recipes/llama-3.1-8b-lora.yaml on the same problem through `ctrain submit` (1 GPU), twice:
+#             once preempted (USR1 after step 2: checkpoint, requeue, resume), once uninterrupted, and
+#             their losses compared step by step (CTRAIN_GPU_LORA8B_STEPS, default 5). Not in the
+#             default list
 #
 #   scripts/gpu-testbed.sh [STAGE...]     (default: all, in the order above; done stages are skipped)
 #
@@ -614,18 +618,70 @@ stage_compile() {
     du -sh "$out"/cache/* | while read -r line; do result compile "size: $line"; done
 }
 
+# export_sft8b: the 8B bench case's problem (chats, tokenizer, random bf16 checkpoint) in the project
+# directory, once, and the recipe overrides that point at it in sft8b-inputs.overrides.
+export_sft8b() {
+    [[ -e sft8b-inputs.overrides ]] && return 0 # relative paths: the jobs run in the project directory
+    rm -rf sft8b-inputs
+    "$PY" -m ctrain bench --cases sft8b-ctrain --export sft8b-inputs | tail -n 1 | tr ' ' '\n' \
+        >sft8b-inputs.overrides.new || return 1
+    mv sft8b-inputs.overrides.new sft8b-inputs.overrides
+}
+
+# losses LOG: "STEP LOSS" for each logged step.
+losses() { grep -h -o -E 'step [0-9]+/[0-9]+, loss [0-9.]+' "$1" | sed -E 's/step ([0-9]+)\/[0-9]+, loss /\1 /' | sort -n -u; }
+
+stage_lora8b() {
+    set -x
+    cd "$project" || return 1
+    export_sft8b || return 1
+    local overrides run job log state waited steps=${CTRAIN_GPU_LORA8B_STEPS:-5}
+    mapfile -t overrides <sft8b-inputs.overrides
+    local -A jobs=()
+    # p: USR1 to the batch script once step 2 is logged; it checkpoints, requeues and resumes.
+    # u: the same run uninterrupted, for its losses.
+    for run in p u; do
+        rm -rf "outputs/lora8b-$run"
+        ctrain submit --nodes 1 --gpus-per-node 1 --job-name "lora8b-$run" --write-script "logs/lora8b-$run.sbatch" \
+            recipes/llama-3.1-8b-lora.yaml "${overrides[@]}" "training.max_steps=$steps" training.logging_steps=1 \
+            training.save_steps=1000 "training.output_dir=outputs/lora8b-$run" 'logging.report_to=[]' || return 1
+        chown -R "$(job_user):" "$project"
+        job=$(submit "logs/lora8b-$run.sbatch")
+        [[ $job =~ ^[0-9]+$ ]] || { result lora8b "sbatch failed: $job"; return 1; }
+        jobs[$run]=$job
+        if [[ $run == p ]]; then
+            waited=0
+            while ((waited < $(left) - 60)); do
+                log=$(job_log "$job")
+                [[ -n $log ]] && grep -q 'step 2/' "$log" 2>/dev/null && break
+                state=$(scontrol show job -o "$job" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
+                [[ $state == PENDING || $state == RUNNING || $state == CONFIGURING ]] || break
+                sleep 1
+                waited=$((waited + 1))
+            done
+            scancel --signal=USR1 --batch "$job"
+        fi
+        state=$(wait_job "$job" 400)
+        log=$(job_log "$job")
+        cat "$log"
+        cp "$log" "$work/logs/"
+        result lora8b "$run: job $job $state, restarts $(scontrol show job -o "$job" | grep -o 'Restarts=[0-9]*' | cut -d= -f2): $(grep -h -E 'SIGUSR1|requeueing|resuming from|step exited|tokens/s' "$log" | sed -E 's/^[0-9]+: //' | sort -u | head -n 8 | tr '\n' ';')"
+        result lora8b "$run: losses $(losses "$log" | tr '\n' ';')"
+        ls -la "outputs/lora8b-$run" "outputs/lora8b-$run/final" 2>&1 | head -n 30
+    done
+    set +x
+    result lora8b "p against u: $(join <(losses "$(job_log "${jobs[p]}")") <(losses "$(job_log "${jobs[u]}")") |
+        awk '{ d = $2 - $3; d = d < 0 ? -d : d; if (d > m) m = d; n++ } END { printf "%d steps in both, largest |difference| %.6f", n, m }')"
+    grep -q 'resuming from' "$(job_log "${jobs[p]}")"
+}
+
 stage_sft8b() {
     set -x
     cd "$project" || return 1
     local per_node job log state waited=0 overrides
     per_node=$(sinfo -h -N -o '%G' | head -n 1 | grep -o 'gpu:[0-9]*' | cut -d: -f2)
     [[ $per_node =~ ^[0-9]+$ ]] || { echo "no GPUs in sinfo"; return 1; }
-    if [[ ! -e sft8b-inputs.overrides ]]; then # relative paths: the job runs in the project directory
-        rm -rf sft8b-inputs
-        "$PY" -m ctrain bench --cases sft8b-ctrain --export sft8b-inputs | tail -n 1 | tr ' ' '\n' \
-            >sft8b-inputs.overrides.new || return 1
-        mv sft8b-inputs.overrides.new sft8b-inputs.overrides
-    fi
+    export_sft8b || return 1
     mapfile -t overrides <sft8b-inputs.overrides
     # shellcheck disable=SC2086 # the extra overrides are words
     ctrain submit --nodes 1 --gpus-per-node "$per_node" --job-name sft8b --write-script logs/sft8b.sbatch \
@@ -661,7 +717,7 @@ all=(probe install testbed image checks demo sbatch sft bench socket preempt sta
 (($# > 0)) && stages=("$@") || stages=("${all[@]}")
 # Rough seconds each stage needs at least (it is skipped with less left before the deadline).
 declare -A need=([probe]=5 [install]=60 [testbed]=30 [image]=120 [checks]=40 [demo]=150 [sbatch]=120 [sft]=150
-                 [bench]=240 [socket]=60 [preempt]=200 [start]=300 [compile]=300 [sft8b]=240)
+                 [bench]=240 [socket]=60 [preempt]=200 [start]=300 [compile]=300 [sft8b]=240 [lora8b]=300)
 [[ -e $work/job-as-root ]] && JOB_AS_ROOT=1
 say "stages: ${stages[*]} (deadline ${deadline}s; logs in $work/logs)"
 # Jobs a run that was stopped half-way left behind would hold the GPUs.
