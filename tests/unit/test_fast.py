@@ -421,3 +421,29 @@ def test_activation_memory_budget_makes_dropout_recomputable_on_cuda():
 def test_activation_memory_budget_refuses_what_cannot_work(settings, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         prepare_model(tiny_llama(), settings, "cpu")
+
+
+@pytest.mark.parametrize("first_step", [1, 5])
+def test_the_compile_report_names_the_runs_first_step_also_after_a_resume(first_step, caplog):
+    """A requeued run starts at the checkpoint's step: its first step is the one that compiles (or
+    loads from the cache), so it is reported, once, whatever its number."""
+    from torch._dynamo.utils import counters
+    from transformers import TrainerControl, TrainerState
+
+    from ctrain.fast.trainer import compile_report_callback
+
+    callback, state = compile_report_callback(), TrainerState()
+    state.global_step = first_step - 1
+    counters["inductor"]["fxgraph_cache_hit"] += 3
+    try:
+        with caplog.at_level("INFO", logger="ctrain"):
+            callback.on_train_begin(None, state, TrainerControl())
+            for _ in range(3):
+                state.global_step += 1
+                callback.on_step_end(None, state, TrainerControl())
+    finally:
+        counters["inductor"]["fxgraph_cache_hit"] -= 3
+    reports = [r.getMessage() for r in caplog.records if "after training started" in r.getMessage()]
+    assert len(reports) == 1
+    expected = rf"step {first_step} came [0-9.]+ s after training started: \d+ compiled graphs, \d+ of them"
+    assert re.match(expected, reports[0])

@@ -242,18 +242,21 @@ def collect_garbage_callback(every: int) -> Any:
 
 
 def compile_report_callback() -> Any:
-    """A TrainerCallback that says, at the first step, how long it took and how many of the
-    compiled graphs torch's caches served: a requeue or a second job that compiles everything
-    again (a cache on storage the nodes do not share, a changed image) shows in its log."""
+    """A TrainerCallback that says, at the run's first step (step 1, or the first after a resume),
+    how long it took and how many of the compiled graphs torch's caches served: a requeue or a
+    second job that compiles everything again (a cache on storage the nodes do not share, a
+    changed image) shows in its log."""
     from transformers import TrainerCallback
 
     class CompileReport(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             self.started = time.perf_counter()
+            self.reported = False
 
         def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step != 1 or not state.is_world_process_zero:
+            if self.reported or not state.is_world_process_zero:
                 return
+            self.reported = True
             from torch._dynamo.utils import counters
             from torch._inductor.runtime.runtime_utils import cache_dir
 
@@ -261,9 +264,9 @@ def compile_report_callback() -> Any:
             loaded, compiled = graphs["fxgraph_cache_hit"], graphs["fxgraph_cache_miss"]
             if loaded + compiled:
                 log.info(
-                    "step 1 came %.1f s after training started: %d compiled graphs, %d of them from "
+                    "step %d came %.1f s after training started: %d compiled graphs, %d of them from "
                     "torch's compile cache in %s",
-                    time.perf_counter() - self.started, loaded + compiled, loaded, cache_dir(),
+                    state.global_step, time.perf_counter() - self.started, loaded + compiled, loaded, cache_dir(),
                 )  # fmt: skip
 
     return CompileReport()
