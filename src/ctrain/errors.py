@@ -41,6 +41,11 @@ class NonFiniteTraining(CtrainError):
     exit_code = 65  # EX_DATAERR from sysexits.h: the numbers went bad, requeueing will not help
 
 
+class DiskFull(CtrainError):
+    """A save filled the file system a run writes to: a requeue would write to the same one, so the
+    batch script does not requeue it (cause ``disk-full``)."""
+
+
 class NodeUnfit(CtrainError):
     """A node failed the job's preflight (``ctrain.train.health``): the batch script requeues the job
     without it, as it does for a lost node."""

@@ -163,6 +163,55 @@ def test_killed_run_resumes_from_the_last_complete_checkpoint(tiny_recipe: Path,
     assert complete(killed_dir / "final")
 
 
+def test_a_save_that_fills_the_disk_ends_the_run_in_one_error_and_it_resumes_once_there_is_room(
+    tiny_recipe: Path, ctrain
+) -> None:
+    """The output directory on a file system of 700 KiB (a tmpfs, in a mount namespace of the runs.
+    own): checkpoint-10 fits, checkpoint-20 does not. torch reports that save
+    as ``unexpected pos``; ctrain says the disk is full, removes the unfinished checkpoint, keeps
+    checkpoint-10 and records the cause as not worth a requeue. With the file system grown, the same
+    command resumes from checkpoint-10 to the uninterrupted run's losses."""
+    work = tiny_recipe.parent
+    common = [tiny_recipe.name, "training.max_steps=30", "data.prepared_dir=prepared"]
+    reference = ctrain("train", *common, "training.output_dir=outputs/whole")
+    assert reference.returncode == 0, reference.stderr
+    (whole,) = losses(work / "outputs/whole").values()
+
+    output, exits_dir = work / "outputs/full", work / "exits"
+    output.mkdir(parents=True)
+    train = " ".join([sys.executable, "-m", "ctrain", "train", *common, f"training.output_dir={output}"])
+    script = (f"mount -t tmpfs -o size=700k tmpfs {output} || exit 99; "
+              f"CTRAIN_EXITS={exits_dir} {train} >full.out 2>full.err; echo $? >full.rc; "
+              f"ls -A {output} >full.ls; mount -o remount,size=8m {output} && "
+              f"{train} >again.out 2>again.err; echo $? >again.rc; cp -r {output} {work}/kept")  # fmt: skip
+    started = time.monotonic()
+    subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=work, env=train_env(work), check=True, timeout=600)
+    took = time.monotonic() - started
+    err = (work / "full.err").read_text()
+
+    assert (work / "full.rc").read_text().split() == ["1"], err
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err
+    assert re.search(rf"the file system of {output} is full \(\d+\.\d MiB free\) and a save failed", errors[0])
+    assert "removed the unfinished checkpoint-20; checkpoint-10 is the newest complete checkpoint" in errors[0]
+    assert errors[0].endswith("then run the same command again: it resumes from checkpoint-10")
+    assert "checkpoint-10 took 0.4 MiB" in err and "the next checkpoint will not fit" in err  # warned a save earlier
+    assert "checkpoint-20" not in (work / "full.ls").read_text().split()
+    assert (exits_dir / "rank-0").read_text().split()[:3] == ["1", "disk-full", "end"]
+
+    again = (work / "again.err").read_text()
+    assert (work / "again.rc").read_text().split() == ["0"], again
+    assert f"resuming from {output}/checkpoint-10 " in again
+    runs = losses(work / "kept")
+    second = runs[max(runs)]
+    assert sorted(second) == list(range(11, 31))
+    for step, loss in second.items():
+        assert loss == pytest.approx(whole[step], rel=1e-4, abs=1e-5), f"step {step}"
+    assert complete(work / "kept/final")
+    assert took < 120, f"the two runs took {took:.0f} s"
+
+
 def test_preempted_run_checkpoints_exits_75_and_resumes(tiny_recipe: Path, ctrain) -> None:
     work = tiny_recipe.parent
     output = work / "outputs/tiny"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ctrain.errors import ConfigError, CtrainError, NonFiniteTraining, ToolNotFound
+from ctrain.errors import ConfigError, CtrainError, DiskFull, NonFiniteTraining, ToolNotFound
 from ctrain.train import exits
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +36,7 @@ def raised(exc: BaseException, filename: str = "train_script.py") -> BaseExcepti
         (ValueError("labels and logits differ in length"), 1, "exception", False),
         (MemoryError(), 1, "out-of-memory", False),
         (OSError(errno.ENOSPC, "No space left on device"), 1, "disk-full", False),
+        (DiskFull("the file system of outputs is full and a save failed"), 1, "disk-full", False),
         (OSError(errno.EIO, "Input/output error"), 1, "io", True),
         (RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer"), 1, "peer", True),
         (KeyboardInterrupt(), 130, "interrupted", True),

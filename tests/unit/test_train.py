@@ -687,3 +687,37 @@ def test_a_checkpoint_read_straight_to_a_device_equals_the_one_read_in_float32(
         assert mine[name].dtype == tensor.dtype and torch.equal(mine[name], tensor), name
     batch = torch.tensor([[1, 5, 9, 12, 7]])
     assert torch.equal(on_device(batch).logits, on_host(batch).logits)
+
+
+def test_a_full_file_system_is_told_from_other_save_errors(tmp_path: Path, monkeypatch) -> None:
+    """ENOSPC or EDQUOT anywhere in the chain, or their words, say the disk is full; an error with no
+    such sign is one only where almost nothing is free (torch's ``unexpected pos`` for the same write)."""
+    import errno
+
+    unexpected = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 193280 vs 193172")
+    try:
+        try:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        except OSError as quota:
+            raise RuntimeError("saving the optimizer failed") from quota
+    except RuntimeError as chained:
+        assert checkpoint.out_of_space(chained, tmp_path)
+    assert checkpoint.out_of_space(RuntimeError("write failed: No space left on device"), tmp_path)
+    assert not checkpoint.out_of_space(unexpected, tmp_path)  # this file system has room
+    monkeypatch.setattr(checkpoint, "free_bytes", lambda directory: checkpoint.FULL_BELOW - 1)
+    assert checkpoint.out_of_space(unexpected, tmp_path)
+    monkeypatch.setattr(checkpoint, "free_bytes", lambda directory: None)
+    assert not checkpoint.out_of_space(unexpected, tmp_path)
+
+
+def test_a_full_disk_removes_only_what_was_not_finished(tmp_path: Path) -> None:
+    """The unmarked checkpoint and final model go (nothing could resume from them); complete ones stay."""
+    for step in (10, 20):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"\0" * 64)
+    checkpoint.write_marker(tmp_path / "checkpoint-10", {"step": 10, "world_size": 1})
+    (tmp_path / "final").mkdir()
+    gone = checkpoint.discard_unfinished(tmp_path, tmp_path / "final")
+    assert sorted(p.name for p in gone) == ["checkpoint-20", "final"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10"]
+    assert checkpoint.size_of(tmp_path / "checkpoint-10") == 64

@@ -234,8 +234,21 @@ class CompleteCheckpoints(TrainerCallback):
                     "checkpoint %s complete (checksummed in %.2f s)%s", directory, time.perf_counter() - started,
                     f"; removed older {', '.join(p.name for p in removed)}" if removed else "",
                 )  # fmt: skip
+                self._warn_if_the_next_will_not_fit(directory)
         # No rank moves on (and may exit, ending rank 0 through the launcher) before the marker is written.
         barrier()
+
+
+    def _warn_if_the_next_will_not_fit(self, newest: Path) -> None:
+        """The next checkpoint is written before the oldest is removed, so it needs as much free
+        space as this one took: say so now, a save interval before the disk would fill."""
+        size, free = checkpoint.size_of(newest), checkpoint.free_bytes(self.output_dir)
+        if free is not None and free < size:
+            log.warning(
+                "%s took %.1f MiB and %s has %.1f MiB free: the next checkpoint will not fit. Free space there, "
+                "keep fewer checkpoints (training.save_total_limit, now %s) or set training.output_dir on another "
+                "file system", newest.name, size / 2**20, self.output_dir, free / 2**20, self.keep,
+            )  # fmt: skip
 
 
 class Heartbeat(TrainerCallback):

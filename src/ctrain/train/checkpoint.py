@@ -22,6 +22,7 @@ threads, so each rank reads only its part, and every rank gets the same verdict 
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -468,3 +469,51 @@ def rotate(output_dir: Path, keep: int | None, newest: Path) -> list[Path]:
     old = older[keep - 1 :]
     remove(old)
     return old
+
+
+#: Where a save failed and less than this is free, the save filled the file system: a failed write
+#: leaves at most its last buffer's worth free, while an error of another kind leaves the space as it was.
+FULL_BELOW = 4 << 20
+_FULL_WORDS = ("no space left on device", "disk quota exceeded")
+
+
+def size_of(directory: Path) -> int:
+    """The bytes of the files of the checkpoint in DIRECTORY, in every subdirectory (FSDP writes one)."""
+    return sum(_listing(directory).values())
+
+
+def free_bytes(directory: Path) -> int | None:
+    """The bytes this process may still write under DIRECTORY (root may use the reserved blocks); None if unknown."""
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return None
+    return (stats.f_bfree if os.geteuid() == 0 else stats.f_bavail) * stats.f_frsize
+
+
+def out_of_space(exc: BaseException, directory: Path) -> bool:
+    """Whether EXC, raised while a run wrote into DIRECTORY, comes from its file system being full.
+
+    An ENOSPC or EDQUOT anywhere in its chain says so, and so do their words in a message; torch's
+    zip writer reports the same failed write as ``unexpected pos N vs M``, so with no such sign the
+    free space decides."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(words in str(current).lower() for words in _FULL_WORDS):
+            return True
+        current = current.__cause__ or current.__context__
+    free = free_bytes(directory)
+    return free is not None and free < FULL_BELOW
+
+
+def discard_unfinished(output_dir: Path, final: Path) -> list[Path]:
+    """Remove the checkpoints and the final model a full disk left unmarked (never resumable: the
+    next start would remove them too), so the space they took is free again; returns them."""
+    gone = [*scan(output_dir).torn, *([final] if final.is_dir() and read_marker(final) is None else [])]
+    remove(gone)
+    return gone
+

@@ -22,7 +22,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from ctrain.errors import ConfigError, CtrainError, NodeUnfit, NonFiniteTraining, ToolNotFound
+from ctrain.errors import ConfigError, CtrainError, DiskFull, NodeUnfit, NonFiniteTraining, ToolNotFound
 
 EXITS_ENV = "CTRAIN_EXITS"
 MESSAGE_CHARS = 300
@@ -100,7 +100,7 @@ def classify(exc: BaseException | None, code: int) -> Exit:
     if isinstance(exc, CtrainError):
         cause = ("nonfinite" if isinstance(exc, NonFiniteTraining) else "config" if isinstance(exc, ConfigError)
                  else "environment" if isinstance(exc, ToolNotFound) else "unfit" if isinstance(exc, NodeUnfit)
-                 else "error")  # fmt: skip
+                 else "disk-full" if isinstance(exc, DiskFull) else "error")  # fmt: skip
         return Exit(exc.exit_code, cause, message)
     if isinstance(exc, MemoryError) or name == "OutOfMemoryError":
         return Exit(1, "out-of-memory", message)

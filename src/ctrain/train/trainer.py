@@ -17,14 +17,16 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ctrain.errors import ConfigError, CtrainError
+from ctrain.errors import ConfigError, CtrainError, DiskFull
 from ctrain.files import atomic_write_json, atomic_write_text, check_tree
-from ctrain.train import checkpoint, goodput, health, logs, rundir
+from ctrain.train import checkpoint, exits, goodput, health, logs, rundir
 from ctrain.train.artifacts import (
     COMPLETE_MARKER,
     FINAL_DIR,
@@ -474,6 +476,34 @@ def save_final_model(trainer: Any, final: Path, dtype: Any, adapters: bool) -> N
         atomic_write_text(config, json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
+@contextmanager
+def _full_disk_ends_the_run(recipe: Recipe, final: Path, rank: int) -> Iterator[None]:
+    """A save that fills training.output_dir's file system ends the run with one ``error:`` line
+    saying so and what to do (torch's own message for it is ``unexpected pos``), the unfinished
+    checkpoint removed so that its space is free again; the complete checkpoints stay, and the next
+    run resumes from the newest. The cause is ``disk-full``: a requeue would fill the same disk."""
+    try:
+        yield
+    except CtrainError:
+        raise
+    except Exception as exc:
+        output_dir = recipe.output_dir
+        if not checkpoint.out_of_space(exc, output_dir):
+            raise
+        free = checkpoint.free_bytes(output_dir)
+        removed = checkpoint.discard_unfinished(output_dir, final) if rank == 0 else []
+        latest = checkpoint.scan(output_dir).latest
+        raise DiskFull(
+            f"the file system of {output_dir} is full ({'?' if free is None else f'{free / 2**20:.1f} MiB'} free) "
+            f"and a save failed ({exits.one_line(f'{type(exc).__name__}: {exc}')}); "
+            + (f"removed the unfinished {', '.join(p.name for p in removed)}; " if removed else "")
+            + (f"{latest.name} is the newest complete checkpoint. " if latest else "no checkpoint is complete yet. ")
+            + "Free space there, keep fewer checkpoints (training.save_total_limit, now "
+            f"{recipe.training.save_total_limit}) or set training.output_dir on another file system, then run "
+            "the same command again" + (f": it resumes from {latest.name}" if latest else "")
+        ) from exc
+
+
 def run(recipe: Recipe) -> int:
     """Train the recipe in this process (one of the launcher's processes); returns the exit code."""
     openmp_defaults()
@@ -616,43 +646,43 @@ def run(recipe: Recipe) -> int:
             layout.accumulation, world, output_dir,
         )  # fmt: skip
     logs.rebind_handlers()
-    try:
-        trainer.train(resume_from_checkpoint=resume)
-    except AlreadyTrained as done:
+    with _full_disk_ends_the_run(recipe, final, rank):
+        try:
+            trainer.train(resume_from_checkpoint=resume)
+        except AlreadyTrained as done:
+            if rank == 0:
+                log.info("%s is at step %d of %d: nothing left to train; saving the final model from it",
+                         resume, done.step, trainer.state.max_steps)  # fmt: skip
+        finally:
+            preemption.restore()
+        stopped = preemption.stopped_at
+        if stopped is not None and trainer.state.global_step < trainer.state.max_steps:
+            if rank == 0:
+                atomic_write_json(
+                    output_dir / PREEMPTED_FILE,
+                    {
+                        "step": stopped,
+                        "checkpoint": str(output_dir / f"checkpoint-{stopped}"),
+                        "signal": signal.Signals(preemption.signal).name if preemption.signal else None,
+                        "exit_code": PREEMPTED_EXIT_CODE,
+                    },
+                )
+                log.info("stopped at step %d on a preemption signal; exit %d: requeue to resume",
+                         stopped, PREEMPTED_EXIT_CODE)  # fmt: skip
+            barrier()  # the launcher may end every rank once one exits non-zero: rank 0 has written first
+            close_process_group(PREEMPTED_EXIT_CODE)
+            return PREEMPTED_EXIT_CODE
+        save_final_model(trainer, final, saved_dtype, recipe.peft.enabled)
+        barrier()
         if rank == 0:
-            log.info("%s is at step %d of %d: nothing left to train; saving the final model from it",
-                     resume, done.step, trainer.state.max_steps)  # fmt: skip
-    finally:
-        preemption.restore()
-    stopped = preemption.stopped_at
-    if stopped is not None and trainer.state.global_step < trainer.state.max_steps:
-        if rank == 0:
-            atomic_write_json(
-                output_dir / PREEMPTED_FILE,
-                {
-                    "step": stopped,
-                    "checkpoint": str(output_dir / f"checkpoint-{stopped}"),
-                    "signal": signal.Signals(preemption.signal).name if preemption.signal else None,
-                    "exit_code": PREEMPTED_EXIT_CODE,
-                },
-            )
-            log.info(
-                "stopped at step %d on a preemption signal; exit %d: requeue to resume", stopped, PREEMPTED_EXIT_CODE
-            )
-        barrier()  # the launcher may end every rank once one exits non-zero: rank 0 has written first
-        close_process_group(PREEMPTED_EXIT_CODE)
-        return PREEMPTED_EXIT_CODE
-    save_final_model(trainer, final, saved_dtype, recipe.peft.enabled)
-    barrier()
-    if rank == 0:
-        (final / RECIPE_COPY).write_text(recipe.to_yaml())
-        if recipe.peft.merge:
-            log.info("merging the adapter into the base model: %s", final / MERGED_DIR)
-            merge_adapters(recipe, final, final / MERGED_DIR, saved_dtype)
-    barrier()
-    damage = checkpoint.seal(final, {"step": trainer.state.global_step, "world_size": world}, rank, world)
-    if damage is not None:
-        raise CtrainError(f"the final model in {final} cannot be read back ({damage}); it is not marked complete")
+            (final / RECIPE_COPY).write_text(recipe.to_yaml())
+            if recipe.peft.merge:
+                log.info("merging the adapter into the base model: %s", final / MERGED_DIR)
+                merge_adapters(recipe, final, final / MERGED_DIR, saved_dtype)
+        barrier()
+        damage = checkpoint.seal(final, {"step": trainer.state.global_step, "world_size": world}, rank, world)
+        if damage is not None:
+            raise CtrainError(f"the final model in {final} cannot be read back ({damage}); it is not marked complete")
     if rank == 0:
         goodput.mark("end", trainer.state.global_step)
         what = "adapter" if recipe.peft.enabled else "model"
