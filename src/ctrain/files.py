@@ -238,3 +238,84 @@ def check_tree(directory: Path, what: str, other: str, skip: Iterable[Path] = ()
         if not _can_write(path):
             problem, fix = _why_not(path, directory)
             raise ConfigError(f"{what} {directory} cannot be written: {problem}: {fix}, or {other}")
+
+
+# --- reading files a user or another process may have put anywhere --------------------------------
+
+#: How deep a JSON file ctrain reads may nest (its own records nest 3 levels, a model's config 4).
+MAX_JSON_DEPTH = 64
+
+
+def read_bounded(path: Path, limit: int, what: str) -> bytes:
+    """PATH's bytes, at most LIMIT of them; refused with one ConfigError naming WHAT when it is not
+    a regular file (a FIFO would block the reader, a device would never end) or holds more.
+
+    Opened without blocking and checked on the open descriptor, so a path swapped meanwhile is
+    checked as read, and read with the bound, so a file that grows is refused too."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path} is a directory, not a file") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {(exc.strerror or str(exc)).lower()}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError(f"{what} {path} is a directory, not a file")
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{what} {path} is not a regular file (a device, pipe or socket): name a file")
+        chunks, left = [], limit + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {(exc.strerror or str(exc)).lower()}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ConfigError(f"{what} {path} is larger than {_amount(limit)}, more than such a file can be: is it the "
+                          "right file?")  # fmt: skip
+    return data
+
+
+def read_text_bounded(path: Path, limit: int, what: str) -> str:
+    """:func:`read_bounded` as UTF-8 text (a BOM dropped); other bytes are refused with their line."""
+    raw = read_bounded(path, limit, what)
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{what} {path} line {line}: byte 0x{raw[exc.start]:02x} is not UTF-8 text") from None
+
+
+def json_depth_problem(value: Any, limit: int = MAX_JSON_DEPTH) -> str | None:
+    """Why VALUE (parsed JSON) nests too deep for ctrain to walk, or None; iterative, so any depth is safe."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return f"it nests deeper than {limit} levels"
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return None
+
+
+def load_json_bounded(path: Path, limit: int, what: str, depth: int = MAX_JSON_DEPTH) -> Any:
+    """PATH's JSON through :func:`read_text_bounded`; a file that is not JSON, or nests deeper than
+    DEPTH, is one ConfigError naming WHAT (never a RecursionError)."""
+    text = read_text_bounded(path, limit, what)
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{what} {path}: it nests deeper than {depth} levels") from None
+    except ValueError as exc:
+        raise ConfigError(f"{what} {path} is not valid JSON ({exc})") from None
+    problem = json_depth_problem(value, depth)
+    if problem:
+        raise ConfigError(f"{what} {path}: {problem}")
+    return value
+
+
+def _amount(n: int) -> str:
+    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n / 2**10:g} KiB" if n >= 2**10 else f"{n} bytes"

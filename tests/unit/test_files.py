@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
 
 from ctrain import files
+from ctrain.errors import ConfigError
 
 
 def test_replaces_whole_and_leaves_no_temporary(tmp_path: Path) -> None:
@@ -26,3 +29,29 @@ def test_failed_write_keeps_the_old_file(tmp_path: Path) -> None:
         files.atomic_write_json(path, {"not json": object()})
     assert path.read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["marker.json"]
+
+
+def test_bounded_reads_refuse_what_is_not_a_small_regular_file(tmp_path: Path) -> None:
+    """A FIFO (would block), a device (never ends), a directory, a file over the limit, bytes that are not
+    UTF-8, JSON nested past the limit (a RecursionError in json otherwise): each one ConfigError naming it."""
+    from ctrain.files import MAX_JSON_DEPTH, load_json_bounded, read_bounded
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "big").write_bytes(b"x" * 5000)
+    (tmp_path / "binary.json").write_bytes(b'{"a":\n"\xff"}')
+    (tmp_path / "deep.json").write_text("[" * 200_000 + "]" * 200_000)
+    (tmp_path / "deeper.json").write_text("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1))
+    (tmp_path / "ok.json").write_text("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH)
+    cases = {
+        tmp_path / "fifo": "is not a regular file", Path("/dev/zero"): "is not a regular file",
+        tmp_path: "is a directory", tmp_path / "missing": "no such file",
+        tmp_path / "big": "is larger than 4 KiB", tmp_path / "binary.json": "line 2: byte 0xff is not UTF-8",
+        tmp_path / "deeper.json": f"nests deeper than {MAX_JSON_DEPTH} levels",
+    }  # fmt: skip
+    for path, says in cases.items():
+        with pytest.raises(ConfigError, match=f"^the record {re.escape(str(path))}.*{says}|^cannot read the record"):
+            load_json_bounded(path, 4096, "the record")
+    with pytest.raises(ConfigError, match="nests deeper"):
+        load_json_bounded(tmp_path / "deep.json", 1 << 20, "the record")
+    assert files.json_depth_problem(load_json_bounded(tmp_path / "ok.json", 4096, "the record")) is None
+    assert read_bounded(tmp_path / "big", 5000, "the file") == b"x" * 5000
