@@ -64,3 +64,27 @@ def check(output_dir: Path, recipe: Recipe) -> list[str]:
         f"directory (training.output_dir=...), or continue that run from its newest checkpoint with these "
         "settings (training.resume=continue)"
     )
+
+
+#: Entries a listing of a foreign output directory shows in an error before "and N more".
+_SHOWN = 5
+
+
+def check_owned(output_dir: Path, prepared_dir: Path) -> None:
+    """Refuse an output directory that holds files no ctrain run wrote.
+
+    A start removes unfinished ``checkpoint-N`` and ``final`` directories, resumes from complete
+    ones and writes its own files over any of the same name; in the directory of another program
+    (a Trainer's output, a project) that would destroy its checkpoints. Every start writes
+    ``recipe.yaml`` before it trains, so a directory without it holds nothing of ctrain's but what
+    comes before: the prepared data and hidden staging directories."""
+    if not output_dir.is_dir() or (output_dir / RECIPE_COPY).exists():
+        return
+    foreign = sorted(p.name for p in output_dir.iterdir() if p != prepared_dir and not p.name.startswith("."))
+    if foreign:
+        shown = ", ".join(foreign[:_SHOWN]) + (f" and {len(foreign) - _SHOWN} more" if len(foreign) > _SHOWN else "")
+        raise ConfigError(
+            f"training.output_dir {output_dir} holds files no ctrain run wrote ({shown}; no {RECIPE_COPY}), and "
+            "training would resume from, remove or overwrite them: set training.output_dir to a new or empty directory"
+        )
+

@@ -540,6 +540,7 @@ def run(recipe: Recipe) -> int:
     for directory in (final, recipe.prepared_dir):
         if directory.exists() and not directory.is_dir():
             raise ConfigError(f"{directory} is a file where ctrain keeps a directory: move it away")
+    rundir.check_owned(output_dir, recipe.prepared_dir)
     if rank == 0 and not recipe.data.streaming:
         from ctrain.train import data
 
