@@ -64,6 +64,10 @@ def test_overrides_apply_on_top_and_are_checked(tmp_path: Path) -> None:
         (["data.eval_split=test"], "set at most one of data.eval_split"),
         (["training.learning_rate=0"], "training.learning_rate is 0.0"),
         (["training.preemption_signals=[SIGKILL]"], "'SIGKILL' is not a signal a process can catch"),
+        (["training.preemption_signals=[SIG_DFL]"], "'SIG_DFL' is not a signal a process can catch"),
+        (["training.preemption_signals=[SIG_IGN]"], "'SIG_IGN' is not a signal a process can catch"),
+        (["training.max_steps=9223372036854775807"], "training.max_steps is 9223372036854775807; at most 1,000,000,000"),
+        (["training.epochs=1e300"], "training.epochs is 1e[+]?300; at most 1,000,000"),
         (["training.save_steps=0"], "training.save_steps is 0"),
         (["tokenizer.train.vocab_size=100"], "vocab_size is 100"),
         (["data.streaming=true"], "data.streaming is for causal-LM pretraining"),
@@ -475,3 +479,23 @@ def test_owned_args_are_exactly_what_ctrain_sets(tmp_path: Path) -> None:
         set_by_run |= set(argument_values(recipe, plan(recipe), tmp_path / "out", []))
     assert set_by_run <= set(OWNED_ARGS), sorted(set_by_run - set(OWNED_ARGS))
     assert set(OWNED_ARGS) - set_by_run == {"gradient_checkpointing"}  # the old name of activation_checkpointing
+
+
+@pytest.mark.parametrize(
+    ("args", "ok"),
+    [({"adam_beta2": 5}, False), ({"adam_beta1": -0.1}, False), ({"adam_epsilon": 0}, False),
+     ({"max_grad_norm": "big"}, False), ({"label_smoothing_factor": 1}, False), ({"adam_beta2": True}, False),
+     ({"adam_beta2": 0.95, "adam_epsilon": 1e-8, "max_grad_norm": 0, "label_smoothing_factor": 0.1}, True)],
+)
+def test_optimizer_trainer_args_out_of_range_are_refused_before_training(args: dict, ok: bool) -> None:
+    """torch raises on these only when the optimizer is made, after the data and model have loaded."""
+    from transformers import TrainingArguments
+
+    from ctrain.train.preflight import check_trainer_args
+
+    if ok:
+        check_trainer_args(args, TrainingArguments)
+        return
+    with pytest.raises(ConfigError, match=rf"training.trainer_args.{next(iter(args))} is .*; it must be a number"):
+        check_trainer_args(args, TrainingArguments)
+

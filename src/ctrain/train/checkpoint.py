@@ -38,10 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctrain.files import atomic_write_json
+from ctrain.errors import ConfigError
+from ctrain.files import atomic_write_json, load_json_bounded
 from ctrain.train.artifacts import COMPLETE_MARKER
 
 log = logging.getLogger("ctrain.train")
+
+#: A marker lists each file of a checkpoint with its size and checksums (about 100 bytes a file).
+MAX_MARKER_BYTES = 16 * 2**20
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 DIGEST = "crc32"
@@ -124,7 +128,7 @@ def container_problem(path: Path) -> str | None:
                 for info in archive.infolist():
                     if info.header_offset + info.compress_size > size:
                         return f"zip member {info.filename} ends past the end of the file"
-    except (OSError, ValueError, LookupError, TypeError, AttributeError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, LookupError, TypeError, AttributeError, RecursionError, zipfile.BadZipFile) as exc:
         # Whatever a damaged header makes the parsing trip over: it would not load either.
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -285,8 +289,8 @@ def write_marker(directory: Path, info: dict[str, Any], files: Manifest | None =
 def read_marker(directory: Path) -> dict[str, Any] | None:
     """The marker of a complete checkpoint or final model; None when it is missing or unreadable."""
     try:
-        data = json.loads((directory / COMPLETE_MARKER).read_text())
-    except (OSError, json.JSONDecodeError):
+        data = load_json_bounded(directory / COMPLETE_MARKER, MAX_MARKER_BYTES, "the marker")
+    except ConfigError:
         return None
     return data if isinstance(data, dict) else None
 

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError
-from ctrain.files import check_directory
+from ctrain.files import check_directory, load_json_bounded
+from ctrain.settings import MAX_SETTINGS_BYTES
 from ctrain.train import demo
 from ctrain.train.artifacts import PREPARED_MARKER
 from ctrain.train.fingerprint import prepared_settings, settings_differences
@@ -526,10 +527,10 @@ def prepared_info(recipe: Recipe, directory: Path) -> dict[str, Any] | None:
 
 def _read_marker(marker: Path) -> dict[str, Any]:
     try:
-        info = json.loads(marker.read_bytes())
-    except OSError as exc:
-        raise ConfigError(f"cannot read {marker}: {exc.strerror or exc}") from exc
-    except ValueError:
+        info = load_json_bounded(marker, MAX_SETTINGS_BYTES, "the prepared data's marker")
+    except ConfigError as exc:
+        if str(exc).startswith("cannot read"):
+            raise
         info = None
     if not isinstance(info, dict):
         raise ConfigError(

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ctrain.settings import to_mapping
+from ctrain.files import read_bounded
+from ctrain.settings import MAX_SETTINGS_BYTES, to_mapping
 from ctrain.train.recipe import Recipe, expand_path
 from ctrain.train.sources import resolve_source
 
@@ -51,7 +52,7 @@ def prepared_settings(recipe: Recipe) -> dict[str, Any]:
                 if p.is_file() and any(k in p.name for k in ("token", "chat_template", "vocab", "merges", "spiece"))
             ]
     if recipe.tokenizer.chat_template:
-        text = expand_path(recipe.tokenizer.chat_template).read_bytes()
+        text = read_bounded(expand_path(recipe.tokenizer.chat_template), MAX_SETTINGS_BYTES, "tokenizer.chat_template:")
         tokenizer["chat_template_sha256"] = hashlib.sha256(text).hexdigest()
     settings = {
         "version": PREPARE_VERSION,

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError
+from ctrain.files import read_bounded
 
 # Event -> its arguments. The library's events (a test holds these names to ctrain_mark's calls).
 BATCH_EVENTS: dict[str, tuple[str, ...]] = {
@@ -112,26 +113,34 @@ class Run:
         return max(steps) if steps else self.resumed_step
 
 
+# The largest number a timeline's event may carry (an epoch, a step, a rate, seconds): far above any
+# real one, and small enough that sums and products of a whole timeline of them stay finite.
+MAX_NUMBER = 1e15
+
+
 def _number(text: str) -> float | None:
     try:
         value = float(text)
     except ValueError:
         return None
-    return value if math.isfinite(value) else None
+    return value if abs(value) <= MAX_NUMBER else None  # NaN and inf too: a line nobody wrote by hand
 
 
 def read(path: Path) -> tuple[list[Run], int]:
-    """The runs of a timeline file, and how many of its lines were not understood (skipped)."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
+    """The runs of a timeline file, and how many of its lines were not understood (skipped). Read
+    bounded (regular files only): --timeline may name /dev/zero or a FIFO."""
+    if not os.path.lexists(path):
         raise ConfigError(f"{path} does not exist: the job ran with a library older than version 4, or "
-                          "not from this project (the timeline is .ctrain/JOBID.timeline in the project)") from None  # fmt: skip
-    if size > MAX_BYTES:
-        raise ConfigError(f"{path} is {size} bytes, more than a timeline can be ({MAX_BYTES}): not reading it")
+                          "not from this project (the timeline is .ctrain/JOBID.timeline in the project)")  # fmt: skip
+    try:
+        raw = read_bounded(path, MAX_BYTES, "the timeline")
+    except ConfigError as exc:
+        if "is larger than" not in str(exc):
+            raise
+        raise ConfigError(f"{path} is more than a timeline can be ({MAX_BYTES} bytes): not reading it") from None
     runs: dict[int, Run] = {}
     skipped = 0
-    for line in path.read_text(errors="replace").splitlines():
+    for line in raw.decode(errors="replace").splitlines():
         words = line.split()
         when = _number(words[0]) if words else None
         if len(words) < 3 or when is None or not words[1].isdigit() or words[2] not in EVENTS:

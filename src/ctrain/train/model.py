@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import json
 import logging
 import math
 import warnings
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError
+from ctrain.files import load_json_bounded
+from ctrain.settings import MAX_SETTINGS_BYTES
 from ctrain.train.recipe import MAX_PARAMETERS, Recipe, check_max_length, check_rank, expand_path
 from ctrain.train.sources import BUILTIN_MODEL_TYPE
 
@@ -417,9 +418,8 @@ def _with_adapter(recipe: Recipe, adapter_dir: Path, **load: Any) -> Any:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    reference = recipe.model.path or json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get(
-        "base_model_name_or_path"
-    )
+    adapter = load_json_bounded(adapter_dir / ADAPTER_CONFIG, MAX_SETTINGS_BYTES, "the adapter's config")
+    reference = recipe.model.path or (adapter.get("base_model_name_or_path") if isinstance(adapter, dict) else None)
     if not reference:
         raise ConfigError(f"{adapter_dir} holds a LoRA adapter and neither it nor the recipe names its base model")
     local = expand_path(reference)

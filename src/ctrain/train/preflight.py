@@ -4,11 +4,12 @@ as far as this machine can without torch or downloads, before a job is queued or
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError
+from ctrain.files import load_json_bounded, read_text_bounded
+from ctrain.settings import MAX_SETTINGS_BYTES
 from ctrain.train.artifacts import PREPARED_MARKER
 from ctrain.train.layout import batch_layout
 from ctrain.train.recipe import RESUME_WORDS, Recipe, check_max_length, expand_path
@@ -23,34 +24,42 @@ from ctrain.train.sources import (
 
 
 def _settings_file(value: str, what: str) -> Path:
-    """A file a setting names: it exists, is a file and can be read."""
+    """A file a setting names: it exists, is a regular file and can be read."""
     path = expand_path(value)
     if path.is_dir():
         raise ConfigError(f"{what}: {value} is a directory; name a file")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{what}: {value} is not a regular file (a device, pipe or socket); name a file")
     if not path.is_file():
         raise ConfigError(f"{what}: {value} does not exist (relative paths are relative to {Path.cwd()})")
     _readable(path, what)
     return path
 
 
+def _model_config(recipe: Recipe) -> tuple[dict[str, Any] | None, Path | None]:
+    """The local model's config.json (model.path's, or model.config's file), read bounded before
+    transformers reads it whole; (None, None) for a hub name or a built-in model type."""
+    reference = recipe.model.path or recipe.model.config
+    assert reference is not None
+    path = expand_path(reference)
+    config = path / "config.json" if path.is_dir() else path
+    if not config.exists():
+        return None, None
+    data = load_json_bounded(config, MAX_SETTINGS_BYTES, "model: the config")
+    if not isinstance(data, dict):
+        raise ConfigError(f"model: {config} is not a model config (a JSON object)")
+    return data, config
+
+
 def _model_positions(recipe: Recipe) -> tuple[int | None, str]:
     """The model's max_position_embeddings where it can be read without transformers, and from where."""
+    data, config = _model_config(recipe)
     positions = recipe.model.config_overrides.get("max_position_embeddings")
     if isinstance(positions, int):
         return positions, "model.config_overrides"
     reference = recipe.model.path or recipe.model.config
     assert reference is not None
-    path = expand_path(reference)
-    config = path / "config.json" if path.is_dir() else path
-    if config.is_file() and config.suffix == ".json":
-        try:
-            data = json.loads(config.read_bytes())
-        except OSError as exc:
-            raise ConfigError(f"model: cannot read {config}: {exc.strerror or exc}") from exc
-        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-            raise ConfigError(f"model: {config} is not valid JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ConfigError(f"model: {config} is not a model config (a JSON object)")
+    if data is not None:
         text = data.get("text_config")
         data = text if isinstance(text, dict) else data
         for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
@@ -62,10 +71,7 @@ def _model_positions(recipe: Recipe) -> tuple[int | None, str]:
 def check_json_file(value: str, what: str) -> Path:
     """A JSON settings file (DeepSpeed config) that exists and parses."""
     path = _settings_file(value, what)
-    try:
-        data = json.loads(path.read_bytes())
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise ConfigError(f"{what}: {path} is not valid JSON: {exc}") from exc
+    data = load_json_bounded(path, MAX_SETTINGS_BYTES, f"{what}:")
     if not isinstance(data, dict):
         raise ConfigError(f"{what}: {path} holds {type(data).__name__}, not a JSON object of settings")
     return path
@@ -95,6 +101,21 @@ def check_trainer_args(extra: dict[str, Any], config: type) -> None:
             library = config.__module__.split(".")[0]
             raise ConfigError(f"training.trainer_args.{name} is not a field of {library}'s {config.__name__} "
                               f"(the version installed here): {hint}")  # fmt: skip
+    for name, (low, high, allowed) in _OPTIMIZER_RANGES.items():
+        value = extra.get(name)
+        if name in extra and (isinstance(value, bool) or not isinstance(value, (int, float)) or not low(value)
+                              or not high(value)):  # fmt: skip
+            raise ConfigError(f"training.trainer_args.{name} is {value!r}; it must be a number {allowed}")
+
+
+#: trainer_args the optimizer or loss takes as they are, and would refuse (or diverge on) only once training runs.
+_OPTIMIZER_RANGES: dict[str, tuple[Any, Any, str]] = {
+    "adam_beta1": (lambda v: v >= 0, lambda v: v < 1, "in [0, 1)"),
+    "adam_beta2": (lambda v: v >= 0, lambda v: v < 1, "in [0, 1)"),
+    "adam_epsilon": (lambda v: v > 0, lambda v: v < 1, "in (0, 1)"),
+    "max_grad_norm": (lambda v: v >= 0, lambda v: v < float("inf"), ">= 0 (0 turns clipping off)"),
+    "label_smoothing_factor": (lambda v: v >= 0, lambda v: v < 1, "in [0, 1)"),
+}
 
 
 def preflight(recipe: Recipe, world_size: int | None = None) -> list[str]:
@@ -122,10 +143,7 @@ def preflight(recipe: Recipe, world_size: int | None = None) -> list[str]:
             raise ConfigError(f"model.config: {exc}") from exc
     if recipe.tokenizer.chat_template:
         template = _settings_file(recipe.tokenizer.chat_template, "tokenizer.chat_template")
-        try:
-            template.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ConfigError(f"tokenizer.chat_template: {template} is not UTF-8 text") from None
+        read_text_bounded(template, MAX_SETTINGS_BYTES, "tokenizer.chat_template:")
     positions, where = _model_positions(recipe)
     check_max_length(data.max_length, positions, where)
     if recipe.training.deepspeed:

@@ -30,6 +30,8 @@ BUILTIN_SOURCES = ("addition", "subtraction")
 # Rows per optimizer step and tokens per row beyond any real run: larger values are typing mistakes
 # (and would make the batch layout search take forever).
 MAX_GLOBAL_BATCH = 2**24
+MAX_STEPS = 10**9  # a billion steps: far past any run, far below where step arithmetic overflows
+MAX_EPOCHS = 10**6
 MAX_LENGTH = 2**24
 # A LoRA rank above this is no low-rank adapter of any model that exists (hidden sizes stay below it).
 MAX_RANK = 2**16
@@ -343,6 +345,12 @@ class TrainingSettings:
         for name, value in positive.items():
             if value < 1:
                 raise ConfigError(f"training.{name} is {value}; it must be at least 1")
+        for name in ("max_steps", "eval_steps", "save_steps", "logging_steps", "save_total_limit"):
+            value = getattr(self, name)
+            if value is not None and value > MAX_STEPS:
+                raise ConfigError(f"training.{name} is {value}; at most {MAX_STEPS:,}")
+        if self.epochs > MAX_EPOCHS:
+            raise ConfigError(f"training.epochs is {self.epochs}; at most {MAX_EPOCHS:,}")
         if self.global_batch_size > MAX_GLOBAL_BATCH:
             raise ConfigError(
                 f"training.global_batch_size is {self.global_batch_size} rows per step; at most {MAX_GLOBAL_BATCH}"
@@ -713,7 +721,7 @@ def expand_path(value: str | Path) -> Path:
 def signal_number(name: str) -> int:
     """``SIGUSR1`` (or ``USR1``) -> its number; a ConfigError for names that cannot be caught."""
     full = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
-    if full in ("SIGKILL", "SIGSTOP") or not hasattr(signal, full):
+    if full in ("SIGKILL", "SIGSTOP") or full not in signal.Signals.__members__:  # not SIG_DFL, SIG_IGN
         raise ConfigError(f"training.preemption_signals: {name!r} is not a signal a process can catch (e.g. SIGUSR1)")
     return int(getattr(signal, full))
 

@@ -188,7 +188,15 @@ def _json_lines(path: Path, limit: int) -> Rows:
                 raise ConfigError(
                     f"data.source: {path} {where} is not valid JSON: {exc.msg} at column {exc.colno}{hint}"
                 ) from None
+            except RecursionError:
+                raise _too_deep(path, where) from None
             yield where, value, len(raw)
+
+
+def _too_deep(path: Path, where: str) -> ConfigError:
+    """A row nested past what the JSON parser follows: no chat or text row is, so it is not data for training."""
+    return ConfigError(f"data.source: {path}{' ' + where if where else ''} nests lists or objects thousands of "
+                       "levels deep: it is not a row of chats or text")  # fmt: skip
 
 
 def _json_array(path: Path) -> Rows:
@@ -205,6 +213,8 @@ def _json_array(path: Path) -> Rows:
         raise ConfigError(
             f"data.source: {path} line {exc.lineno}, column {exc.colno} is not valid JSON: {exc.msg}"
         ) from None
+    except RecursionError:
+        raise _too_deep(path, "") from None
     size = path.stat().st_size
     for number, row in enumerate(rows, 1):
         yield f"row {number}", row, size if number == 1 else 0

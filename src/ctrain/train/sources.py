@@ -5,7 +5,6 @@ shape of its examples, and whether a model or tokenizer reference is a local pat
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import stat
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ctrain.errors import ConfigError
+from ctrain.files import load_json_bounded
+from ctrain.settings import MAX_SETTINGS_BYTES
 from ctrain.train.recipe import BUILTIN_SOURCES, DataSettings, Recipe, expand_path
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
@@ -145,6 +146,9 @@ def model_kind(value: str, what: str = "") -> Literal["local", "hub"]:
     path = expand_path(value)
     if path.exists():
         _readable(path, value)
+        if not path.is_dir() and not path.is_file():
+            raise ConfigError(f"{value} is not a regular file (a device, pipe or socket): name a model's directory "
+                              "or config file")  # fmt: skip
         if what and not path.is_dir():
             raise ConfigError(
                 f"{value} is a file; {what} is a directory holding a saved model (config.json, weights, tokenizer "
@@ -205,11 +209,9 @@ def _arrow_columns(path: Path, fmt: str) -> list[str]:
 def _json_object(path: Path) -> dict[str, Any]:
     """A JSON object from a file datasets wrote; a ConfigError naming the file when it is damaged."""
     try:
-        data = json.loads(path.read_bytes())
-    except OSError as exc:
-        raise ConfigError(f"data.source: cannot read {path}: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise ConfigError(f"data.source: {path} is not valid JSON ({exc}): save the data set again") from exc
+        data = load_json_bounded(path, MAX_SETTINGS_BYTES, "data.source:")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}: save the data set again") from None
     if not isinstance(data, dict):
         raise ConfigError(f"data.source: {path} is not a JSON object: save the data set again")
     return data

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ctrain.errors import ConfigError
+from ctrain.files import read_text_bounded
+from ctrain.settings import MAX_SETTINGS_BYTES
 from ctrain.train.recipe import Recipe, TokenizerTraining, expand_path
 
 log = logging.getLogger("ctrain.train")
@@ -103,7 +105,9 @@ def load_tokenizer(recipe: Recipe) -> Any:
 def finish_tokenizer(tokenizer: Any, recipe: Recipe) -> Any:
     """Apply the recipe's chat template and make sure a pad token exists."""
     if recipe.tokenizer.chat_template:
-        tokenizer.chat_template = expand_path(recipe.tokenizer.chat_template).read_text()
+        tokenizer.chat_template = read_text_bounded(
+            expand_path(recipe.tokenizer.chat_template), MAX_SETTINGS_BYTES, "tokenizer.chat_template:"
+        )
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ConfigError(

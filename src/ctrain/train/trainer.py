@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError, CtrainError, DiskFull
-from ctrain.files import atomic_write_json, atomic_write_text, check_tree
+from ctrain.files import atomic_write_json, atomic_write_text, check_tree, load_json_bounded
+from ctrain.settings import MAX_SETTINGS_BYTES
 from ctrain.train import checkpoint, exits, goodput, health, logs, rundir
 from ctrain.train.artifacts import (
     COMPLETE_MARKER,
@@ -471,7 +472,7 @@ def save_final_model(trainer: Any, final: Path, dtype: Any, adapters: bool) -> N
     config = final / "config.json"
     if trainer.args.should_save and config.is_file():
         # save_pretrained names the dtype of the model in memory (the float32 masters): name the saved one.
-        values = json.loads(config.read_text())
+        values = load_json_bounded(config, MAX_SETTINGS_BYTES, "the saved model's config")
         values["dtype"] = str(dtype).removeprefix("torch.")
         atomic_write_text(config, json.dumps(values, indent=2, sort_keys=True) + "\n")
 
