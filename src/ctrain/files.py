@@ -17,12 +17,17 @@ from ctrain.errors import ConfigError, CtrainError
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, fsync it, rename it into place and fsync
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, fsync it, rename it into place and fsync
     the directory: a job killed mid-write (time limit, preemption, crash) leaves no half file."""
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with temporary.open("w") as handle:
-            handle.write(text)
+        with temporary.open("wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)

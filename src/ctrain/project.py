@@ -12,7 +12,6 @@ recorded, with hashes, in :data:`MANIFEST`, which is how "still the copy" and "e
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,6 +67,32 @@ def entries() -> list[Entry]:
     return found
 
 
+#: A project file ctrain writes is a few KiB; one larger than this is not one of them.
+MAX_PROJECT_FILE_BYTES = 4 * 2**20
+
+
+def _project_text(path: Path) -> str:
+    """A project file's text for comparing it with ctrain's copy (bytes that are not UTF-8 compare as different)."""
+    return files.read_bounded(path, MAX_PROJECT_FILE_BYTES, "the project file").decode(errors="replace")
+
+
+def _keep_edited(directory: Path, path: Path) -> Path:
+    """Copy the edited file at PATH, byte for byte, to ``NAME.edited`` or, when an earlier
+    ``--force`` left one with other content, the first free ``NAME.edited.N``: no edit is lost."""
+    content = files.read_bounded(directory / path, MAX_PROJECT_FILE_BYTES, "the project file")
+    for number in range(1000):
+        backup = path.with_name(path.name + EDITED_SUFFIX + (f".{number}" if number else ""))
+        target = directory / backup
+        if os.path.lexists(target):
+            if target.is_file() and not target.is_symlink() and target.stat().st_size == len(content):
+                if files.read_bounded(target, MAX_PROJECT_FILE_BYTES, "the edited copy") == content:
+                    return backup
+            continue
+        files.atomic_write_bytes(target, content)
+        return backup
+    raise ConfigError(f"{directory / path} has 1000 edited copies beside it: remove the old ones and run init again")
+
+
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -78,9 +103,9 @@ def read_manifest(directory: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text())
+        data = files.load_json_bounded(path, MAX_PROJECT_FILE_BYTES, "the manifest")
         return {str(k): str(v) for k, v in data["files"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ConfigError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{path} is not a ctrain init manifest ({exc}): remove it and run ctrain init --force") from exc
 
 
@@ -88,8 +113,8 @@ def written_by(directory: Path) -> str | None:
     """The ctrain version that last wrote the project's files (``init`` or ``--force``), if recorded."""
     path = directory / MANIFEST
     try:
-        version = json.loads(path.read_text()).get("ctrain") if path.is_file() else None
-    except (ValueError, AttributeError):
+        version = files.load_json_bounded(path, MAX_PROJECT_FILE_BYTES, "the manifest").get("ctrain")
+    except (ConfigError, AttributeError):
         return None
     return str(version) if version else None
 
@@ -98,7 +123,7 @@ def _status(directory: Path, entry: Entry, manifest: dict[str, str]) -> Status:
     target = directory / entry.path
     if not target.is_file():
         return "missing"
-    current = _sha256(target.read_text(errors="replace"))
+    current = _sha256(_project_text(target))
     if current == _sha256(entry.text()):
         return "same"
     return "outdated" if manifest.get(str(entry.path)) == current else "edited"
@@ -142,8 +167,7 @@ def init(directory: Path, *, force: bool = False, emit: Callable[[str], None] = 
             emit(f"kept {entry.path} (yours, edited since ctrain init)")
             continue
         if status == "edited":
-            backup = entry.path.with_name(entry.path.name + EDITED_SUFFIX)
-            files.atomic_write_text(directory / backup, (directory / entry.path).read_text(errors="replace"))
+            backup = _keep_edited(directory, entry.path)
             emit(f"replaced {entry.path}: it differed from ctrain {__version__}'s; your edited copy is in {backup}")
         todo.append(entry)
     return _write(directory, todo, manifest)
@@ -167,7 +191,7 @@ def _write(directory: Path, todo: list[Entry], manifest: dict[str, str]) -> list
             hashes[str(entry.path)] = _sha256(text)
         for entry in entries():
             target = directory / entry.path
-            if target.is_file() and _sha256(target.read_text(errors="replace")) == _sha256(entry.text()):
+            if target.is_file() and _sha256(_project_text(target)) == _sha256(entry.text()):
                 hashes[str(entry.path)] = _sha256(entry.text())
         files.atomic_write_json(directory / MANIFEST, {"ctrain": __version__, "files": dict(sorted(hashes.items()))})
     except (OSError, CtrainError):

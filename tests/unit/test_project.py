@@ -160,6 +160,29 @@ def test_force_refreshes_ctrains_files_and_keeps_the_users(new: Path) -> None:
     assert (new / "sbatch" / "lib" / "ctrain.sh.edited").read_text() == "edited\n"  # nothing the user wrote is lost
 
 
+def test_force_twice_keeps_every_edit_byte_for_byte(new: Path) -> None:
+    """A second edit and --force must not overwrite the first edit's copy, and bytes that are not UTF-8 stay."""
+    lib = new / "sbatch" / "lib" / "ctrain.sh"
+    lib.write_bytes(b"first edit\n")
+    assert ctrain("init", "--force", new)[0] == 0
+    lib.write_bytes(b"second edit \xff\n")
+    code, _, err = ctrain("init", "--force", new)
+    assert code == 0, err
+    assert "your edited copy is in sbatch/lib/ctrain.sh.edited.1" in err
+    assert (new / "sbatch/lib/ctrain.sh.edited").read_bytes() == b"first edit\n"
+    assert (new / "sbatch/lib/ctrain.sh.edited.1").read_bytes() == b"second edit \xff\n"
+    assert lib.read_bytes() == (REPO / "sbatch" / "lib" / "ctrain.sh").read_bytes()
+
+
+def test_a_manifest_nested_too_deep_is_one_error(new: Path) -> None:
+    from ctrain.project import MANIFEST
+
+    (new / MANIFEST).write_text('{"files":' + "[" * 50_000 + "]" * 50_000 + "}")
+    code, _, err = ctrain("init", "--force", new)
+    assert code != 0 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert "nests deeper than 64 levels" in err and "ctrain init --force" in err
+
+
 def test_a_new_project_has_what_its_recipes_errors_and_jobs_refer_to(new: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """configs/ (the DeepSpeed and accelerate configs the ZeRO-3 recipe and --launcher deepspeed
     name), docs/ (what errors, help and the scripts cite), and a .gitignore for the job state."""
