@@ -259,3 +259,10 @@ def test_more_layers_than_the_model_has_is_one_clear_error(tmp_path, export):
     assert "--layers 40: sft8b-ctrain's model has 32 decoder layers; give 1 to 32" in result.output
     assert "Traceback" not in result.output
     assert not target.exists()
+
+
+def test_no_case_named_is_an_error_not_an_empty_result() -> None:
+    from ctrain.bench.suite import pick_cases
+
+    with pytest.raises(ConfigError, match="--cases names no case; valid: seeds"):
+        pick_cases([])

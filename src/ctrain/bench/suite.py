@@ -28,6 +28,9 @@ from ctrain.errors import CommandError, ConfigError, CtrainError
 
 
 def pick_cases(names: list[str]) -> list[Case]:
+    """The named cases; none named is an error (an empty run would replace earlier results with nothing)."""
+    if not names:
+        raise ConfigError(f"--cases names no case; valid: {', '.join(CASES)}")
     unknown = [n for n in names if n not in CASES]
     if unknown:
         raise ConfigError(f"unknown bench case {', '.join(unknown)}; valid: {', '.join(CASES)}")
