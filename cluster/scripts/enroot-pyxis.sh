@@ -16,6 +16,24 @@ local_storage=${1:?usage: enroot-pyxis.sh LOCAL_STORAGE SQUASH_OPTIONS}
 squash_options=${2:?usage: enroot-pyxis.sh LOCAL_STORAGE SQUASH_OPTIONS}
 say() { echo "ctrain enroot-pyxis: $*"; }
 
+# Both values end up in enroot.conf, and enroot runs each value there through `eval echo` whenever it
+# runs: only plain paths and options pass (the forms `ctrain cluster init` and `validate` allow), so
+# nothing in them is ever run as a command. Byte-wise, so no locale widens the character classes.
+export LC_ALL=C
+path_form='^(/[A-Za-z0-9._-]+)+/?$'
+flag_or_word='(-[A-Za-z0-9_-]+|[A-Za-z0-9][A-Za-z0-9._,]*)'
+squash_form="^${flag_or_word}( +${flag_or_word})*\$"
+if ! [[ $local_storage =~ $path_form ]]; then
+    say "LOCAL_STORAGE $(printf %q "$local_storage") is not an absolute path of letters, digits," \
+        "'.', '_', '-' and '/'" >&2
+    exit 2
+fi
+if ! [[ $squash_options =~ $squash_form ]]; then
+    say "SQUASH_OPTIONS $(printf %q "$squash_options") are not mksquashfs options (flags such as -noI, plain" \
+        "arguments such as zstd or 3, separated by spaces)" >&2
+    exit 2
+fi
+
 # shellcheck source=/dev/null
 . /etc/parallelcluster/cfnconfig   # cfn_node_type: HeadNode, ComputeFleet or LoginNode
 command -v enroot >/dev/null || { say "enroot is not installed; use an official ParallelCluster >= 3.11 AMI"; exit 1; }

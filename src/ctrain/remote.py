@@ -10,14 +10,15 @@ turned into an error that names the cause and the fix.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
-import json
 import os
 import re
 import shlex
+import stat
 import subprocess
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -25,7 +26,7 @@ import yaml
 
 from ctrain import install_hint, proc
 from ctrain.errors import CommandError, ConfigError, CtrainError
-from ctrain.files import atomic_write_json, atomic_write_text
+from ctrain.files import atomic_write_json, atomic_write_text, control_problem, load_json_bounded
 from ctrain.settings import SettingsFile, build, read_settings, to_mapping
 
 PROFILES_ENV = "CTRAIN_CLUSTERS"
@@ -72,9 +73,39 @@ class Profile:
         if not self.ctrain or self.ctrain.startswith("-"):
             raise ConfigError(f"'{where}.ctrain' is {self.ctrain!r}: a command or a path", key=f"{where}.ctrain")
         for directory, key in ((self.project_dir, "project_dir"), (self.images_dir, "images_dir")):
-            if directory and not directory.startswith(("/", "~")):
-                raise ConfigError(f"'{where}.{key}' is {directory!r}: give an absolute path on the cluster",
-                                  key=f"{where}.{key}")  # fmt: skip
+            problem = _remote_dir_problem(directory) if directory else None
+            if problem:
+                raise ConfigError(f"'{where}.{key}' is {directory!r}: {problem}", key=f"{where}.{key}")
+
+
+def _remote_dir_problem(directory: str) -> str | None:
+    """Why ``directory`` cannot name a directory on the cluster, else None: an absolute path, or ``~/PATH``."""
+    if control := control_problem(directory):
+        return f"it {control}: name a directory on the cluster"
+    if directory.startswith("~") and directory != "~" and not directory.startswith("~/"):
+        return ("~NAME means another user's home, which ctrain does not look up: write the absolute path, or "
+                "~/PATH for a directory under your home on the cluster")  # fmt: skip
+    if not directory.startswith(("/", "~")):
+        return "give an absolute path on the cluster, or ~/PATH for a directory under your home there"
+    return None
+
+
+def on_cluster(directory: str) -> str:
+    """``directory`` as ssh and rsync take it: ``~/PATH`` (and ``~``) becomes PATH relative to the login
+    directory, which is where both start on the cluster; quoted, a ``~`` would be a directory named ``~``.
+    Absolute paths stay as they are."""
+    if directory != "~" and not directory.startswith("~/"):
+        return directory
+    rest = directory[1:].lstrip("/")
+    return "." if not rest else f"./{rest}" if rest.startswith("-") else rest
+
+
+def shown(directory: str) -> str:
+    """A directory on the cluster as the user writes it: ``~/PATH`` for one relative to the login directory."""
+    if directory.startswith("/"):
+        return directory
+    rest = directory.removeprefix("./").lstrip("/") if directory != "." else ""
+    return f"~/{rest}" if rest else "~"
 
 
 @dataclass(frozen=True)
@@ -121,6 +152,12 @@ class Cluster:
     name: str
     profile: Profile
 
+    def __post_init__(self) -> None:
+        # The directories as every command sends them (on_cluster): one meaning of ~/ for all of them.
+        p = self.profile
+        dirs = {"project_dir": on_cluster(p.project_dir), "images_dir": on_cluster(p.images_dir)}
+        object.__setattr__(self, "profile", replace(p, **dirs))
+
     @property
     def images_dir(self) -> str:
         return self.profile.images_dir or f"{self.profile.project_dir.rstrip('/')}/images"
@@ -151,12 +188,33 @@ def resolve(name: str | None, path: Path | None = None) -> Cluster | None:
 # --- the runner -----------------------------------------------------------------------------------
 
 
+# The longest directory for the sockets: a socket path holds about 100 bytes, and ssh adds '/', the
+# connection's 40-character hash (%C) and, while it connects, a 17-character suffix.
+_CONTROL_DIR_MAX = 40
+
+
 def _control_dir() -> Path:
-    """Where the shared connections' sockets live: short (sockets have a ~100-byte path limit), private."""
-    base = Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
-    directory = base / f"ctrain-ssh-{os.getuid()}"
-    directory.mkdir(mode=0o700, exist_ok=True)
-    if directory.stat().st_uid != os.getuid() or directory.stat().st_mode & 0o077:
+    """Where the shared connections' sockets live: short (sockets have a ~100-byte path limit), private.
+
+    In $XDG_RUNTIME_DIR where that is a directory of this user's with room for the name, else in /tmp
+    (not $TMPDIR: on macOS it alone is too long): a session whose runtime directory is gone (su, sudo,
+    a container) still connects."""
+    name = f"ctrain-ssh-{os.getuid()}"
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or ""
+    base = Path("/tmp")
+    if runtime.startswith("/") and len(runtime) + len(name) < _CONTROL_DIR_MAX:
+        with contextlib.suppress(OSError):
+            info = os.stat(runtime)
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+                base = Path(runtime)
+    directory = base / name
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(directory)
+    except OSError as exc:
+        raise CtrainError(f"cannot create {directory} for ssh's shared connections ({exc.strerror}): make {base} "
+                          "writable, or point XDG_RUNTIME_DIR at a directory of yours") from None  # fmt: skip
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise CtrainError(f"{directory} is not private to you: remove it, ctrain makes it again")
     return directory
 
@@ -335,7 +393,7 @@ def sync_project(ssh: Ssh, root: Path, *, emit: Callable[[str], None]) -> None:
     if (root / ".gitignore").is_file():
         filters.append("--filter=:- .gitignore")
     sent = _rsync(ssh, [*filters, f"{root}/"], f"{directory}/")
-    emit(f"cluster {ssh.cluster.name}: {len(sent)} project file(s) sent to {directory}" + (
+    emit(f"cluster {ssh.cluster.name}: {len(sent)} project file(s) sent to {shown(directory)}" + (
         f" ({', '.join(sent[:5])}{', ...' if len(sent) > 5 else ''})" if sent else " (all up to date)"))
 
 
@@ -397,7 +455,7 @@ def send_unsent_paths(ssh: Ssh, paths: dict[str, str], root: Path, *, emit: Call
         ssh.run(["mkdir", "-p", "--", f"{directory}/inputs/{section}"])
         slash = "/" if local.is_dir() else ""
         sent = _rsync(ssh, [f"{local}{slash}"], f"{directory}/{target}{slash}")
-        emit(f"cluster {ssh.cluster.name}: {key} {raw} is outside the project: sent to {directory}/{target} "
+        emit(f"cluster {ssh.cluster.name}: {key} {raw} is outside the project: sent to {shown(directory)}/{target} "
              f"({len(sent)} file(s) changed); the job reads it there ({key}={target})")  # fmt: skip
         overrides.append(f"{key}={target}")
     return overrides
@@ -429,10 +487,18 @@ def jobs_path() -> Path:
     return state_home / "ctrain" / "jobs.json"
 
 
+# jobs.json holds the newest 1000 jobs: a few tens of KiB.
+MAX_JOBS_BYTES = 4 * 2**20
+
+
 def _submitted() -> dict[str, list[str]]:
+    """What :func:`record_job` kept; none when the file is missing or is not one it wrote (bounded: a
+    FIFO or a device there is refused, never read)."""
+    if not os.path.lexists(jobs_path()):
+        return {}
     try:
-        data = json.loads(jobs_path().read_text())
-    except (OSError, ValueError):
+        data = load_json_bounded(jobs_path(), MAX_JOBS_BYTES, "the submitted jobs file")
+    except CtrainError:
         return {}
     if not isinstance(data, dict):
         return {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import io
 import json
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from ctrain import proc
 from ctrain.cluster import setup as cluster_setup
 from ctrain.cluster.efa import EFA_INSTANCE_TYPES
 from ctrain.errors import ConfigError, CtrainError, ParseError
+from ctrain.files import read_bounded
 from ctrain.settings import MAX_SETTINGS_BYTES, bounded
 
 OFFLINE_CHECK = Path(__file__).with_name("_offline_check.py")
@@ -204,20 +206,26 @@ def placement_problems(config: dict[str, Any]) -> list[Problem]:
     return found
 
 
-def custom_actions(config: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """Every custom-action script URI in the config, with where it is."""
-    pools = (config.get("LoginNodes") or {}).get("Pools") or []
+def _action_steps(config: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every custom-action step that names a script (``Script``, ``Args``), with where it is."""
+    login = config.get("LoginNodes")
+    pools = (login.get("Pools") if isinstance(login, dict) else None) or []
     holders = [("HeadNode", config.get("HeadNode")), *_queues(config)]
     holders += [(f"LoginNodes.Pools[{i}]", pool) for i, pool in enumerate(pools)]
     for where, holder in holders:
         actions = (holder.get("CustomActions") or {}) if isinstance(holder, dict) else {}
-        for event, action in actions.items():
+        for event, action in actions.items() if isinstance(actions, dict) else ():
             steps = (action.get("Sequence") or [action]) if isinstance(action, dict) else []
             for k, step in enumerate(steps):
-                script = step.get("Script") if isinstance(step, dict) else None
-                if script:
+                if isinstance(step, dict) and step.get("Script"):
                     seq = f".Sequence[{k}]" if "Sequence" in action else ""
-                    yield f"{where}.CustomActions.{event}{seq}.Script", str(script)
+                    yield f"{where}.CustomActions.{event}{seq}", step
+
+
+def custom_actions(config: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """Every custom-action script URI in the config, with where it is."""
+    for where, step in _action_steps(config):
+        yield f"{where}.Script", str(step["Script"])
 
 
 def _local(setup: cluster_setup.Setup, uri: str) -> Path | None:
@@ -278,12 +286,67 @@ def project_problems(setup: cluster_setup.Setup, config: dict[str, Any]) -> list
     return found
 
 
+def _get(config: Any, *keys: str | int) -> Any:
+    """``config[k1][k2]...``, or None where a part is missing or of another kind."""
+    for key in keys:
+        if isinstance(key, int):
+            config = config[key] if isinstance(config, list) and key < len(config) else None
+        else:
+            config = config.get(key) if isinstance(config, dict) else None
+    return config
+
+
+# A MountDir as ParallelCluster takes it (the leading '/' optional), of plain names only.
+_MOUNT_DIR = cluster_setup.Rule(
+    re.compile(r"/?[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*/?"), "a path of letters, digits, '.', '_', '-' and '/'"
+)
+
+
+def value_problems(config: dict[str, Any]) -> list[Problem]:
+    """The values that reach the nodes' shell and their enroot.conf (which enroot runs through `eval
+    echo`), and those ctrain passes to commands, held to the forms of :data:`ctrain.cluster.setup.RULES`:
+    the same rules as ``ctrain cluster init``, for a config written or edited by hand."""
+    rules = cluster_setup.RULES
+    values: list[tuple[str, Any, cluster_setup.Rule]] = [
+        ("Region", config.get("Region"), rules["region"]),
+        ("HeadNode.Networking.SubnetId", _get(config, "HeadNode", "Networking", "SubnetId"), rules["head_node_subnet"]),
+        ("HeadNode.Ssh.KeyName", _get(config, "HeadNode", "Ssh", "KeyName"), rules["key_pair"]),
+        ("HeadNode.LocalStorage.EphemeralVolume.MountDir",
+         _get(config, "HeadNode", "LocalStorage", "EphemeralVolume", "MountDir"), _MOUNT_DIR),
+    ]  # fmt: skip
+    for qwhere, queue in _queues(config):
+        subnets = _get(queue, "Networking", "SubnetIds")
+        for j, subnet in enumerate(subnets if isinstance(subnets, list) else []):
+            values.append((f"{qwhere}.Networking.SubnetIds[{j}]", subnet, rules["compute_subnet"]))
+        mount = _get(queue, "ComputeSettings", "LocalStorage", "EphemeralVolume", "MountDir")
+        values.append((f"{qwhere}.ComputeSettings.LocalStorage.EphemeralVolume.MountDir", mount, _MOUNT_DIR))
+    storages = config.get("SharedStorage")
+    for i, storage in enumerate(storages if isinstance(storages, list) else []):
+        values.append((f"SharedStorage[{i}].MountDir", _get(storage, "MountDir"), _MOUNT_DIR))
+    found = []
+    for where, step in _action_steps(config):
+        if str(step["Script"]).rsplit("/", 1)[-1] != PYXIS_SCRIPT:
+            continue
+        args = step.get("Args")
+        if isinstance(args, list) and len(args) == 2:
+            values.append((f"{where}.Args[0]", args[0], rules["local_storage"]))
+            values.append((f"{where}.Args[1]", args[1], rules["enroot_squash_options"]))
+        else:
+            said = f"{len(args)} of them" if isinstance(args, list) else "none" if args is None else repr(args)
+            found.append(Problem("ERROR", f"{where}.Args", f"{PYXIS_SCRIPT} takes two Args, LOCAL_STORAGE (an absolute "
+                                 f"path) and SQUASH_OPTIONS (mksquashfs options); found {said}", CTRAIN))  # fmt: skip
+    for where, value, rule in values:
+        if value is not None and (problem := rule.problem(value)):
+            found.append(Problem("ERROR", where, problem, CTRAIN))
+    return found
+
+
 def ctrain_problems(setup: cluster_setup.Setup, config: dict[str, Any], offline: Offline | None = None) -> list[Problem]:
     """ctrain's rules; instance types are checked against the list ``offline`` brings from botocore."""
     known = offline.instance_types if offline else frozenset()
     types = instance_type_problems(config, known, offline.botocore) if offline else []
-    return (types + efa_problems(config, known) + placement_problems(config) + script_problems(setup, config)
-            + project_problems(setup, config))  # fmt: skip
+    return (value_problems(config) + types + efa_problems(config, known) + placement_problems(config)
+            + script_problems(setup, config) + project_problems(setup, config))  # fmt: skip
 
 
 # --- both ---------------------------------------------------------------------------------------
@@ -300,13 +363,7 @@ def read(path: Path) -> dict[str, Any]:
         )
     if not path.exists():
         raise ConfigError(f"{path} does not exist: `ctrain cluster init` writes it")
-    try:
-        size = path.stat().st_size
-        if size > MAX_SETTINGS_BYTES:
-            raise ConfigError(f"{path} is {size / 2**20:.0f} MiB, far larger than a ParallelCluster config: is it the right file?")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    data = read_bounded(path, MAX_SETTINGS_BYTES, "ParallelCluster config")  # a FIFO or /dev/zero is refused
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from ctrain.cluster.setup import Setup
+from ctrain.cluster.setup import Setup, check_settings
 from ctrain.errors import ConfigError
-from ctrain.files import atomic_write_text
-from ctrain.settings import load_yaml
+from ctrain.files import atomic_write_text, read_bounded
+from ctrain.settings import MAX_SETTINGS_BYTES, load_yaml
 
 PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 # Queue names in the template and the settings that switch them on.
@@ -33,8 +33,10 @@ def resource_name(instance_type: str) -> str:
 
 
 def values(setup: Setup) -> dict[str, Any]:
-    """Every placeholder's value; ``None`` drops the key that holds it."""
+    """Every placeholder's value; ``None`` drops the key that holds it. Checked again here, however the
+    settings were made: these values reach the nodes' scripts and enroot.conf."""
     s = setup.settings
+    check_settings(s)
     missing = [f"cluster.{key} ({flag})" for key, flag in REQUIRED.items() if not getattr(s, key)]
     if missing:
         raise ConfigError(
@@ -140,8 +142,11 @@ def write(setup: Setup, output: Path | None = None, *, force: bool = False) -> P
     """Write the filled config; an existing different file is kept unless ``force``."""
     path = setup.path(output) if output else setup.config_file
     text = render(setup)
-    if path.exists() and not force and path.read_text() != text:
-        raise ConfigError(f"{path} exists and differs from what init would write; pass --force to replace it")
+    if path.exists():
+        if not path.is_file():  # a directory, or a device or pipe that --force would replace
+            raise ConfigError(f"{path} exists and is not a regular file: name a file for the config (-o FILE)")
+        if not force and read_bounded(path, MAX_SETTINGS_BYTES, "the config file") != text.encode():
+            raise ConfigError(f"{path} exists and differs from what init would write; pass --force to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, text)
     return path
