@@ -102,6 +102,20 @@ CASES = [
          project(ro=None), read_only=["ro"]),  # fmt: skip
     Case("convert-read-only-parent", ["convert", "--to", "sif", "-o", "ro/new/deeper/ctrain.sif"],
          ["not writable", "-o/--output"], project(ro=None), read_only=["ro"]),  # fmt: skip
+    Case("convert-over-a-recipe", ["convert", "--to", "sif", "-o", "recipes/r.yaml"], ["no container image", "kept"],
+         project(**{"recipes__r.yaml": "x: 1\n"})),  # fmt: skip
+    Case("convert-output-newline", ["convert", "--to", "sif", "-o", "a\nb.sif"], ["control character"], project()),
+    # --- build: values the definition holds as text (a docker daemon that never answers: no build) --
+    Case("build-torch-index-shell", ["build"], ["image.torch_index", "'$'", "http(s) URL"],
+         files(**{"ctrain.yaml": f"image:\n  context: {REPO}\n  builder: docker\n  torch_index: "
+                  "'https://x.example/$(touch pwned)'\n"}), env={"DOCKER_HOST": "unix:///nonexistent.sock"}),
+    Case("build-base-quote", ["build", "--builder", "docker", "--flavour", "cpu", "--base", 'oci:/tmp/a"b'],
+         ["image.base (--base)", "'\"'"], project(), env={"DOCKER_HOST": "unix:///nonexistent.sock"}),
+    # --- cache clear: a directory that is no image cache is refused, nothing removed --------------
+    Case("cache-clear-project-dir", ["cache", "clear", "--dir", "."], ["not an image cache", "nothing was removed"],
+         project(recipes__r=None, configs__c=None)),  # fmt: skip
+    Case("cache-clear-env-project-dir", ["cache", "clear"], ["not an image cache", "nothing was removed"],
+         project(recipes__r=None), env={"CTRAIN_IMAGE_CACHE": "."}),  # fmt: skip
     # --- push: every destination checked before anything is converted or sent --------------------
     Case("push-registry-scheme", ["push", "--registry", "https://ghcr.io/team"], ["drop https://", "ghcr.io/team"],
          project()),  # fmt: skip
@@ -141,6 +155,10 @@ CASES = [
     Case("push-bad-image-ref", ["push", "--image", "Ctrain", "--registry", "ghcr.io/team"], ["--image", "lowercase"],
          project()),  # fmt: skip
     Case("push-nowhere", ["push"], ["nowhere to push"], project()),
+    Case("push-over-a-recipe", ["push", "--file", "c.sif", "--remote", "recipes/r.yaml"],
+         ["no container image", "is kept", "--remote"], project(**{"c.sif": SIF_HEAD, "recipes__r.yaml": "x: 1\n"})),
+    Case("push-remote-dash-path", ["push", "--file", "c.sif", "--remote", "login:-oProxyCommand=x/"],
+         ["starts with '-'"], project(**{"c.sif": SIF_HEAD})),  # fmt: skip
     Case("wheelhouse-read-only", ["wheelhouse", "ro/wheels"], ["cannot fill the wheelhouse", "not writable"],
          project(ro=None), read_only=["ro"]),  # fmt: skip
     # --- submit: the image, before anything is queued --------------------------------------------

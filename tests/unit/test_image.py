@@ -146,7 +146,7 @@ def test_up_to_date_needs_same_image_format_compression_and_untouched_file(tmp_p
 def test_cached_conversion_does_no_work(tmp_path: Path) -> None:
     """An up-to-date output returns at once: no tool is run (this image could not be exported)."""
     output = tmp_path / "ctrain.sqsh"
-    output.write_bytes(b"squashfs")
+    output.write_bytes(b"hsqs squashfs")
     _record(output, IMAGE.id)
     messages: list[str] = []
     result = convert.convert(IMAGE, "sqsh", output, compression="zstd", context=REPO, emit=messages.append)
@@ -189,7 +189,7 @@ def test_sif_built_by_apptainer_cannot_become_sqsh(tmp_path: Path) -> None:
 
 def test_push_files_to_a_local_directory_is_verified_and_atomic(tmp_path: Path) -> None:
     source = tmp_path / "ctrain-cpu.sqsh"
-    source.write_bytes(os.urandom(1 << 20))
+    source.write_bytes(b"hsqs" + os.urandom(1 << 20))
     dest = tmp_path / "shared"
     dest.mkdir()
     messages: list[str] = []
@@ -207,8 +207,8 @@ def test_push_files_to_a_local_directory_is_verified_and_atomic(tmp_path: Path) 
 
 def test_push_files_errors(tmp_path: Path) -> None:
     a, b = tmp_path / "a.sif", tmp_path / "b.sqsh"
-    a.write_text("a")
-    b.write_text("b")
+    a.write_bytes(b"\0SIF_MAGIC a")
+    b.write_bytes(b"hsqs b")
     with pytest.raises(CtrainError, match="needs one"):
         push.push_files([a, b], str(tmp_path / "not-a-dir"))
     with pytest.raises(CtrainError, match="does not exist"):
@@ -252,8 +252,8 @@ def test_push_flags_replace_the_configured_destinations(monkeypatch: pytest.Monk
     """A destination on the command line replaces push: in ctrain.yaml (the ssh options stay)."""
     config = ProjectConfig(push=PushConfig(registry="ghcr.io/team", oras="oras://h/x:1", ssh_options=["-p2222"]))
     sif = tmp_path / "a.sif"
+    sif.write_bytes(b"\0SIF_MAGIC")
     sent: list[tuple[list[Path], str, list[str]]] = []
-    monkeypatch.setattr(service.convert_mod, "file_format", lambda f: "sif")
     monkeypatch.setattr(service.push_mod, "check_destination", lambda *a, **k: None)
     monkeypatch.setattr(service.push_mod, "push_files", lambda files, remote, ssh_options: sent.append(
         (files, remote, ssh_options)) or [f"{remote}{files[0].name}"])  # fmt: skip

@@ -23,10 +23,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ctrain import proc, resources, ui
 from ctrain.errors import CommandError, ConfigError, CtrainError
-from ctrain.files import make_dirs, remove_dirs, writable_dir_problem
+from ctrain.files import control_problem, make_dirs, remove_dirs, shorten, writable_dir_problem
 from ctrain.image import secrets, store
 
 BUILDERS = ("docker", "podman", "buildah", "apptainer")
@@ -168,8 +169,70 @@ class Progress:
         self.emit(f"[{self.label}{step} {elapsed // 60:02d}:{elapsed % 60:02d}] {line}")
 
 
+# What a value that reaches the build's recipe may hold. Apptainer pastes each --build-arg into the
+# definition's text (TORCH_INDEX_URL into a double-quoted %post shell line, BASE into the From: header
+# and a label), so a quote, $, `, \, ;, a space or a newline would end the value and run as shell or
+# as definition; the Dockerfile's build arguments are held to the same rule.
+ARG_CHARS = "letters, digits and - . _ ~ : / ? # [ ] @ % + = , &"
+_SAFE_ARG = re.compile(r"[A-Za-z0-9._~:/?#\[\]@%+=,&-]*")
+# Where each build argument's value comes from, for the error that refuses one.
+_ARG_SOURCES = {
+    "FLAVOUR": "image.flavour (--flavour)",
+    "BASE_IMAGE": "image.base (--base)",
+    "BASE": "image.base (--base)",
+    "BOOTSTRAP": "the scheme of image.base (--base)",
+    "TORCH_INDEX_URL": "image.torch_index",
+    "CTRAIN_VERSION": "__version__ in src/ctrain/__init__.py of the build context",
+    "GIT_COMMIT": "the build context's git commit",
+}
+
+
+def _unsafe(value: str) -> str | None:
+    """The first character of ``value`` that may not reach the definition, or None."""
+    return next((char for char in value if not _SAFE_ARG.fullmatch(char)), None)
+
+
+def check_value(what: str, value: str) -> None:
+    """A ConfigError naming ``what`` unless ``value`` can go into the image's definition as text."""
+    bad = _unsafe(value)
+    if bad is not None:
+        raise ConfigError(
+            f"{what} {shorten(value, 120)!r} contains {bad!r}: a value the image's build definition holds may have "
+            f"{ARG_CHARS} only (quotes, $, `, \\, ;, spaces would run as shell during the build); percent-encode a "
+            "URL's other characters, or move a file to a path without them"
+        )
+
+
+def check_torch_index(url: str, setting: str = "image.torch_index") -> str:
+    """``url`` without credentials, checked: ``none``, or an http(s) URL of :data:`ARG_CHARS` only,
+    since Apptainer writes it into a shell line of the definition (``ctrain build``)."""
+    if url == "none":
+        return url
+    clean = secrets.split_url(url, setting)[0]
+    bad = _unsafe(clean)
+    if bad is not None:
+        raise ConfigError(
+            f"{setting} {shorten(clean, 120)!r} contains {bad!r}: give an http(s) URL of {ARG_CHARS} only "
+            "(percent-encode anything else), or none; Apptainer writes it into a shell line of the build definition"
+        )
+    try:
+        parts = urlsplit(clean)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # a malformed [IPv6] host or port
+        usable = False
+    if not usable:
+        raise ConfigError(
+            f"{setting} {shorten(clean, 120)!r} is not an index URL: give http(s)://HOST/PATH (the default is "
+            "https://download.pytorch.org/whl/cpu), or none for pip's own configuration"
+        )
+    return clean
+
+
 def build_args(req: BuildRequest) -> tuple[dict[str, str], list[secrets.Credential]]:
-    """The builder's build arguments (index URLs without credentials), and the credentials."""
+    """The builder's build arguments (index URLs without credentials), and the credentials; each
+    value checked (:func:`check_value`) before a builder pastes it into the recipe."""
+    if req.torch_index:
+        check_torch_index(req.torch_index)
     indexes, credentials = secrets.split_urls({"image.torch_index": req.torch_index})
     args = {
         "FLAVOUR": req.flavour,
@@ -180,6 +243,8 @@ def build_args(req: BuildRequest) -> tuple[dict[str, str], list[secrets.Credenti
         args["BASE_IMAGE"] = req.base
     if indexes["image.torch_index"]:
         args["TORCH_INDEX_URL"] = indexes["image.torch_index"]
+    for key, value in args.items():
+        check_value(_ARG_SOURCES.get(key, key), value)
     return args, credentials
 
 
@@ -411,8 +476,13 @@ def apptainer_command(
     if os.geteuid() == 0:
         cmd.append("--notest")  # Apptainer may refuse to start the %test container as root (convert.py)
     for key, value in def_args.items():
+        check_value(_ARG_SOURCES.get(key, key), value)
         cmd += ["--build-arg", f"{key}={value}"]
     if req.wheelhouse:
+        shown = str(req.wheelhouse)
+        if any(char in shown for char in ":,") or control_problem(shown):
+            raise ConfigError(f"wheelhouse {shown!r}: Apptainer's --bind cannot take a path with ':', ',' or a "
+                              "control character; move the wheelhouse to a path without them")  # fmt: skip
         cmd += ["--bind", f"{req.wheelhouse}:/wheelhouse"]
     if netrc:
         cmd += ["--bind", f"{netrc.parent}:{secrets.MOUNT_DIR}:ro"]

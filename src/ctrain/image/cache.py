@@ -9,19 +9,27 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ctrain.errors import CtrainError
+from ctrain.errors import ConfigError, CtrainError
+from ctrain.files import control_problem, read_bounded, shorten
 
 COMPLETE = "complete"
 USED = "used"
 LOCK = "lock"
+ROOTFS = "rootfs"
+# An entry's name, as ctrain_image_key makes it: 16 hex digits of a sha256.
+KEY = re.compile(r"[0-9a-f]{16}")
+# The files CTRAIN_IMAGE_PREPARE writes into an entry besides rootfs/, and nothing else: a directory
+# holding anything more is not an entry, and not ctrain's to remove.
+ENTRY_FILES = frozenset({COMPLETE, USED, "image", "size-kib", "unpack.log"})
 
 
 def default_dir(env: os._Environ[str] | dict[str, str] = os.environ) -> Path:
@@ -49,11 +57,38 @@ class Entry:
 
 
 def _read(path: Path, limit: int = 4096) -> str:
+    """A small file of an entry, "" when it cannot be read (bounded, and a FIFO does not block)."""
     try:
-        with path.open("rb") as handle:
-            return handle.read(limit).decode("utf-8", "replace").strip()
-    except OSError:
+        return read_bounded(path, limit, "cache file").decode("utf-8", "replace").strip()
+    except ConfigError:
         return ""
+
+
+def is_entry(path: Path) -> bool:
+    """Whether ``path`` is an entry the sbatch library made: a directory named by a key that holds
+    only rootfs/ and the entry's own files. What else a directory holds is not the cache's, so
+    ``ctrain cache clear`` given the wrong directory (a project, a home) removes none of it."""
+    if path.is_symlink() or not path.is_dir() or not KEY.fullmatch(path.name):
+        return False
+    try:
+        for child in path.iterdir():
+            mode = child.lstat().st_mode
+            if not (stat.S_ISDIR(mode) if child.name == ROOTFS else child.name in ENTRY_FILES and stat.S_ISREG(mode)):
+                return False
+    except OSError:
+        return False
+    return True
+
+
+def _is_lock(path: Path) -> bool:
+    return path.name == LOCK and not path.is_symlink() and path.is_file()
+
+
+def others(cache: Path) -> list[Path]:
+    """What ``cache`` holds that is neither an entry nor the cache's lock: left alone, and named."""
+    if not cache.is_dir():
+        return []
+    return sorted(p for p in cache.iterdir() if not _is_lock(p) and not is_entry(p))
 
 
 @contextmanager
@@ -88,7 +123,7 @@ def entries(cache: Path) -> list[Entry]:
         return []
     found = []
     for path in sorted(cache.iterdir()):
-        if path.is_symlink() or not path.is_dir():
+        if not is_entry(path):
             continue
         complete = path / COMPLETE
         size = _read(path / "size-kib")
@@ -96,16 +131,28 @@ def entries(cache: Path) -> list[Entry]:
             used: float | None = (path / USED).stat().st_mtime
         except OSError:
             used = None
-        found.append(Entry(path, _read(path / "image"), int(size) if size.isdigit() else 0, used,
+        image = _read(path / "image")
+        image = repr(image) if control_problem(image) else image  # printed: no terminal escapes
+        found.append(Entry(path, image, int(size) if size.isdigit() else 0, used,
                            complete.is_file(), complete.is_file() and _held(complete)))  # fmt: skip
     return sorted(found, key=lambda entry: entry.used or 0.0)
 
 
 @contextmanager
 def _locked(cache: Path) -> Iterator[None]:
-    """The cache's lock, as a job takes it to unpack or evict: held, nothing else changes it."""
-    fd = os.open(cache / LOCK, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    """The cache's lock, as a job takes it to unpack or evict: held, nothing else changes it. Never
+    through a link, and never a FIFO (opening one would wait for a reader that never comes)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    wrong = f"the image cache's lock {cache / LOCK} is not a regular file (a link, FIFO or directory): remove it"
+    if os.path.lexists(cache / LOCK) and not _is_lock(cache / LOCK):
+        raise CtrainError(wrong)
     try:
+        fd = os.open(cache / LOCK, flags, 0o600)
+    except OSError as exc:
+        raise CtrainError(f"cannot take the image cache's lock {cache / LOCK} ({exc.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CtrainError(wrong)
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
@@ -127,10 +174,32 @@ def _remove(path: Path) -> None:
     shutil.rmtree(path, onerror=writable)
 
 
-def clear(cache: Path) -> tuple[list[Entry], list[Entry]]:
-    """Remove every entry no running task holds (and half-unpacked ones); (removed, kept in use)."""
+@dataclass(frozen=True)
+class Cleared:
+    """What ``clear`` did: entries removed, entries kept (in use), and what is not an entry (left)."""
+
+    removed: list[Entry] = field(default_factory=list)
+    kept: list[Entry] = field(default_factory=list)
+    left: list[Path] = field(default_factory=list)
+
+
+def clear(cache: Path) -> Cleared:
+    """Remove every entry no running task holds (and half-unpacked ones); anything else in ``cache``
+    stays. A directory with no entry and no lock is no image cache: holding other things, it is
+    refused, with nothing removed and no lock left in it."""
     if not cache.is_dir():
-        return [], []
+        return Cleared()
+    left = others(cache)
+    found = entries(cache)
+    if not found and left and not _is_lock(cache / LOCK):
+        names = ", ".join(shorten(p.name, 40) for p in left[:5]) + (", ..." if len(left) > 5 else "")
+        raise ConfigError(
+            f"{cache} is not an image cache (no {LOCK} file, no KEY/ entry of 16 hex digits; it holds {names}): "
+            "nothing was removed; give the cache itself with --dir or CTRAIN_IMAGE_CACHE (the jobs' "
+            f"CTRAIN_IMAGE_CACHE; unset, ctrain-images-{os.getuid()} in $APPTAINER_TMPDIR, $TMPDIR or /tmp)"
+        )
+    if not found:
+        return Cleared(left=left)
     removed, kept = [], []
     with _locked(cache):
         for entry in entries(cache):
@@ -144,7 +213,7 @@ def clear(cache: Path) -> tuple[list[Entry], list[Entry]]:
                     removed.append(entry)
                 else:
                     kept.append(entry)
-    return removed, kept
+    return Cleared(removed, kept, left)
 
 
 def describe(entry: Entry, now: float | None = None) -> str:

@@ -182,19 +182,27 @@ def cache_list(directory: Path | None) -> None:
     found = image_cache.entries(where)
     for entry in found:
         click.echo(image_cache.describe(entry))
-    click.echo(f"{len(found)} image(s) in {where}", err=True)
+    other = len(image_cache.others(where))
+    click.echo(f"{len(found)} image(s) in {where}" + (f"; {other} other thing(s) there are no cache entries" if other
+               else ""), err=True)  # fmt: skip
 
 
 @cache.command("clear")
 @_DIR
 def cache_clear(directory: Path | None) -> None:
-    """Remove every unpacked image that no running job uses; the next job unpacks it again."""
+    """Remove every unpacked image that no running job uses; the next job unpacks it again.
+
+    Only the cache's entries are removed: anything else in the directory is left and named, and a
+    directory that is no image cache at all is refused."""
     from ctrain.image import cache as image_cache
 
     where = image_cache.check_dir(directory or image_cache.default_dir())
-    removed, kept = image_cache.clear(where)
-    for entry in removed:
+    cleared = image_cache.clear(where)
+    for entry in cleared.removed:
         click.echo(f"removed {entry.key} ({entry.image or '-'})")
-    for entry in kept:
+    for entry in cleared.kept:
         click.echo(f"kept {entry.key}: in use by a running job ({entry.image or '-'})")
-    click.echo(f"{len(removed)} removed, {len(kept)} in use, in {where}", err=True)
+    for path in cleared.left:
+        click.echo(f"left {path.name!r}: not an image cache entry (not ctrain's to remove)")
+    click.echo(f"{len(cleared.removed)} removed, {len(cleared.kept)} in use, {len(cleared.left)} left alone, "
+               f"in {where}", err=True)  # fmt: skip

@@ -13,10 +13,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +25,15 @@ from pathlib import Path
 
 from ctrain import proc, resources, ui
 from ctrain.errors import CommandError, ConfigError, CtrainError
-from ctrain.files import atomic_write_json, creatable_dir_problem, make_dirs, remove_dirs, writable_dir_problem
+from ctrain.files import (
+    atomic_write_json,
+    control_problem,
+    creatable_dir_problem,
+    load_json_bounded,
+    make_dirs,
+    remove_dirs,
+    writable_dir_problem,
+)
 from ctrain.image import sqsh, store
 from ctrain.image.build import Progress, run_apptainer
 
@@ -42,6 +50,7 @@ SPACE_FACTOR = 3
 SPACE_MARGIN = 64 << 20
 _SQUASHFS_MAGIC = b"hsqs"
 _SIF_MAGIC = b"SIF_MAGIC"
+HEAD_BYTES = 128  # a SIF's magic is within its first 128 bytes, after the launch line
 _NO_SPACE = "no space left on device"
 
 
@@ -65,10 +74,21 @@ def resolve_compression(to: str, compression: str) -> str:
 
 
 def file_format(path: Path) -> str | None:
-    """``sif`` or ``sqsh`` from a file's first bytes (None for anything else); OSError when it
-    cannot be read."""
-    with path.open("rb") as handle:
-        head = handle.read(128)
+    """``sif`` or ``sqsh`` from a file's first bytes (None for anything else, and for what is no
+    regular file); OSError when it cannot be read. Opened without blocking, so a FIFO named by
+    mistake returns at once instead of waiting for a writer."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = os.read(fd, HEAD_BYTES)
+    finally:
+        os.close(fd)
+    return head_format(head)
+
+
+def head_format(head: bytes) -> str | None:
+    """``sif`` or ``sqsh`` from a file's first :data:`HEAD_BYTES` bytes, None for anything else."""
     if head.startswith(_SQUASHFS_MAGIC):
         return "sqsh"
     if _SIF_MAGIC in head:
@@ -88,10 +108,12 @@ def _sidecar(output: Path) -> Path:
 
 
 def _record(output: Path) -> dict[str, object] | None:
+    """The sidecar's record, None when there is none or it is not one (bounded: it is a few lines)."""
     try:
-        return json.loads(_sidecar(output).read_text())
-    except (OSError, ValueError):
+        record = load_json_bounded(_sidecar(output), 64 << 10, "conversion record")
+    except ConfigError:
         return None
+    return record if isinstance(record, dict) else None
 
 
 def up_to_date(output: Path, image_id: str, to: str, compression: str) -> bool:
@@ -142,9 +164,17 @@ def _locked(output: Path, emit: Callable[[str], None]) -> Iterator[None]:
     the removed file, so each holder checks it locked the file that is still there, else retries.
     """
     lock = output.parent / f".{output.name}.lock"
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    wrong = f"the conversion lock {lock} is not a regular file (a link, FIFO or directory): remove it"
     while True:
-        handle = open(lock, "a")
+        try:  # never through a link, never a FIFO (opening one waits for a reader)
+            handle = os.fdopen(os.open(lock, flags, 0o644), "a")
+        except OSError as exc:
+            raise CtrainError(wrong if os.path.lexists(lock) else f"cannot take the conversion lock {lock} "
+                              f"({exc.strerror})") from None  # fmt: skip
         try:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise CtrainError(wrong)
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -168,8 +198,46 @@ def _locked(output: Path, emit: Callable[[str], None]) -> Iterator[None]:
         handle.close()
 
 
+_KINDS = {"sif": "a SIF", "sqsh": "an enroot squashfs"}
+
+
+def check_replaceable(path: Path, to: str, fix: str) -> None:
+    """A ConfigError unless ``path`` is free, or holds an image of the kind ``to`` (which ctrain
+    replaces): never a device, FIFO or socket, and never a file of another kind (a recipe named by
+    mistake), since writing there loses it. ``fix`` ends the message."""
+    kind = _KINDS[to]
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be examined ({exc.strerror}): {fix}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ConfigError(f"{path} is a directory: {fix}")
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"{path} is not a regular file (a device, pipe or socket): it would not take {kind}; {fix}")
+    try:
+        found = file_format(path)
+    except OSError as exc:
+        raise ConfigError(f"{path} exists and cannot be read ({exc.strerror}), so ctrain cannot tell it is {kind} "
+                          f"it may replace: move it away, or {fix}") from None  # fmt: skip
+    if found != to:
+        raise other_kind(str(path), found, not info.st_size, to, fix)
+
+
+def other_kind(where: str, found: str | None, empty: bool, to: str, fix: str) -> ConfigError:
+    """The refusal to write ``to`` over a file at ``where`` that holds ``found`` (None: no image)."""
+    kind = _KINDS[to]
+    what = f"{_KINDS[found]}, not {kind}" if found else "an empty file" if empty else "no container image"
+    return ConfigError(f"{where} exists and is {what}: ctrain replaces only {kind} there, so it is kept; move it "
+                       f"away, or {fix}")  # fmt: skip
+
+
 def check_output(output: Path, to: str) -> None:
-    """The output names a file of the format asked for."""
+    """The output names a file of the format asked for, where no other file would be lost."""
+    problem = control_problem(str(output))
+    if problem:  # the SIF's work directory beside it reaches Apptainer's definition (From:)
+        raise ConfigError(f"the output {str(output)!r} {problem}: name it without one")
     if output.is_dir():
         raise ConfigError(f"{output} is a directory: give the output file's name, e.g. {output}/NAME.{to}")
     other = next((f for f, suffixes in SUFFIXES.items() if f != to and output.name.endswith(suffixes)), None)
@@ -178,6 +246,7 @@ def check_output(output: Path, to: str) -> None:
             f"--to {to} writes {'a SIF' if to == 'sif' else 'an enroot squashfs'}, but {output.name} is named as "
             f"{'a SIF' if other == 'sif' else 'an enroot squashfs'}: use --to {other}, or name the output .{to}"
         )
+    check_replaceable(output, to, f"write elsewhere with -o/--output DIR/NAME.{to}")
 
 
 def check_target(output: Path, to: str) -> None:

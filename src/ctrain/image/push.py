@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -24,8 +25,8 @@ from typing import ParamSpec, TypeVar
 
 from ctrain import proc, ui
 from ctrain.errors import CommandError, ConfigError, CtrainError, ParseError
-from ctrain.files import writable_dir_problem
-from ctrain.image import reference, store
+from ctrain.files import control_problem, shorten, writable_dir_problem
+from ctrain.image import convert, reference, store
 from ctrain.image.build import sha256_file
 from ctrain.redact import redact
 
@@ -256,6 +257,7 @@ class Remote:
                 raise ConfigError(f"remote {text!r}: expected ssh://[USER@]HOST[:PORT]/PATH (a path after the host)")
             if colon and not (port.isdigit() and 0 < int(port) < 65536):
                 raise ConfigError(f"remote {text!r}: {port!r} is not a port number (1-65535)")
+            _check_path("/" + path, text)
             return cls(login, "/" + path, int(port) if port else None)
         found = reference.scheme(text)
         if found:
@@ -267,7 +269,9 @@ class Remote:
             _check_login(f"{head}:{login}" if "@" in login else head, text)
             if not tail:
                 raise ConfigError(f"remote {text!r}: give a path after the colon (host:/path/to/images/)")
+            _check_path(tail, text)
             return cls(head, tail)
+        _check_path(text, text)
         return cls(None, text)
 
     def __str__(self) -> str:
@@ -279,6 +283,17 @@ class Remote:
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?")
 _HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 _HOST = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*|\[[0-9a-fA-F:.]+\]")
+
+
+def _check_path(path: str, text: str) -> None:
+    """The path of a remote: no control character (it reaches rsync, ssh and messages) and no
+    leading '-' (a command there would read it as an option)."""
+    problem = control_problem(path)
+    if problem:
+        raise ConfigError(f"remote {shorten(text)!r}: the path {problem}; give a path without one")
+    if path.startswith("-"):
+        raise ConfigError(f"remote {shorten(text)!r}: the path starts with '-', which commands read as an option; "
+                          "give it as an absolute path (/...) or start it with ./")  # fmt: skip
 
 
 def _check_login(login: str, text: str) -> None:
@@ -296,6 +311,14 @@ def _check_login(login: str, text: str) -> None:
             f"remote {text!r}: {host!r} is not a host name; write [USER@]HOST:/PATH/ (for a local path with a "
             f"':' in it, start it with ./ or /)"
         )
+
+
+# rsync's environment: the old, unprotected argument passing is never asked for (RSYNC_OLD_ARGS),
+# protection is (RSYNC_PROTECT_ARGS, for rsync before 3.2.4), whatever the user's environment says.
+RSYNC_ENV = {"RSYNC_OLD_ARGS": "0", "RSYNC_PROTECT_ARGS": "1"}
+# What is at "$1" on the destination: missing, other (no regular file), or its first bytes in hex.
+_PEEK = ('if [ ! -e "$1" ]; then echo missing; elif [ ! -f "$1" ]; then echo other; '
+         f'else head -c {convert.HEAD_BYTES} -- "$1" | od -An -v -tx1 | tr -d " \\n"; fi')  # fmt: skip
 
 
 class _Target:
@@ -363,20 +386,48 @@ class _Target:
                 shutil.copyfile(source, dest)
             os.chmod(dest, 0o644)
             return
+        # The remote path reaches rsync there as an argument, never through the login shell
+        # (--protect-args, rsync 3.0 and later): rsync's own default protects it only from 3.2.4 on,
+        # and not where the user's environment asks for the old behaviour (RSYNC_OLD_ARGS), which
+        # is set aside. The same as ctrain.remote._rsync (kept apart: one module's rsync each).
         proc.stream(
             [
                 "rsync",
+                "--protect-args",
                 "--partial",
                 "--times",
                 "--chmod=F644",
                 "--info=progress2",  # bytes, share and rate; one line in PROGRESS_EVERY is shown
                 "-e",
                 shlex.join(self.ssh),
-                source,
+                source.absolute(),  # never a word rsync could read as an option
                 f"{self.remote.host}:{dest}",
             ],
             on_line=_every(ui.PROGRESS_EVERY, "push: "),
+            env=RSYNC_ENV,
         )
+
+    def check_replaceable(self, path: str, to: str, fix: str) -> None:
+        """A ConfigError unless ``path`` is free or holds an image of the kind ``to``
+        (:func:`ctrain.image.convert.check_replaceable`, there over ssh)."""
+        if self.remote.host is None:
+            convert.check_replaceable(Path(path), to, fix)
+            return
+        result = proc.run([*self.ssh, self.remote.host, "--", shlex.join(["sh", "-c", _PEEK, "sh", path])],
+                          check=False)  # fmt: skip
+        said = result.stdout.strip()
+        where = f"{self.remote.host}:{path}"
+        if result.returncode != 0 or not re.fullmatch(r"missing|other|(?:[0-9a-f]{2})*", said):
+            why = (result.stderr.strip().splitlines() or ["no answer"])[-1]
+            raise CtrainError(f"cannot look at {where} over ssh ({why}): check that `ssh {self.remote.host} true` "
+                              "works")  # fmt: skip
+        if said == "other":
+            raise ConfigError(f"{where} is not a regular file (a directory, device, pipe or socket): {fix}")
+        if said != "missing":
+            head = bytes.fromhex(said)
+            found = convert.head_format(head)
+            if found != to:
+                raise convert.other_kind(where, found, not head, to, fix)
 
     def rename(self, src: str, dest: str) -> None:
         if self.remote.host is None:
@@ -429,6 +480,28 @@ def check_destination(
     return Destination(remote, into_dir, directory)
 
 
+def check_source(source: Path, output_dir: Path = Path("images")) -> str:
+    """The format (sif, sqsh) of a file to send, refused at once when it is missing, no regular
+    file (a FIFO would hang the copy, a device never end) or no image."""
+    try:
+        info = os.stat(source)
+    except FileNotFoundError:
+        raise ConfigError(f"{source} does not exist; make it with ctrain convert") from None
+    except OSError as exc:
+        raise ConfigError(f"{source} cannot be read ({exc.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"{source} is not a regular file (a directory, device, pipe or socket): give the .sif or "
+                          f".sqsh file ctrain convert wrote ({output_dir}/NAME-TAG.sif or .sqsh)")  # fmt: skip
+    try:
+        found = convert.file_format(source)
+    except OSError as exc:
+        raise ConfigError(f"{source} cannot be read ({exc.strerror}): make it readable") from None
+    if found is None:
+        raise ConfigError(f"{source} is neither a SIF nor an enroot squashfs: push the files ctrain convert writes "
+                          f"({output_dir}/NAME-TAG.sif or .sqsh)")  # fmt: skip
+    return found
+
+
 def _copy_failed(exc: BaseException, source: Path, where: str) -> CtrainError:
     """A failed upload as one message; a full disk says so and what to do."""
     text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -444,17 +517,22 @@ def push_files(
 ) -> list[str]:
     """Copy ``files`` to ``destination`` (a directory, or the file name for a single file):
     upload to a temporary name beside the final one, check sha256 on both sides, rename into place.
-    A file already there with the same checksum is not sent again. Returns the final paths."""
-    for source in files:
-        if not source.is_file():
-            raise ConfigError(f"{source} does not exist; make it with ctrain convert")
+    A file already there with the same checksum is not sent again; one that is no image of the
+    same kind (a recipe named by mistake, a FIFO) is never replaced. Returns the final paths."""
+    kinds = {source: check_source(source) for source in files}
     size = sum(source.stat().st_size for source in files)
     checked = check_destination(destination, len(files), size=size, ssh_options=ssh_options)
     remote = checked.remote
     target = _Target(remote, ssh_options)
+
+    def final_of(source: Path) -> str:
+        return f"{checked.directory.rstrip('/')}/{source.name}" if checked.into_dir else remote.path
+
+    for source, kind in kinds.items():  # every file there checked before any is sent
+        target.check_replaceable(final_of(source), kind, "push to another path (--remote)")
     results = []
     for source in files:
-        final = f"{checked.directory.rstrip('/')}/{source.name}" if checked.into_dir else remote.path
+        final = final_of(source)
         name = final.rpartition("/")[2]
         local_sum = sha256_file(source)
         where = f"{remote.host}:{final}" if remote.host else final
@@ -487,6 +565,7 @@ __all__ = [
     "check_destination",
     "check_oras",
     "check_registry",
+    "check_source",
     "push_files",
     "push_image",
     "push_oras",

@@ -88,6 +88,9 @@ def run_build(
         raise ConfigError("--local-base is a plain Debian: it serves the cpu flavour only (--flavour cpu)")
     if base:
         check_base(base, cfg.builder)
+        builder_mod.check_value("image.base (--base)", base)  # Apptainer writes it into the definition
+    if cfg.torch_index:
+        builder_mod.check_torch_index(cfg.torch_index)
     builder = builder_mod.choose(cfg.builder)
     if local_base:
         if builder == "apptainer":
@@ -186,13 +189,7 @@ def run_push(
         registry = push_mod.check_registry(registry)
     if oras:
         push_mod.check_oras(oras)
-    formats_of = {f: convert_mod.file_format(f) for f in files}
-    for file, found in formats_of.items():
-        if found is None:
-            raise CtrainError(
-                f"{file} is neither a SIF nor an enroot squashfs: push the files ctrain convert writes "
-                f"({config.convert.output_dir}/NAME-TAG.sif or .sqsh)"
-            )
+    formats_of = {f: push_mod.check_source(f, config.convert.output_dir) for f in files}
     if remote:
         push_mod.check_destination(remote, len(files) or len(formats or (config.image_format,)),
                                    ssh_options=cfg.ssh_options)  # fmt: skip
@@ -218,4 +215,5 @@ def run_push(
 
 def run_wheelhouse(config: ProjectConfig, directory: Path) -> list[Path]:
     index = config.image.torch_index or wheelhouse.CPU_TORCH_INDEX
+    builder_mod.check_torch_index(index)  # the setting ctrain build takes, checked as it checks it
     return wheelhouse.fill(directory, _context(config), torch_index=None if index == "none" else index)
