@@ -32,6 +32,11 @@ class Tool:
 
 
 _APT = "apt-get install {}"
+
+#: rsync's environment wherever ctrain runs it, with --protect-args: a remote path reaches the far
+#: rsync as an argument, never through its login shell. rsync's own default protects it only from
+#: 3.2.4 on, and not where the user's environment asks for the old passing (RSYNC_OLD_ARGS), set aside here.
+RSYNC_ENV = {"RSYNC_OLD_ARGS": "0", "RSYNC_PROTECT_ARGS": "1"}
 TOOLS: dict[str, Tool] = {
     "apptainer": Tool(
         ("apptainer", "singularity"),

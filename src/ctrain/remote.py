@@ -464,14 +464,11 @@ def send_unsent_paths(ssh: Ssh, paths: dict[str, str], root: Path, *, emit: Call
 def _rsync(ssh: Ssh, sources: list[str], destination: str) -> list[str]:
     """rsync SOURCES to DESTINATION on the cluster over the shared connection; the files it sent.
 
-    The remote path reaches the cluster's rsync as an argument, never through its login shell
-    (--protect-args, rsync 3.0 and later): rsync's own default protects it only from 3.2.4 on, and
-    not where the user's environment asks for the old behaviour (RSYNC_OLD_ARGS), which is set aside.
-    """
+    The remote path reaches the cluster's rsync as an argument (--protect-args, :data:`proc.RSYNC_ENV`)."""
     rsync = ["rsync", "--protect-args", "--recursive", "--links", "--times", "--perms", "--chmod=Dg+rx,Fg+r",
              "--itemize-changes", "-e", shlex.join(ssh.ssh_args()), *sources,
              f"{ssh.cluster.profile.host}:{destination}"]  # fmt: skip
-    out = proc.run(rsync, check=False, env={"RSYNC_OLD_ARGS": "0", "RSYNC_PROTECT_ARGS": "1"})
+    out = proc.run(rsync, check=False, env=proc.RSYNC_ENV)
     ssh._raise_for_connection(out.returncode, out.stderr)
     if out.returncode != 0:
         raise CommandError(rsync, out.returncode, out.stderr, out.stdout)

@@ -313,9 +313,6 @@ def _check_login(login: str, text: str) -> None:
         )
 
 
-# rsync's environment: the old, unprotected argument passing is never asked for (RSYNC_OLD_ARGS),
-# protection is (RSYNC_PROTECT_ARGS, for rsync before 3.2.4), whatever the user's environment says.
-RSYNC_ENV = {"RSYNC_OLD_ARGS": "0", "RSYNC_PROTECT_ARGS": "1"}
 # What is at "$1" on the destination: missing, other (no regular file), or its first bytes in hex.
 _PEEK = ('if [ ! -e "$1" ]; then echo missing; elif [ ! -f "$1" ]; then echo other; '
          f'else head -c {convert.HEAD_BYTES} -- "$1" | od -An -v -tx1 | tr -d " \\n"; fi')  # fmt: skip
@@ -386,10 +383,7 @@ class _Target:
                 shutil.copyfile(source, dest)
             os.chmod(dest, 0o644)
             return
-        # The remote path reaches rsync there as an argument, never through the login shell
-        # (--protect-args, rsync 3.0 and later): rsync's own default protects it only from 3.2.4 on,
-        # and not where the user's environment asks for the old behaviour (RSYNC_OLD_ARGS), which
-        # is set aside. The same as ctrain.remote._rsync (kept apart: one module's rsync each).
+        # --protect-args and proc.RSYNC_ENV: the remote path is an argument, never shell (see there).
         proc.stream(
             [
                 "rsync",
@@ -404,7 +398,7 @@ class _Target:
                 f"{self.remote.host}:{dest}",
             ],
             on_line=_every(ui.PROGRESS_EVERY, "push: "),
-            env=RSYNC_ENV,
+            env=proc.RSYNC_ENV,
         )
 
     def check_replaceable(self, path: str, to: str, fix: str) -> None:
