@@ -28,6 +28,39 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PASS_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?")
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|CREDENTIAL", re.IGNORECASE)
 _MOUNT = re.compile(r"[^:,]+:/[^:,]*(?::(?:ro|rw))?")
+# Variables bash or the dynamic loader act on (a file sourced at every bash start, options, functions,
+# the trace prompt's command substitutions, libraries loaded into every program): set in the job script,
+# or in the bash that resolves its settings at submit, they would run code of their own. PATH and
+# LD_LIBRARY_PATH stay allowed: jobs need them, and ctrain resolves the settings without them.
+_SHELL_ENV = {"ENV": "a file every POSIX shell sources", "SHELLOPTS": "bash's options",
+              "PS4": "the trace prompt, expanded as shell", "IFS": "how bash splits words",
+              "PROMPT_COMMAND": "a command bash runs", "CDPATH": "where cd looks",
+              "GLOBIGNORE": "how bash expands file names", "BASHOPTS": "bash's options"}  # fmt: skip
+_SHELL_ENV_PREFIXES = {
+    "BASH_": "bash's own variables (BASH_ENV: a file bash sources at every start; BASH_FUNC_*: functions)",
+    "LD_": "the dynamic loader's variables (LD_PRELOAD: a library in every program)",
+}
+_ENV_ALLOWED = ("LD_LIBRARY_PATH",)
+# Slurm's memory sizes (--mem, --mem-per-cpu, --mem-per-gpu): megabytes, or a number with K, M, G or T.
+_MEMORY = re.compile(r"[0-9]{1,15}[KMGTkmgt]?")
+# sbatch's one-letter options, by their long names (sbatch --help): sbatch_args take the long form only.
+SHORT_OPTIONS = {"A": "account", "b": "begin", "C": "constraint", "c": "cpus-per-task", "D": "chdir",
+                 "d": "dependency", "e": "error", "G": "gpus", "H": "hold", "i": "input", "J": "job-name",
+                 "k": "no-kill", "L": "licenses", "M": "clusters", "m": "distribution", "N": "nodes", "n": "ntasks",
+                 "o": "output", "O": "overcommit", "p": "partition", "q": "qos", "Q": "quiet", "S": "core-spec",
+                 "s": "oversubscribe", "t": "time", "W": "wait", "w": "nodelist", "x": "exclude"}  # fmt: skip
+# sbatch_args options whose values ctrain reads (the world size, the CPUs per GPU, the time-limit
+# warning): the value's pattern, and what it must be.
+_COUNT = re.compile(r"[0-9]{1,9}")
+_OPTION_VALUES: dict[str, tuple[re.Pattern[str], str]] = {
+    "nodes": (re.compile(r"[0-9]{1,9}(?:-[0-9]{1,9})?"), "a number of nodes (4) or a range (2-4)"),
+    "gpus-per-node": (re.compile(r"(?:[A-Za-z0-9_.-]+:)?[0-9]{1,9}"), "a number of GPUs, or TYPE:NUMBER (h100:8)"),
+    "ntasks-per-node": (_COUNT, "a number of tasks"),
+    "cpus-per-task": (_COUNT, "a number of CPUs"),
+    "mem": (_MEMORY, "a size in megabytes, or a number with K, M, G or T (500G; 0: all of a node's memory)"),
+    "mem-per-cpu": (_MEMORY, "a size in megabytes, or a number with K, M, G or T (4G)"),
+    "mem-per-gpu": (_MEMORY, "a size in megabytes, or a number with K, M, G or T (80G)"),
+}
 # What an #SBATCH line's value may hold: what Slurm's names, lists, constraints, sizes and times are
 # made of. Never whitespace, quotes, $, `, ;, <, >, \ or control characters: sbatch splits the line
 # at whitespace, and a newline would end it and start a command of the job script.
@@ -42,6 +75,38 @@ DIRECTIVE_FIELDS = {"job_name": "job-name", "partition": "partition", "account":
 _SHELL_FIELDS = ("script", "image", "deepspeed_config", "accelerate_config", "data", "hf_cache", "outputs", "recipe")
 # Mounted as SRC:DST in a comma-separated list: neither separator may be in the host path.
 _MOUNT_SOURCES = ("data", "hf_cache", "outputs")
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a variable of slurm.env (:data:`_SHELL_ENV`), else None."""
+    if name in _ENV_ALLOWED:
+        return None
+    if name in _SHELL_ENV:
+        return f"is read by bash ({_SHELL_ENV[name]})"
+    prefix = next((p for p in _SHELL_ENV_PREFIXES if name.startswith(p)), None)
+    return f"is one of {_SHELL_ENV_PREFIXES[prefix]}" if prefix else None
+
+
+def short_option_problem(arg: str) -> str | None:
+    """Why ``arg`` (an sbatch_args entry) must be written out, with its long form; None for a long option.
+    ``-N4`` would be rendered ``#SBATCH --N4`` and escape the checks of --nodes."""
+    if arg.startswith("--") or not arg.startswith("-") or len(arg) < 2:
+        return None
+    long = SHORT_OPTIONS.get(arg[1])
+    if long is None:
+        return "is a short option: write its long form (sbatch --help lists them), e.g. --qos=high"
+    value = arg[2:].lstrip("=")
+    return f"is a short option: write the long form, --{long}{'=' + value if value else ''}"
+
+
+def option_value_problem(option: str, value: str | None) -> str | None:
+    """Why ``value`` is not one sbatch takes for ``option`` (those ctrain reads: :data:`_OPTION_VALUES`), else None."""
+    if option not in _OPTION_VALUES:
+        return None
+    pattern, what = _OPTION_VALUES[option]
+    if value is None:
+        return f"needs a value: {what}"
+    return None if pattern.fullmatch(value) else f"is not {what}"
 
 
 def directive_problem(value: str) -> str | None:
@@ -283,6 +348,8 @@ class SlurmConfig:
                 time_seconds(self.time)
             except ConfigError as exc:
                 raise ConfigError(f"slurm.{exc}") from None
+        if self.mem is not None and not _MEMORY.fullmatch(self.mem):
+            raise ConfigError(f"slurm.mem (--mem) {shorten(self.mem)!r} is not {_OPTION_VALUES['mem'][1]}")
         if self.gpus_per_node and self.ntasks_per_node:
             raise ConfigError(
                 "slurm.gpus_per_node and slurm.ntasks_per_node are both set: with GPUs the scripts start one "
@@ -293,7 +360,12 @@ class SlurmConfig:
                 raise ConfigError(f"slurm.mounts entry {mount!r} must look like /host/dir:/container/dir[:ro]")
         for name in self.env:
             if not _ENV_NAME.fullmatch(name):
-                raise ConfigError(f"slurm.env: {name!r} is not an environment variable name")
+                raise ConfigError(f"slurm.env: {shorten(name)!r} is not an environment variable name")
+            problem = env_name_problem(name)
+            if problem:
+                raise ConfigError(
+                    f"slurm.env: {name} {problem}: it would run code of its own in the job and in ctrain; remove it"
+                )
             if _SECRET.search(name):
                 raise ConfigError(
                     f"slurm.env: {name} looks like a secret; ctrain writes these values into the job script and its "
@@ -311,9 +383,20 @@ class SlurmConfig:
             match = _SBATCH_ARG.fullmatch(arg)
             if not match:
                 raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r} must be an sbatch option like --qos=high")
+            problem = short_option_problem(arg)
+            if problem:
+                raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r} {problem}")
             problem = None if match.group(2) is None else directive_problem(match.group(2))
             if problem:
                 raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r}: its value {problem}")
+            problem = option_value_problem(match.group(1), match.group(2))
+            if problem:
+                raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r}: --{match.group(1)} {problem}")
+            if match.group(1) == "time" and match.group(2):
+                try:
+                    time_seconds(match.group(2))
+                except ConfigError as exc:
+                    raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r}: {exc}") from None
         for name, value in self.env.items():
             problem = control_problem(value)
             if problem:
@@ -368,7 +451,9 @@ class ProjectConfig:
 
 
 def find_config(start: Path | None = None) -> Path | None:
-    """``$CTRAIN_CONFIG``, else the nearest ``ctrain.yaml`` from ``start`` upwards."""
+    """``$CTRAIN_CONFIG``, else the nearest ``ctrain.yaml`` from ``start`` upwards. Anything by that name
+    counts (a directory, a device, a link to nothing): skipping it would run on defaults without a word,
+    so :func:`load_config` refuses it instead."""
     env = os.environ.get("CTRAIN_CONFIG")
     if env:
         path = Path(env)
@@ -378,20 +463,26 @@ def find_config(start: Path | None = None) -> Path | None:
     here = (start or Path.cwd()).resolve()
     for directory in (here, *here.parents):
         candidate = directory / CONFIG_NAME
-        if candidate.is_file():
+        if os.path.lexists(candidate):
             return candidate
     return None
 
 
 def load_config(path: Path | None = None) -> ProjectConfig:
-    """Load and validate the project config (defaults when there is none)."""
+    """Load and validate the project config (defaults when there is none). Only a regular file is one:
+    its directory becomes the project root (``--config /dev/null`` would make it /dev)."""
     path = path or find_config()
     if path is None:
         return ProjectConfig()
     if path.is_dir():
         raise ConfigError(f"the project config {path} is a directory: name its ctrain.yaml")
     if not path.exists():
-        raise ConfigError(f"the project config {path} does not exist")
+        broken = " (a symbolic link to nothing)" if path.is_symlink() else ""
+        raise ConfigError(f"the project config {path} does not exist{broken}: fix or remove it")
+    if not path.is_file():
+        raise ConfigError(
+            f"the project config {path} is not a regular file (a device, pipe or socket): name a ctrain.yaml"
+        )
     source = read_settings(path)
     if "path" in source.data:
         raise ConfigError(f"{path} line {source.line('path')}: 'path' is not a setting")

@@ -21,6 +21,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 import yaml
 
 from ctrain.errors import ConfigError
+from ctrain.files import read_text_bounded
 
 T = TypeVar("T")
 
@@ -234,24 +235,14 @@ class SettingsFile:
 
 
 def _read_text(path: Path) -> str:
+    """PATH's text through :func:`read_text_bounded`: st_size says 0 for a device or a FIFO, so only a
+    bounded read of a regular file keeps /dev/zero from filling memory and a FIFO from blocking."""
     try:
-        size = path.stat().st_size
-        if size > MAX_SETTINGS_BYTES:
-            raise ConfigError(
-                f"{path} is {size / 2**20:.0f} MiB, far larger than a settings file: is it the right file?"
-            )
-        raw = path.read_bytes()
-    except IsADirectoryError:
-        raise ConfigError(f"{path} is a directory, not a YAML file") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(
-            f"{path} line {line}: byte 0x{raw[exc.start]:02x} is not UTF-8 text: save the file as UTF-8"
-        ) from None
+        return read_text_bounded(path, MAX_SETTINGS_BYTES, "the settings file")
+    except ConfigError as exc:
+        if "is not UTF-8 text" in str(exc):
+            raise ConfigError(f"{exc}: save the file as UTF-8") from None
+        raise
 
 
 def _yaml_error(path: Path | str, exc: yaml.YAMLError) -> ConfigError:
@@ -274,10 +265,16 @@ MAX_YAML_VALUES = 100_000
 MAX_YAML_DEPTH = 64
 
 
+# Tags YAML gives plain keys that no setting is named by (yes:, off:, ~:, null:): built as True or None,
+# they would be reported as 'True' or 'None', a key nobody wrote, with no line to find it by.
+_NOT_NAMES = {"tag:yaml.org,2002:bool": "a true/false value", "tag:yaml.org,2002:null": "nothing (null)"}
+
+
 def bounded(node: yaml.Node | None, where: str) -> None:
     """Refuse a document that expands to more than MAX_YAML_VALUES values or nests deeper than
-    MAX_YAML_DEPTH, and a setting written twice (YAML keeps the last of two equal keys without a
-    word). Each node is visited once, however many aliases point at it."""
+    MAX_YAML_DEPTH, a setting written twice (YAML keeps the last of two equal keys without a
+    word), and a key YAML reads as a boolean or null (:data:`_NOT_NAMES`). Each node is visited
+    once, however many aliases point at it."""
     sizes: dict[int, int] = {}
 
     def visit(node: yaml.Node, depth: int) -> int:
@@ -293,6 +290,11 @@ def bounded(node: yaml.Node | None, where: str) -> None:
             for key, value in node.value:
                 if isinstance(key, yaml.ScalarNode) and key.value != "<<":
                     line = key.start_mark.line + 1
+                    if key.tag in _NOT_NAMES:
+                        raise ConfigError(
+                            f"{where} line {line}: the key '{_cut(key.value)}' is read by YAML as "
+                            f"{_NOT_NAMES[key.tag]}, not as a name: quote it ('{_cut(key.value)}':) or fix its spelling"
+                        )
                     if key.value in seen:
                         raise ConfigError(
                             f"{where} line {line}: '{_cut(key.value)}' is set twice (also on line {seen[key.value]}): "
@@ -404,6 +406,11 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
             value = raw
         node = data
         parts = key.strip().split(".")
+        if not all(part.strip() for part in parts):
+            raise ConfigError(
+                f"override {_cut(item)!r}: {_cut(key.strip())!r} is not a setting's name (names joined by single dots, "
+                "e.g. training.max_steps=100)"
+            )
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -109,7 +110,8 @@ _TIME = re.compile(r"(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+
 
 
 def time_seconds(value: str) -> int | None:
-    """Seconds in a Slurm time limit (None for UNLIMITED/INFINITE); a ConfigError when malformed."""
+    """Seconds in a Slurm time limit; None for no limit (UNLIMITED, INFINITE, or 0, which Slurm reads
+    as no limit); a ConfigError when malformed."""
     if value.upper() in ("UNLIMITED", "INFINITE"):
         return None
     match = _TIME.fullmatch(value.strip())
@@ -119,10 +121,12 @@ def time_seconds(value: str) -> int | None:
         )
     d, dh, dm, ds, m, ms, mss = (int(g) if g else 0 for g in match.groups())
     if match.group(1) is not None:  # D-H[:M[:S]]
-        return ((d * 24 + dh) * 60 + dm) * 60 + ds
-    if match.group(7) is not None:  # H:M:S
-        return (m * 60 + ms) * 60 + mss
-    return m * 60 + ms  # M or M:S
+        seconds = ((d * 24 + dh) * 60 + dm) * 60 + ds
+    elif match.group(7) is not None:  # H:M:S
+        seconds = (m * 60 + ms) * 60 + mss
+    else:
+        seconds = m * 60 + ms  # M or M:S
+    return seconds or None
 
 
 @dataclass(frozen=True)
@@ -242,6 +246,8 @@ def status_table(jobs: list[Job]) -> str:
 _FAILURE = re.compile(r"^ctrain: (failure: .*|the step was ended because .*)$", re.MULTILINE)
 _DECISION = re.compile(r"^ctrain: ((?:not )?requeueing.*)$", re.MULTILINE)
 _LOG_TAIL = 256 * 1024
+# The most one read of a log returns (Runner.read), and so what `ctrain logs` prints: its end.
+READ_LIMIT = 8 * 2**20
 
 
 def events(text: str) -> list[str]:
@@ -321,8 +327,8 @@ class Runner(Protocol):
     def has(self, tool: str) -> bool: ...
 
     def read(self, path: Path, offset: int = 0) -> bytes | None:
-        """The file's bytes from ``offset`` on (the last ``-offset`` bytes when negative); None when
-        it cannot be read (not there yet)."""
+        """The file's bytes from ``offset`` on, at most :data:`READ_LIMIT` of them (the last ``-offset``
+        bytes when negative); None when it cannot be read (not there yet)."""
         ...
 
     def glob(self, directory: Path, pattern: str) -> list[Path]:
@@ -367,15 +373,26 @@ class Local:
         return sorted(Path(directory).glob(pattern))
 
     def read(self, path: Path, offset: int = 0) -> bytes | None:
+        """Regular files only, opened without blocking and read with a bound: a log that is a link to
+        /dev/zero would never end, a FIFO would block ``status`` and ``logs`` for good."""
         try:
-            with Path(path).open("rb") as handle:
-                if offset < 0:
-                    handle.seek(max(0, os.fstat(handle.fileno()).st_size + offset))
-                else:
-                    handle.seek(offset)
-                return handle.read()
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise CtrainError(f"{path} is not a regular file (a device, pipe or socket): not reading it as a log")
+            os.lseek(fd, max(0, info.st_size + offset) if offset < 0 else offset, os.SEEK_SET)
+            chunks, left = [], min(READ_LIMIT, -offset) if offset < 0 else READ_LIMIT
+            while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+                chunks.append(chunk)
+                left -= len(chunk)
+            return b"".join(chunks)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
 
 # --- the client -----------------------------------------------------------------------------------
@@ -533,12 +550,18 @@ class Slurm:
         )
 
     def read_log(self, job_id: str, *, search: Iterable[Path] = (Path("logs"),)) -> str:
-        """The job's whole log as it is now."""
+        """The job's log as it is now: at most its last READ_LIMIT bytes (from a line's start), with a
+        first line saying so; a log of a long run can hold gigabytes."""
         path = self.log_path(job_id, search=search)
-        data = self.runner.read(path)
+        data = self.runner.read(path, -READ_LIMIT)
         if data is None:
             raise CtrainError(f"job {job_id}: its log {path} cannot be read (not written yet, or not visible here)")
-        return data.decode(errors="replace")
+        if len(data) < READ_LIMIT:
+            return data.decode(errors="replace")
+        data = data[-READ_LIMIT:]
+        tail = data.partition(b"\n")[2] or data  # from a line's start
+        note = f"[ctrain: the end of {path} only, its last {READ_LIMIT // 2**20} MiB; the log may hold more]\n"
+        return note + tail.decode(errors="replace")
 
     def job_events(self, found: Job, *, search: Iterable[Path] = (Path("logs"),)) -> list[str]:
         """:func:`events` from the job's log (its end), where the log can be read; else none."""
@@ -546,7 +569,10 @@ class Slurm:
         for directory in search:
             candidates += self.runner.glob(directory, f"*-{found.id.split('.')[0]}.out")
         for path in candidates:
-            data = self.runner.read(path, -_LOG_TAIL)
+            try:
+                data = self.runner.read(path, -_LOG_TAIL)
+            except CtrainError:  # not a regular file: no events, the table says the rest
+                continue
             if data is not None:
                 return events(data.decode(errors="replace"))
         return []
@@ -570,11 +596,15 @@ class Slurm:
         while True:
             current = self.job(job_id)
             chunk = self.runner.read(path, position)
-            if chunk:
+            while chunk:  # a log longer than one read: on at once, in bounded pieces
                 position += len(chunk)
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
                     emit(line.decode(errors="replace"))
+                if len(pending) > READ_LIMIT:  # a "line" of megabytes (binary, /dev/zero's copy): shown cut
+                    emit(pending[:READ_LIMIT].decode(errors="replace"))
+                    pending = b""
+                chunk = self.runner.read(path, position) if len(chunk) >= READ_LIMIT else None
             if current is None or current.final:
                 if pending:
                     emit(pending.decode(errors="replace"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 from ctrain.cli import main
 from ctrain.errors import ConfigError
 from ctrain.train import goodput
+from tests.unit.test_settings import within
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_800_000_000.0
@@ -162,3 +164,28 @@ def test_a_timeline_with_only_the_trainers_marks_starts_at_its_first_event(tmp_p
     assert result["wall_seconds"] == 10.0 and run["seconds"]["prepare"] == 3.0 and run["seconds"]["training"] == 7.0
     bar = re.match(r"goodput: run 0: (\S+) ", lines[2]).group(1)
     assert set(bar) <= set("pT") and len(bar) <= 48, lines[2]
+
+
+@pytest.mark.parametrize("text", [
+    f"{T0} 0 start {T0 - 5:.0f} 1e308 1e308\n{T0 + 9} 0 decided done\n",  # nodes x GPUs x seconds: inf
+    f"-1e308 0 start 0 1 1\n{T0} 0 launched\n1e308 0 decided done\n",  # from -1e308 to 1e308: inf seconds
+    f"{T0} 0 start {T0:.0f} 1 1\n{T0 + 1} ² train 0\n{T0 + 9} 0 decided done\n",  # "²".isdigit(), int("²") fails
+    f"{T0} 0 start {T0:.0f} 1 1\n{T0 + 1} {'9' * 5000} train 0\n{T0 + 9} 0 decided done\n",  # past int()'s digits
+], ids=["inf-gpu-seconds", "inf-seconds", "superscript-restart", "5000-digit-restart"])  # fmt: skip
+def test_numbers_no_job_writes_are_left_out_never_a_crash(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "7.timeline"
+    path.write_text(text)
+    result, lines = goodput.report(path, "7")
+    assert len(lines) == 4 and result["runs"][0]["nodes"] in (0, 1)
+    json.dumps(result, allow_nan=False)  # finite throughout
+
+
+def test_a_timeline_that_is_a_device_or_a_fifo_is_refused_unread(tmp_path: Path) -> None:
+    """--timeline /dev/zero would fill memory (st_size is 0), a FIFO block the report for good."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (Path("/dev/null"), fifo):
+        with within(5), pytest.raises(ConfigError, match="is not a regular file"):
+            goodput.report(path, "7")
+    result = CliRunner().invoke(main, ["report", "7", "--timeline", str(fifo)])
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and "not a regular file" in result.output

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import signal
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -227,3 +232,73 @@ def test_override_on_project_sections() -> None:
         override(config.image, {"tag": "a b"}, where="image")
     with pytest.raises(TypeError):
         override(Checked, {"low": 1})
+
+
+# --- hostile files and keys -----------------------------------------------------------------------
+
+
+class Blocked(Exception):
+    """Not an OSError (as TimeoutError is), so no reader's ``except OSError`` can swallow it."""
+
+
+@contextlib.contextmanager
+def within(seconds: float) -> Iterator[None]:
+    """Fail, instead of hanging the suite, when the block is still blocked after ``seconds`` (a FIFO)."""
+
+    def expire(*_: object) -> None:
+        raise Blocked(f"still blocked after {seconds}s")
+
+    before = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+
+
+def test_a_settings_file_that_is_a_device_or_a_fifo_is_refused_unread(tmp_path: Path) -> None:
+    """st_size is 0 for both: a device (/dev/zero) would be read until memory ran out, a FIFO forever."""
+    device = tmp_path / "device.yaml"
+    device.symlink_to("/dev/null")
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    for path in (device, fifo):
+        with within(5), pytest.raises(ConfigError, match=f"{re.escape(str(path))} is not a regular file"):
+            load_yaml(path)
+
+
+@pytest.mark.parametrize("key, reads_as", [("yes", "true/false"), ("Off", "true/false"), ("~", "null"),
+                                           ("null", "null")])  # fmt: skip
+def test_a_key_yaml_reads_as_a_boolean_or_null_is_named_as_written_with_its_line(tmp_path: Path, key: str,
+                                                                                   reads_as: str) -> None:  # fmt: skip
+    path = tmp_path / "ctrain.yaml"
+    path.write_text(f"slurm:\n  nodes: 1\n{key}: 1\n")
+    with pytest.raises(ConfigError, match=rf"line 3: the key '{re.escape(key)}' is read by YAML as .*{reads_as}"):
+        load_config(path)
+    path.write_text(f"'{key}': 1\n")  # quoted it is a name: an unknown key, by the name written
+    with pytest.raises(ConfigError, match=rf"line 1: unknown key '{re.escape(key)}'"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("item", [".=5", "a..b=5", "training.=5", " . =1"])
+def test_an_override_with_an_empty_name_is_blamed_on_the_override(item: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^override {re.escape(repr(item))}: .* is not a setting's name"):
+        apply_overrides({}, [item])
+
+
+def test_a_project_config_that_is_no_regular_file_is_an_error_not_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Skipped, it would run on defaults without a word; --config /dev/null would make /dev the project."""
+    monkeypatch.delenv("CTRAIN_CONFIG", raising=False)
+    for made, says in [(lambda p: p.symlink_to(tmp_path / "gone.yaml"), "(a symbolic link to nothing)"),
+                       (lambda p: p.mkdir(), "is a directory"),
+                       (lambda p: p.symlink_to("/dev/null"), "is not a regular file")]:  # fmt: skip
+        here = tmp_path / f"p{len(list(tmp_path.iterdir()))}"
+        here.mkdir()
+        made(here / "ctrain.yaml")
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            load_config(find_config(here))
+    with pytest.raises(ConfigError, match="/dev/null is not a regular file"):
+        load_config(Path("/dev/null"))

@@ -17,20 +17,23 @@ import contextlib
 import os
 import re
 import shlex
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ctrain import install_hint, proc, resources, slurm
-from ctrain.config import ProjectConfig, SlurmConfig
+from ctrain.config import ProjectConfig, SlurmConfig, env_name_problem
 from ctrain.errors import ConfigError, CtrainError
-from ctrain.files import control_problem, shorten
+from ctrain.files import control_problem, read_text_bounded, shorten
 from ctrain.image import reference
 from ctrain.settings import override
 
 LIB = Path("sbatch/lib/ctrain.sh")
 # How every script in sbatch/ loads the library (the line `ctrain submit` replaces by the library).
 SOURCE_LINE = 'source "${CTRAIN_SBATCH_LIB:-$SLURM_SUBMIT_DIR/sbatch/lib/ctrain.sh}" || exit 2'
+# A line only scripts `ctrain submit` rendered hold: the one kind of file --write-script may replace.
+RENDERED_MARK = "# --- settings from ctrain.yaml and the command line (ctrain submit) ---"
 _MAIN_LINE = re.compile(r"^ctrain_main (\w+) \"\$@\"$", re.MULTILINE)
 
 # sbatch options ctrain.yaml can set (field -> option); short forms users write in their own scripts.
@@ -99,14 +102,49 @@ class Job:
 
     @property
     def world_size(self) -> int:
-        """Training processes: nodes x (GPUs per node, else tasks per node), as the scripts derive it."""
-        per_node = self.options.get("gpus-per-node") or self.options.get("ntasks-per-node") or "1"
-        return int(self.options.get("nodes") or 1) * int(per_node.rsplit(":", 1)[-1])
+        """Training processes: nodes x (GPUs per node, else tasks per node), as the scripts derive it. A
+        ConfigError for a node range (2-4): Slurm picks the count, so no one number of processes can be
+        checked (the batch size must divide among them)."""
+        nodes = self.options.get("nodes") or "1"
+        match = re.fullmatch(r"([0-9]{1,9})(?:-([0-9]{1,9}))?", nodes)
+        if not match:
+            raise ConfigError(f"--nodes={shorten(nodes)} is not a number of nodes (4): fix it where it is set "
+                              "(slurm.sbatch_args, the #SBATCH lines of the script)")  # fmt: skip
+        if match[2] is not None and int(match[2]) != int(match[1]):
+            raise ConfigError(
+                f"--nodes={nodes} is a range: the recipe is checked for one number of processes, and a range "
+                "leaves it to Slurm: give one node count (slurm.nodes, --nodes)"
+            )
+        gpus = option_count(self.options, "gpus-per-node")
+        return int(match[1]) * (gpus or option_count(self.options, "ntasks-per-node") or 1)
 
     @property
     def log_dir(self) -> Path:
         output = self.options.get("output") or "slurm-%j.out"
         return self.project / Path(output).parent
+
+
+def option_count(options: dict[str, str | None], option: str) -> int | None:
+    """The number an #SBATCH option's value says (gpus-per-node's TYPE:COUNT too), None when it is not
+    set; a ConfigError naming it otherwise (a value from sbatch_args or the script's own header)."""
+    value = options.get(option)
+    if value is None:
+        return None
+    number = value.rsplit(":", 1)[-1] if option == "gpus-per-node" else value
+    if not re.fullmatch(r"[0-9]{1,9}", number):
+        example = "8 or h100:8" if option == "gpus-per-node" else "4"
+        raise ConfigError(f"--{option}={shorten(value)} is not a number ({example}): fix it where it is set "
+                          "(slurm.sbatch_args, the #SBATCH lines of the script)")  # fmt: skip
+    return int(number)
+
+
+# The most a script or the library may hold: ctrain's own are a few dozen KiB.
+MAX_SCRIPT_BYTES = 4 * 2**20
+
+
+def read_script(path: Path, what: str) -> str:
+    """A script's text, bounded and UTF-8 (``--script`` may name any file, a copy may have been damaged)."""
+    return read_text_bounded(path, MAX_SCRIPT_BYTES, what)
 
 
 def scripts_dir(project: Path) -> Path:
@@ -309,21 +347,51 @@ def resolve_settings(
         'source "$0" && ctrain_settings "$@" && '
         'for v in "${!CTRAIN_@}"; do [[ $v == CTRAIN_OVERRIDES ]] || printf "%s=%s\\0" "$v" "${!v}"; done'
     )
-    # The job sees the submitting shell's environment (sbatch exports it), then the rendered exports.
-    out = proc.run(["bash", "-c", snippet, str(lib), runtime, *arguments],
-                   env={**env, "SLURM_SUBMIT_DIR": str(project)}, cwd=project)  # fmt: skip
+    # The job sees the submitting shell's environment (sbatch exports it), then the rendered exports;
+    # here without what would run code in this bash: BASH_ENV, ENV, functions (also inherited), and
+    # the config's PATH and LD_* (allowed for the job, which needs them).
+    inherited = {k: v for k, v in os.environ.items() if k == "LD_LIBRARY_PATH" or not env_name_problem(k)}
+    added = {k: v for k, v in env.items() if k != "PATH" and not k.startswith("LD_")}
+    argv = [proc.which("bash") or "/bin/bash", "-c", snippet, str(lib), runtime, *arguments]
+    out = subprocess.run(argv, env={**inherited, **added, "SLURM_SUBMIT_DIR": str(project)}, cwd=project, check=False,
+                         capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)  # fmt: skip
+    if out.returncode != 0:
+        said = [line.removeprefix("ctrain: error: ") for line in out.stderr.splitlines() if line.strip()]
+        reason = next((line for line in reversed(said) if "CTRAIN_" in line), said[-1] if said else "")
+        raise ConfigError(f"the job's settings are refused by {lib}: {shorten(reason, 300)} (from slurm.env, "
+                          "ctrain.yaml or your environment)")  # fmt: skip
     pairs = [item.partition("=") for item in out.stdout.split("\0") if item]
     return {key: value for key, _, value in pairs}
 
 
+# The host directories the scripts mount (SRC:DST,...), with where each is set.
+_MOUNTED = {"CTRAIN_PROJECT_DIR": "the project directory", "CTRAIN_OUTPUTS": "the outputs directory (slurm.outputs)",
+            "CTRAIN_HF_CACHE": "the Hugging Face cache (slurm.hf_cache, else $HF_HOME)",
+            "CTRAIN_DATA": "the data directory (slurm.data)"}  # fmt: skip
+_LINK = "; or set it to a path without them (a symbolic link to it will do)"
+
+
+def check_mount_sources(settings: dict[str, str]) -> None:
+    """Refuse a mounted directory with ',' or ':' in its path: the runtimes split their mount lists at
+    them, so every job would fail as its container starts (ctrain.yaml's own paths are checked as
+    they are read; the project directory and what derives from it only here)."""
+    for name, what in _MOUNTED.items():
+        value = settings.get(name, "")
+        if "," in value or ":" in value:
+            raise ConfigError(
+                f"{what} {shorten(value, 120)} contains ',' or ':', which separate the container's mounts, so the "
+                f"job could not start: rename or move the directory{'' if name == 'CTRAIN_PROJECT_DIR' else _LINK}"
+            )
+
+
 def script_runtime(template: Path) -> str:
     """The runtime a ctrain script runs (its `ctrain_main RUNTIME "$@"` line)."""
-    text = template.read_text()
+    text = read_script(template, "the sbatch script")
     main = _MAIN_LINE.search(text)
     if SOURCE_LINE not in text.splitlines() or not main:
         raise ConfigError(
-            f"{template} is not a ctrain sbatch script: it needs the line\n  {SOURCE_LINE}\n"
-            'and a line `ctrain_main RUNTIME "$@"`'
+            f"{template} is not a ctrain sbatch script: it needs the line `{SOURCE_LINE}` and a line "
+            '`ctrain_main RUNTIME "$@"` (see sbatch/apptainer.sbatch)'
         )
     return main.group(1)
 
@@ -331,7 +399,7 @@ def script_runtime(template: Path) -> str:
 def render(template: Path, lib_text: str, header_pairs: list[tuple[str, str | None]], env: dict[str, str],
            arguments: list[str]) -> tuple[str, dict[str, str | None]]:  # fmt: skip
     """The self-contained script and its final #SBATCH options."""
-    lines = template.read_text().splitlines()
+    lines = read_script(template, "the sbatch script").splitlines()
     body_start = next(i for i, line in enumerate(lines) if line and not line.startswith("#") or not line.strip())
     header, body = lines[:body_start], lines[body_start:]
     header, options = render_header(header, header_pairs)
@@ -339,7 +407,7 @@ def render(template: Path, lib_text: str, header_pairs: list[tuple[str, str | No
     comment_start = source_at
     while comment_start > 0 and body[comment_start - 1].startswith("#"):
         comment_start -= 1
-    settings = ["", "# --- settings from ctrain.yaml and the command line (ctrain submit) ---"]
+    settings = ["", RENDERED_MARK]
     settings += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
     settings.append(shlex.join(["set", "--", *arguments]))
     inlined = [
@@ -367,8 +435,8 @@ def library_notes(lib: Path) -> list[str]:
     installed = resources.path(*LIB.parts)
     if lib.resolve() == installed.resolve():
         return []
-    ours = installed.read_text()
-    theirs, current = library_version(lib.read_text(errors="replace")), library_version(ours)
+    ours = read_script(installed, "the sbatch library")
+    theirs, current = library_version(read_script(lib, "the sbatch library")), library_version(ours)
     if theirs > current:
         raise ConfigError(
             f"{lib} is version {theirs} of the sbatch library, from a newer ctrain than this one (which knows "
@@ -460,8 +528,9 @@ def prepare(
         arguments = command_arguments(command, recipe, overrides)
     else:
         arguments = recipe_arguments(c, recipe, overrides)
-    text, options = render(template, lib.read_text(), sbatch_options(c), env, arguments)
+    text, options = render(template, read_script(lib, "the sbatch library"), sbatch_options(c), env, arguments)
     settings = resolve_settings(lib, runtime, arguments, env, project)
+    check_mount_sources(settings)
     job = Job(template, runtime, text, project, settings, arguments, options, notes)
     per_gpu = _cpus_per_gpu(options)
     if per_gpu is not None and per_gpu < MIN_CPUS_PER_GPU:
@@ -517,8 +586,8 @@ def _cpus_per_gpu(options: dict[str, str | None]) -> float | None:
     gpus, cpus = options.get("gpus-per-node"), options.get("cpus-per-task")
     if not gpus or not cpus or "exclusive" in options:
         return None
-    count = int(gpus.rsplit(":", 1)[-1])
-    return int(cpus) / count if count and cpus.isdigit() else None
+    count = option_count(options, "gpus-per-node")
+    return int(cpus) / count if count and re.fullmatch(r"[0-9]{1,9}", cpus) else None
 
 
 # --- checks before queueing -----------------------------------------------------------------------
@@ -696,7 +765,7 @@ def check_gpus(job: Job, client: slurm.Slurm) -> list[str]:
     have = client.partition_gpus(partition)
     where = f"partition '{partition}'" if partition else "this cluster"
     if wanted is not None:
-        count = int(wanted.rsplit(":", 1)[-1])
+        count = option_count(job.options, "gpus-per-node") or 0
         if have is not None and count > have:
             raise ConfigError(
                 f"{count} GPUs per node requested, but the nodes of {where} have at most {have}"
@@ -725,11 +794,25 @@ def make_log_dir(job: Job) -> None:
 
 
 def write_script(job: Job, path: Path) -> None:
-    """The rendered script to ``path``, for ``sbatch FILE`` later; checked first, written whole."""
+    """The rendered script to ``path``, for ``sbatch FILE`` later; checked first, written whole. An
+    existing file is replaced only when it is a script ctrain wrote: never a recipe typed in the
+    wrong place, a device (/dev/null) or a FIFO, which the rename would turn into a plain file."""
     from ctrain.files import atomic_write_text, writable_dir_problem
 
     if path.is_dir():
         raise ConfigError(f"--write-script {path} is a directory: give a file name, e.g. {path}/job.sbatch")
+    if os.path.lexists(path):
+        if path.is_symlink() or not path.is_file():
+            kind = "a symbolic link" if path.is_symlink() else "not a regular file (a device, pipe or socket)"
+            raise ConfigError(f"--write-script {path} is {kind}: ctrain replaces only a script it wrote; give "
+                              "a new file name")  # fmt: skip
+        try:
+            ours = RENDERED_MARK in read_script(path, "--write-script").splitlines()
+        except ConfigError:
+            ours = False
+        if not ours:
+            raise ConfigError(f"--write-script {path} exists and is not a script ctrain wrote: not replacing it; "
+                              "give a new file name (or remove the file first)")  # fmt: skip
     problem = writable_dir_problem(path.parent.absolute())
     if problem:
         raise ConfigError(f"cannot write {path}: {problem}: give --write-script a path in a directory you can write")

@@ -14,8 +14,8 @@ counted over the whole.
 
 from __future__ import annotations
 
-import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,6 +116,7 @@ class Run:
 # The largest number a timeline's event may carry (an epoch, a step, a rate, seconds): far above any
 # real one, and small enough that sums and products of a whole timeline of them stay finite.
 MAX_NUMBER = 1e15
+_RESTART = re.compile(r"[0-9]{1,9}")  # ASCII digits only: int() refuses "²", which str.isdigit takes
 
 
 def _number(text: str) -> float | None:
@@ -143,7 +144,7 @@ def read(path: Path) -> tuple[list[Run], int]:
     for line in raw.decode(errors="replace").splitlines():
         words = line.split()
         when = _number(words[0]) if words else None
-        if len(words) < 3 or when is None or not words[1].isdigit() or words[2] not in EVENTS:
+        if len(words) < 3 or when is None or not _RESTART.fullmatch(words[1]) or words[2] not in EVENTS:
             skipped += 1
             continue
         restart, event, args = int(words[1]), words[2], words[3:]
