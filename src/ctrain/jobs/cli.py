@@ -344,7 +344,7 @@ def _submit_there(ctx: click.Context, cluster: object) -> int:
     command = [cluster.profile.ctrain, "submit", *_command_line(ctx, ("cluster_name",)), *extra]
     if COMMAND in ctx.meta:
         command += ["--", *ctx.meta[COMMAND]]
-    info(f"cluster {cluster.name}: {' '.join(command)} (in {cluster.profile.project_dir})")
+    info(f"cluster {cluster.name}: {' '.join(command)} (in {remote.shown(cluster.profile.project_dir)})")
     remote_command = f"cd {shlex.quote(cluster.profile.project_dir)} && {shlex.join(command)}"
     submitted: list[str] = []
 

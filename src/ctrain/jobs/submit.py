@@ -25,7 +25,7 @@ from pathlib import Path
 from ctrain import install_hint, proc, resources, slurm
 from ctrain.config import ProjectConfig, SlurmConfig, env_name_problem
 from ctrain.errors import ConfigError, CtrainError
-from ctrain.files import control_problem, read_text_bounded, shorten
+from ctrain.files import atomic_write_text, control_problem, read_text_bounded, shorten
 from ctrain.image import reference
 from ctrain.settings import override
 
@@ -797,7 +797,7 @@ def write_script(job: Job, path: Path) -> None:
     """The rendered script to ``path``, for ``sbatch FILE`` later; checked first, written whole. An
     existing file is replaced only when it is a script ctrain wrote: never a recipe typed in the
     wrong place, a device (/dev/null) or a FIFO, which the rename would turn into a plain file."""
-    from ctrain.files import atomic_write_text, writable_dir_problem
+    from ctrain.files import writable_dir_problem
 
     if path.is_dir():
         raise ConfigError(f"--write-script {path} is a directory: give a file name, e.g. {path}/job.sbatch")
@@ -837,5 +837,5 @@ def submit(job: Job, client: slurm.Slurm | None = None) -> tuple[str, Path]:
     client = client or slurm.Slurm()
     job_id = client.sbatch([], cwd=job.project, script=job.text)
     log = client.log_path(job_id, search=[job.log_dir])
-    log.with_suffix(".sbatch").write_text(job.text)
+    atomic_write_text(log.with_suffix(".sbatch"), job.text)  # replaces a link there, never writes through it
     return job_id, log
