@@ -313,6 +313,7 @@ def test_heartbeat_names_step_host_and_pid_and_changes_at_each_beat(tmp_path: Pa
 def test_eval_refuses_models_ctrain_did_not_finish_saving(tmp_path: Path) -> None:
     from ctrain.train.evaluate import check_model_dir
 
+    (tmp_path / "recipe.yaml").write_text("task: sft\n")  # a ctrain run directory
     final = tmp_path / "final"
     final.mkdir()
     (final / "config.json").write_text("{}")
@@ -333,6 +334,11 @@ def test_eval_refuses_models_ctrain_did_not_finish_saving(tmp_path: Path) -> Non
     mine.mkdir()
     (mine / "config.json").write_text("{}")
     check_model_dir(mine)
+    trainers = tmp_path / "hf" / "checkpoint-500"  # a Trainer's output elsewhere: evaluated as it is
+    trainers.mkdir(parents=True)
+    (trainers / "config.json").write_text("{}")
+    (trainers / "trainer_state.json").write_text("{}")
+    check_model_dir(trainers)
     with pytest.raises(ConfigError, match="no trained model in"):
         check_model_dir(tmp_path / "nothing")
 
@@ -721,3 +727,54 @@ def test_a_full_disk_removes_only_what_was_not_finished(tmp_path: Path) -> None:
     assert sorted(p.name for p in gone) == ["checkpoint-20", "final"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10"]
     assert checkpoint.size_of(tmp_path / "checkpoint-10") == 64
+
+
+@pytest.mark.parametrize(
+    ("manifest", "digest", "file", "says"),
+    [
+        ({"config.json": None}, "crc32", "fifo", "not a regular file"),
+        ({"config.json": [0, "00000000"]}, "crc32", "device", "not a regular file"),
+        ({"config.json": [10**18, "0"]}, "crc32", "file", "is not [size, checksum]"),
+        ({"config.json": "x"}, "crc32", "file", "is not [size, checksum]"),
+        ({"config.json": [2, "0"]}, "nope", "file", "names no known checksum"),
+        ({"../../etc/passwd": [5, "0"]}, "crc32", "file", "outside the checkpoint"),
+    ],
+)
+def test_a_hostile_marker_is_damage_never_a_hang_or_a_crash(tmp_path: Path, manifest, digest, file, says) -> None:
+    """verify reads what the marker names: only regular files inside the checkpoint, with sizes a file can have."""
+    directory = tmp_path / "final"
+    directory.mkdir()
+    target = directory / "config.json"
+    if file == "fifo":
+        os.mkfifo(target)
+    elif file == "device":
+        target.symlink_to("/dev/zero")
+    else:
+        target.write_text("{}")
+    (directory / COMPLETE_MARKER).write_text(json.dumps({"step": 1, "world_size": 1, "digest": digest,
+                                                         "manifest": manifest}))  # fmt: skip
+    verdict = checkpoint.verify(directory)
+    assert verdict.damage is not None and says in str(verdict.damage)
+
+
+def test_an_output_directory_holding_only_its_prepared_data_is_owned_however_the_path_is_spelled(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from ctrain.train import rundir
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out" / "prepared").mkdir(parents=True)
+    rundir.check_owned(Path("out"), tmp_path / "out" / "prepared")  # absolute against relative: the same directory
+    rundir.check_owned(tmp_path / "out", Path("./out/prepared"))
+    (tmp_path / "out" / "checkpoint-5").mkdir()
+    with pytest.raises(ConfigError, match=r"holds files no ctrain run wrote \(checkpoint-5; no recipe.yaml\)"):
+        rundir.check_owned(Path("out"), tmp_path / "out" / "prepared")
+
+
+def test_variables_a_path_names_and_the_environment_lacks(monkeypatch) -> None:
+    from ctrain.train.recipe import unset_variables
+
+    monkeypatch.setenv("CTRAIN_TEST_SET", "x")
+    monkeypatch.delenv("CTRAIN_TEST_UNSET", raising=False)
+    assert unset_variables("$CTRAIN_TEST_SET/a/${CTRAIN_TEST_UNSET}/$CTRAIN_TEST_UNSET") == ["CTRAIN_TEST_UNSET"]
+    assert unset_variables("outputs/plain") == [] and unset_variables(None) == []

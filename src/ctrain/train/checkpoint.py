@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import sys
 import time
 import zipfile
@@ -168,13 +169,18 @@ def check_piece(directory: Path, piece: Piece, expected: list[Any] | None, algor
     The size first (free), the container with the first segment, then the checksum.
     """
     name, index = piece
+    if Path(name).is_absolute() or ".." in Path(name).parts:
+        return Damage(name, "unreadable", "the marker names a file outside the checkpoint")
     path = directory / name
     try:
-        size = path.stat().st_size
+        status = path.stat()
     except FileNotFoundError:
         return Damage(name, "missing", "missing")
     except OSError as exc:
         return Damage(name, "unreadable", str(exc))
+    if not stat.S_ISREG(status.st_mode):  # a FIFO would block the reader, a device never end
+        return Damage(name, "unreadable", "not a regular file")
+    size = status.st_size
     if expected is not None and size != expected[0]:
         return Damage(name, "size", f"{size:,} bytes, the marker recorded {expected[0]:,}")
     if index == 0:
@@ -338,6 +344,31 @@ class Verdict:
         return f"{self.files} files, {self.bytes / 1e6:,.1f} MB {what} in {self.seconds:.2f} s"
 
 
+#: The largest file a marker may record: far past any checkpoint file, and its pieces still few.
+MAX_RECORDED_BYTES = 1 << 50
+
+
+def _marker_problem(files: dict[Any, Any], algorithm: Any) -> str | None:
+    """Why a marker's manifest cannot be checked as it stands (a damaged or foreign marker), else None:
+    the checks would otherwise trip over its values, or plan pieces for sizes no file has."""
+    import hashlib
+
+    if algorithm != "crc32" and algorithm not in hashlib.algorithms_available:
+        return f"the marker names no known checksum ({str(algorithm)[:40]!r})"
+    for name, entry in files.items():
+        if entry is None:
+            continue
+        ok = (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int
+              and 0 <= entry[0] <= MAX_RECORDED_BYTES)  # fmt: skip
+        digests = entry[1] if ok else None
+        if ok and not (isinstance(digests, str) or (isinstance(digests, list) and len(digests) == segments(entry[0])
+                                                      and all(isinstance(d, str) for d in digests))):  # fmt: skip
+            ok = False
+        if not ok:
+            return f"the marker's entry for {str(name)[:80]!r} is not [size, checksum]"
+    return None
+
+
 def verify(directory: Path, rank: int = 0, world: int = 1) -> Verdict:
     """Check a complete checkpoint (or final model) against its marker; every rank calls it.
 
@@ -351,10 +382,12 @@ def verify(directory: Path, rank: int = 0, world: int = 1) -> Verdict:
         algorithm = marker.get("digest", DIGEST)
         if not isinstance(files, dict):
             files = {name: None for name in _listing(directory)} if directory.is_dir() else {}
-        plan = (files, algorithm)
+        plan = (files, algorithm, _marker_problem(files, algorithm))
     else:
         plan = None
-    files, algorithm = _from_rank0(plan)
+    files, algorithm, problem = _from_rank0(plan)
+    if problem is not None:
+        return Verdict(Damage(COMPLETE_MARKER, "unreadable", problem), 0, 0, time.perf_counter() - started, False)
     sizes = {name: (entry[0] if entry else 0) for name, entry in files.items()}
     work = share(pieces(sizes), rank, world)
     found = _gather(_each(work, lambda piece: check_piece(directory, piece, files[piece[0]], algorithm)))

@@ -48,13 +48,13 @@ def _pairs(rows: Any, recipe: Recipe) -> list[tuple[Any, str]]:
 
 
 def written_by_ctrain(model_dir: Path) -> bool:
-    """Whether ``model_dir`` is a final model or checkpoint that ``ctrain train`` writes (and marks)."""
-    return (
-        model_dir.name == FINAL_DIR
-        or checkpoint.step_of(model_dir) is not None
-        or (model_dir / RECIPE_COPY).is_file()
-        or (model_dir / "trainer_state.json").is_file()
-    )
+    """Whether ``model_dir`` is a final model or checkpoint that ``ctrain train`` writes (and marks):
+    one in a ctrain run directory (its ``recipe.yaml`` beside), or a final model with its own copy.
+    A Trainer's ``checkpoint-N`` elsewhere is another program's model, evaluated as it is."""
+    if (model_dir / RECIPE_COPY).is_file():
+        return True
+    in_a_run = (model_dir.parent / RECIPE_COPY).is_file()
+    return in_a_run and (model_dir.name == FINAL_DIR or checkpoint.step_of(model_dir) is not None)
 
 
 def check_model_dir(model_dir: Path) -> None:

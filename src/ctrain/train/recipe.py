@@ -718,6 +718,15 @@ def expand_path(value: str | Path) -> Path:
     return Path(os.path.expandvars(str(value))).expanduser()
 
 
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def unset_variables(value: str | None) -> list[str]:
+    """The variables VALUE names that this environment does not set: expand_path would leave them as
+    text, and a directory made from it would be named ``$NAME``."""
+    return sorted({a or b for a, b in _VARIABLE.findall(value or "") if (a or b) not in os.environ})
+
+
 def signal_number(name: str) -> int:
     """``SIGUSR1`` (or ``USR1``) -> its number; a ConfigError for names that cannot be caught."""
     full = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"

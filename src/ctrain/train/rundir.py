@@ -11,6 +11,7 @@ run): it is refused with what differs and what to do, unless ``training.resume``
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,9 @@ def check_owned(output_dir: Path, prepared_dir: Path) -> None:
     comes before: the prepared data and hidden staging directories."""
     if not output_dir.is_dir() or (output_dir / RECIPE_COPY).exists():
         return
-    foreign = sorted(p.name for p in output_dir.iterdir() if p != prepared_dir and not p.name.startswith("."))
+    prepared = os.path.abspath(prepared_dir)
+    foreign = sorted(p.name for p in output_dir.iterdir()
+                     if os.path.abspath(p) != prepared and not p.name.startswith("."))  # fmt: skip
     if foreign:
         shown = ", ".join(foreign[:_SHOWN]) + (f" and {len(foreign) - _SHOWN} more" if len(foreign) > _SHOWN else "")
         raise ConfigError(

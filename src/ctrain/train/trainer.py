@@ -39,7 +39,7 @@ from ctrain.train.artifacts import (
 )
 from ctrain.train.layout import batch_layout
 from ctrain.train.preflight import check_trainer_args, preflight, trainer_config_class
-from ctrain.train.recipe import RESUME_WORDS, Recipe, expand_path, signal_number
+from ctrain.train.recipe import RESUME_WORDS, Recipe, expand_path, signal_number, unset_variables
 from ctrain.train.script import HEARTBEAT_ENV, close_process_group
 
 log = logging.getLogger("ctrain.train")
@@ -521,6 +521,12 @@ def run(recipe: Recipe) -> int:
             nccl_logs = health.ask_nccl_for_its_transports(health.pids_dir())
     # 1. What can be checked without torch: paths, columns, sizes, the batch against the world size.
     notes = preflight(recipe, world_size=world)
+    for key, value in (("training.output_dir", recipe.training.output_dir),
+                       ("data.prepared_dir", recipe.data.prepared_dir)):  # fmt: skip
+        unset = unset_variables(value)
+        if unset:
+            raise ConfigError(f"{key} {value} names {', '.join('$' + n for n in unset)}, which this job's environment "
+                              "does not set: set it, or write the path out")  # fmt: skip
     output_dir = recipe.output_dir
     final = output_dir / FINAL_DIR
     # Every rank reads the record before rank 0 rewrites it (after resume_point's barrier).
