@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-from collections.abc import Callable
+import json
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ctrain import install_hint, proc
@@ -22,6 +23,17 @@ class Check:
     detail: str
 
 
+def _version_line(text: str) -> str:
+    """A tool's version as one line: its first line, or ``version`` of a JSON answer (``pcluster version``)."""
+    if text.startswith("{"):
+        try:
+            version = json.loads(text[:4096]).get("version")
+        except (ValueError, AttributeError):
+            version = None
+        return f"version {version}" if isinstance(version, str) else ""
+    return text.splitlines()[0].strip() if text else ""
+
+
 def _tool(tool: str, version_args: tuple[str, ...] = ("--version",)) -> Callable[[], Check]:
     def check() -> Check:
         path = proc.which(tool)
@@ -31,9 +43,10 @@ def _tool(tool: str, version_args: tuple[str, ...] = ("--version",)) -> Callable
         if version_args:
             try:
                 out = proc.run([path, *version_args], check=False, timeout=20)
-                first = (out.stdout or out.stderr).strip().splitlines()
+                text = (out.stdout or out.stderr).strip()
+                first = _version_line(text)
                 if first and out.returncode == 0:
-                    detail = f"{first[0].strip()} ({path})"
+                    detail = f"{first} ({path})"
             except CtrainError:
                 pass
         return Check(tool, True, detail)

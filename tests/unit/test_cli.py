@@ -177,3 +177,11 @@ def test_the_training_commands_without_the_training_stack_say_how_to_get_it(tmp_
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert lines[0].startswith(f"error: `ctrain {command[0]}` needs the training stack, and torch, trl are not installed")
     assert "pip install 'ctrain-slurm[train]' -c " in lines[0] and "constraints.txt --extra-index-url" in lines[0]
+
+
+def test_doctor_reads_a_json_version_as_pcluster_prints_it() -> None:
+    from ctrain.doctor import _version_line
+
+    assert _version_line('{\n  "version": "3.13.2"\n}') == "version 3.13.2"
+    assert _version_line("apptainer version 1.4.5\nmore") == "apptainer version 1.4.5"
+    assert _version_line("{ not json") == "" and _version_line("") == ""
