@@ -144,6 +144,13 @@ def init(directory: Path, *, force: bool = False, emit: Callable[[str], None] = 
     ctrain's own files are refreshed, and the user's only where they are missing or unchanged copies.
     """
     files.check_directory(directory, "the project directory", "choose another directory")
+    separators = sorted(set(":,") & set(os.path.abspath(directory)))
+    if separators:
+        raise ConfigError(
+            f"the project directory {os.path.abspath(directory)} holds {' and '.join(repr(c) for c in separators)}: "
+            "jobs mount it into the container, and Apptainer's --bind and pyxis's --container-mounts read those as "
+            "separators; choose a path without them"
+        )
     plan = entries()
     manifest = read_manifest(directory) if force else {}
     if not force:

@@ -361,3 +361,9 @@ def test_a_recipe_path_is_typed_relative_to_where_you_are(new: Path, tmp_path: P
     code, out, err = ctrain("submit", "--dry-run", "demo-addition.yaml", "training.max_steps=5")
     assert code == 0, err
     assert "recipes/demo-addition.yaml training.max_steps=5" in out
+
+
+def test_a_project_path_no_container_can_mount_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    code, _, err = ctrain("init", tmp_path / "my:proj")
+    assert code == 2 and err.startswith("error: ") and "':'" in err and "--bind" in err, err
+    assert not (tmp_path / "my:proj").exists()
