@@ -778,3 +778,12 @@ def test_variables_a_path_names_and_the_environment_lacks(monkeypatch) -> None:
     monkeypatch.delenv("CTRAIN_TEST_UNSET", raising=False)
     assert unset_variables("$CTRAIN_TEST_SET/a/${CTRAIN_TEST_UNSET}/$CTRAIN_TEST_UNSET") == ["CTRAIN_TEST_UNSET"]
     assert unset_variables("outputs/plain") == [] and unset_variables(None) == []
+
+
+def test_a_base_models_eval_result_before_training_is_ctrains_own(tmp_path: Path) -> None:
+    """The LoRA demo evaluates the base model into the output directory, then trains there."""
+    from ctrain.train import rundir
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "eval.json").write_text("{}")
+    rundir.check_owned(tmp_path / "out", tmp_path / "out" / "prepared")

@@ -25,3 +25,4 @@ MERGED_DIR = "merged"  # in FINAL_DIR with peft.merge: the base model with the a
 PREPARED_DIR = "prepared"  # default place of `ctrain prepare`'s output
 METRICS_FILE = "metrics.jsonl"  # every logged step, one JSON object a line
 RECIPE_COPY = "recipe.yaml"  # the recipe as run, overrides applied
+EVAL_FILE = "eval.json"  # `ctrain eval`'s result (also of a base model, before any training)

@@ -16,14 +16,13 @@ from typing import Any, Callable
 from ctrain.errors import ConfigError
 from ctrain.files import check_directory, check_file
 from ctrain.train import checkpoint
-from ctrain.train.artifacts import COMPLETE_MARKER, FINAL_DIR, RECIPE_COPY
+from ctrain.train.artifacts import COMPLETE_MARKER, EVAL_FILE, FINAL_DIR, RECIPE_COPY
 from ctrain.train.preflight import preflight
 from ctrain.train.recipe import Recipe
 from ctrain.train.sources import example_kind
 
 log = logging.getLogger("ctrain.train")
 
-EVAL_FILE = "eval.json"
 
 
 def _pairs(rows: Any, recipe: Recipe) -> list[tuple[Any, str]]:

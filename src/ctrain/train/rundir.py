@@ -17,7 +17,7 @@ from typing import Any
 
 from ctrain.errors import ConfigError
 from ctrain.settings import load_yaml
-from ctrain.train.artifacts import RECIPE_COPY
+from ctrain.train.artifacts import EVAL_FILE, RECIPE_COPY
 from ctrain.train.recipe import RUN_INDEPENDENT, Recipe
 
 log = logging.getLogger("ctrain.train")
@@ -78,12 +78,14 @@ def check_owned(output_dir: Path, prepared_dir: Path) -> None:
     ones and writes its own files over any of the same name; in the directory of another program
     (a Trainer's output, a project) that would destroy its checkpoints. Every start writes
     ``recipe.yaml`` before it trains, so a directory without it holds nothing of ctrain's but what
-    comes before: the prepared data and hidden staging directories."""
+    comes before: the prepared data, hidden staging directories, and ``ctrain eval``'s result (a
+    base model evaluated before its fine-tuning)."""
     if not output_dir.is_dir() or (output_dir / RECIPE_COPY).exists():
         return
     prepared = os.path.abspath(prepared_dir)
+    ours = {prepared, os.path.abspath(output_dir / EVAL_FILE)}
     foreign = sorted(p.name for p in output_dir.iterdir()
-                     if os.path.abspath(p) != prepared and not p.name.startswith("."))  # fmt: skip
+                     if os.path.abspath(p) not in ours and not p.name.startswith("."))  # fmt: skip
     if foreign:
         shown = ", ".join(foreign[:_SHOWN]) + (f" and {len(foreign) - _SHOWN} more" if len(foreign) > _SHOWN else "")
         raise ConfigError(
