@@ -373,4 +373,7 @@ def test_the_comparison_fails_when_a_rank_sees_another_batch(run: dict[str, Any]
 
 
 if __name__ == "__main__":
+    from ctrain.train.logs import exit_process
+
     worker(sys.argv[1], Path(sys.argv[2]))
+    exit_process(0)  # as ctrain train ends its ranks: no gloo thread left for C++ teardown to abort on

@@ -312,9 +312,14 @@ def test_damaged_shard_is_refused_and_the_older_checkpoint_chosen(sharded_run: R
 
 
 if __name__ == "__main__":
+    from ctrain.train.logs import exit_process
+
     if sys.argv[1] == "save":
         save_worker(Path(sys.argv[2]))
     elif sys.argv[1] == "resume":
         resume_worker(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
         raise SystemExit(f"unknown mode {sys.argv[1]!r}")
+    # Ended as ctrain train ends its ranks: a gloo thread still joinable at C++ teardown would abort a
+    # worker that finished (SIGABRT, "terminate called without an active exception"; docs/reliability.md).
+    exit_process(0)
