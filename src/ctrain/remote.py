@@ -100,6 +100,25 @@ def on_cluster(directory: str) -> str:
     return "." if not rest else f"./{rest}" if rest.startswith("-") else rest
 
 
+_HOME_COMMAND = re.compile(r"~([A-Za-z_][A-Za-z0-9._-]*)?/(.*)", re.DOTALL)
+
+
+def ctrain_command(cluster: Cluster, args: Sequence[str]) -> str:
+    """The remote shell's command line that runs the profile's ``ctrain`` with ARGS, each quoted.
+
+    A leading ``~/`` (or ``~USER/``) in ``ctrain`` is a home on the cluster, as in a login shell: it is left
+    unquoted (``"$HOME"/`` + the quoted rest), since :func:`shlex.join` would quote the ``~`` and the remote
+    shell would look for a directory named ``~``. Every command that runs the cluster's ctrain is built here."""
+    command = cluster.profile.ctrain
+    home = _HOME_COMMAND.fullmatch(command)
+    if home is None:
+        head = shlex.quote(command)
+    else:
+        user, rest = home.groups()
+        head = (f"~{user}/" if user else '"$HOME"/') + (shlex.quote(rest) if rest else "")
+    return " ".join([head, *(shlex.quote(arg) for arg in args)])
+
+
 def shown(directory: str) -> str:
     """A directory on the cluster as the user writes it: ``~/PATH`` for one relative to the login directory."""
     if directory.startswith("/"):
@@ -350,7 +369,7 @@ _VERSION = re.compile(r"^ctrain, version (\S+)$", re.MULTILINE)
 def check_ctrain(ssh: Ssh, version: str) -> None:
     """The cluster's ctrain (the profile's ``ctrain`` command) answers and is this version."""
     command = ssh.cluster.profile.ctrain
-    out = proc.run(ssh.argv(shlex.join([command, "--version"])), check=False)
+    out = proc.run(ssh.argv(ctrain_command(ssh.cluster, ["--version"])), check=False)
     ssh._raise_for_connection(out.returncode, out.stderr)
     found = _VERSION.search(out.stdout)
     if out.returncode == 127 or (out.returncode != 0 and not found):

@@ -53,8 +53,12 @@ HOSTILE = [
     ("region", "$(id)", "an AWS region"),
     ("head_node_subnet", "subnet-0123456789abcdef0;id", "subnet- and 8 or 17 hex digits"),
     ("compute_subnet", "subnet-$(id)", "subnet- and 8 or 17 hex digits"),
-    ("key_pair", "k$(id)", "an EC2 key pair name"),
-    ("key_pair", "k;id", "an EC2 key pair name"),
+    ("key_pair", "k/../../.bashrc", "without '/'"),
+    ("key_pair", "../k", "without '/', not starting with '.' or '-'"),
+    ("key_pair", "k\nid", "printable ASCII"),
+    ("key_pair", "cl\u00e9", "printable ASCII"),
+    ("key_pair", "k" * 256, "1 to 255 printable ASCII"),
+    ("key_pair", "", "1 to 255 printable ASCII"),
     ("key_pair", "-k", "not starting with '.' or '-'"),
     ("custom_ami", "ami-0123456789abcdef0 x", "ami- and 8 or 17 hex digits"),
     ("ssh_allowed_ips", "0.0.0.0/0;id", "CIDR form"),
@@ -107,7 +111,7 @@ def test_a_hand_edited_config_is_checked_like_init(tmp_path: Path) -> None:
     """``cluster validate`` holds a config edited by hand to the same forms, with where each value is."""
     config = yaml.safe_load(template.render(setup_for(tmp_path)))
     config["Region"] = "us-east-1;id"
-    config["HeadNode"]["Ssh"]["KeyName"] = "k$(id)"
+    config["HeadNode"]["Ssh"]["KeyName"] = "../k"
     config["HeadNode"]["CustomActions"]["OnNodeConfigured"]["Args"] = ["/scratch", "-noI $(touch /tmp/PWN)"]
     gpu = config["Scheduling"]["SlurmQueues"][0]
     gpu["CustomActions"]["OnNodeStart"] = {"Script": "s3://my-bucket/ctrain/enroot-pyxis.sh", "Args": ["/scratch"]}
@@ -130,6 +134,41 @@ def test_a_hand_edited_config_is_checked_like_init(tmp_path: Path) -> None:
     assert all(p.level == "ERROR" and p.source == "ctrain" for p in problems if p.where in found)
 
 
+@pytest.mark.parametrize("name", ["my key", "john's-key", "k$(id);`x` \\ \"q\"", "~k", "k" * 255])
+def test_key_pair_names_aws_takes_pass_and_stay_one_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          name: str) -> None:  # fmt: skip
+    """AWS allows any printable ASCII in a key pair name: a space or a quote is no reason to refuse one. The name
+    reaches the config as one YAML value and ``pcluster ssh`` as the path ~/.ssh/NAME.pem, inside ~/.ssh."""
+    from ctrain.cluster import pcluster
+
+    setup = setup_for(tmp_path, key_pair=name)
+    text = template.render(setup)
+    config = yaml.safe_load(text)
+    assert config["HeadNode"]["Ssh"]["KeyName"] == name
+    assert checks.value_problems(config) == []
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh").mkdir()
+    if len(name) + 4 > 255:  # longer than a file name can be with .pem: there is no such key here
+        assert pcluster._ssh_key(setup) is None
+        return
+    (tmp_path / ".ssh" / f"{name}.pem").write_text("key")
+    key = pcluster._ssh_key(setup)
+    assert key == tmp_path / ".ssh" / f"{name}.pem" and key.parent == tmp_path / ".ssh"
+
+
+def test_init_takes_a_key_pair_with_a_space(tmp_path: Path) -> None:
+    """`ctrain cluster init --key-pair "my key"` writes the config with that name, as AWS spells it."""
+    from click.testing import CliRunner
+
+    from ctrain.cli import main
+
+    (tmp_path / "ctrain.yaml").write_text("")
+    argv = ["--config", str(tmp_path / "ctrain.yaml"), *INIT[:7], "my key", *INIT[8:-1], str(tmp_path / "pc.yaml")]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load((tmp_path / "pc.yaml").read_text())["HeadNode"]["Ssh"]["KeyName"] == "my key"
+
+
 SRC = {"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
 
 
@@ -142,7 +181,7 @@ CLI = [
     Case("init-squash-options", [*INIT, "--set", "enroot_squash_options=-noI $(touch /tmp/PWN)"],
          ["cluster.enroot_squash_options", "mksquashfs options"]),
     Case("init-fsx-mount", [*INIT, "--set", "fsx_mount=/fsx;id"], ["cluster.fsx_mount", "absolute path"]),
-    Case("init-key-pair", [*INIT[:7], "k;id", *INIT[8:]], ["cluster.key_pair", "key pair name"]),
+    Case("init-key-pair", [*INIT[:7], "k/../x", *INIT[8:]], ["cluster.key_pair", "key pair name"]),
     Case("validate-hand-edited", ["cluster", "validate", "pcluster.yaml"],
          ["OnNodeConfigured.Args[1]", "mksquashfs options"], _hand_edited),
     Case("validate-not-a-file", ["cluster", "validate", "/dev/null"], ["/dev/null is not a regular file"]),

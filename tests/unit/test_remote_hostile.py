@@ -98,3 +98,52 @@ def test_a_jobs_file_too_large_to_be_ctrains_is_not_read(tmp_path: Path, monkeyp
     remote.jobs_path().write_text(json.dumps({"7": ["other"], **padding}))
     assert remote.jobs_path().stat().st_size > remote.MAX_JOBS_BYTES
     assert remote.elsewhere("7", None) == ""
+
+
+def _login_shell(monkeypatch: pytest.MonkeyPatch, home: Path, cwd: Path) -> list[str]:
+    """ssh stood in for by the login shell it starts: each remote command string run by ``sh -c`` with HOME."""
+    commands: list[str] = []
+
+    def run(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        commands.append(argv[-1])
+        env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        return subprocess.run(["sh", "-c", argv[-1]], env=env, cwd=cwd, capture_output=True, text=True, check=False)
+
+    monkeypatch.setattr(remote.proc, "run", run)
+    return commands
+
+
+@pytest.mark.parametrize("ctrain", ["~/.local/bin/ctrain", "~/my tools/$x/ctrain"])
+def test_a_home_relative_ctrain_is_run_from_the_home_on_the_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ctrain: str
+) -> None:
+    """``ctrain: ~/.local/bin/ctrain`` (pipx's place) runs that file under the home on the cluster, from any
+    directory; quoted as written, the remote shell would look for a directory named ``~``."""
+    home = tmp_path / "home"
+    script = home / ctrain.removeprefix("~/")
+    script.parent.mkdir(parents=True)
+    script.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "ctrain, version 9.9" || echo "$@"\n')
+    script.chmod(0o755)
+    elsewhere = tmp_path / "project"
+    elsewhere.mkdir()
+    cluster = remote.resolve("a", _write(tmp_path, f"clusters:\n  a: {{host: login, ctrain: '{ctrain}'}}\n"))
+    assert cluster is not None and cluster.profile.ctrain == ctrain
+    commands = _login_shell(monkeypatch, home, elsewhere)
+    remote.check_ctrain(remote.Ssh(cluster, tmp_path), "9.9")
+    assert commands[0].startswith('"$HOME"/')
+    command = remote.ctrain_command(cluster, ["submit", "a b", "$HOME"])
+    done = subprocess.run(["sh", "-c", command], env={"HOME": str(home)}, cwd=elsewhere, capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    assert done.stdout == "submit a b $HOME\n"
+
+
+def test_a_ctrain_command_on_the_path_is_quoted_as_before(tmp_path: Path) -> None:
+    """A command name or an absolute path is one quoted word; only a leading ``~/`` (or ``~USER/``) is the shell's."""
+    def command(ctrain: str) -> str:
+        return remote.ctrain_command(remote.Cluster("a", remote.Profile(host="h", ctrain=ctrain)), ["--version"])
+
+    assert command("ctrain") == "ctrain --version"
+    assert command("/opt/my env/bin/ctrain") == "'/opt/my env/bin/ctrain' --version"
+    assert command("~bob/bin/ctrain") == "~bob/bin/ctrain --version"
+    assert command("~$(id)/ctrain") == "'~$(id)/ctrain' --version"
+    assert command("x~/ctrain") == "'x~/ctrain' --version"

@@ -462,7 +462,10 @@ def _ssh_key(setup: cluster_setup.Setup) -> Path | None:
     key = setup.settings.ssh_key
     if key is None and setup.settings.key_pair:
         default = Path(f"~/.ssh/{setup.settings.key_pair}.pem").expanduser()
-        key = default if default.is_file() else None
+        try:
+            key = default if default.is_file() else None
+        except OSError:  # a name AWS takes (up to 255 characters) is too long for a file name with .pem
+            key = None
     return setup.path(key) if key else None
 
 

@@ -109,10 +109,12 @@ RULES: dict[str, Rule] = {
     "region": Rule(re.compile(r"[a-z]{2}(?:-[a-z]+)+-[0-9]+"), "an AWS region such as us-east-1"),
     "head_node_subnet": _SUBNET,
     "compute_subnet": _SUBNET,
+    # AWS takes any printable ASCII; the name only reaches YAML (dumped) and argv, never a shell. It is also
+    # the local ~/.ssh/NAME.pem, so no '/' (no path out of ~/.ssh) and no leading '.' or '-'.
     "key_pair": Rule(
-        re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+=,@-]{0,254}"),
-        "an EC2 key pair name of at most 255 letters, digits and '.', '_', '+', '=', ',', '@', '-', not starting "
-        "with '.' or '-'",
+        re.compile(r"[\x20-\x2c\x30-\x7e][\x20-\x2e\x30-\x7e]{0,254}"),
+        "an EC2 key pair name of 1 to 255 printable ASCII characters (letters, digits, spaces, punctuation) "
+        "without '/', not starting with '.' or '-'",
     ),
     "custom_ami": Rule(re.compile(f"ami-(?:{_AWS_ID})"), "an AMI ID: ami- and 8 or 17 hex digits"),
     "head_node_instance_type": _TYPE,

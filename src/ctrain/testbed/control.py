@@ -3,12 +3,14 @@
 State lives in one directory (``testbed.json`` plus config, munge key, logs, spool, controller
 state and the shared directory). The state file is written after every step of ``up``, so ``down``
 can undo a start that crashed half-way; ``down`` also finds PID files and the testbed's own
-network names when the state file is gone.
+network names when the state file is gone or damaged. It acts only on what the testbed of its state
+directory made: daemons naming that directory's exact paths, and the network names it claims
+(:func:`ctrain.testbed.plan.network_claim`), so a mistyped --state-dir stops no other testbed.
 """
 
 from __future__ import annotations
 
-import json
+import ipaddress
 import os
 import pwd
 import random
@@ -17,6 +19,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ctrain import proc, system, ui
-from ctrain.errors import CtrainError
-from ctrain.files import atomic_write_json
+from ctrain.errors import ConfigError, CtrainError
+from ctrain.files import atomic_write_json, load_json_bounded, read_text_bounded
 from ctrain.slurm import Local, Slurm
 from ctrain.testbed import host, pyxis
 from ctrain.testbed.plan import (
@@ -38,6 +41,7 @@ from ctrain.testbed.plan import (
     STATE_DIR_ENV,
     Gpu,
     Layout,
+    NetworkClaim,
     Node,
     check_nodes,
     hosts_conflicts,
@@ -46,6 +50,7 @@ from ctrain.testbed.plan import (
     machine_cpus,
     machine_gpus,
     machine_memory_mb,
+    network_claim,
     node_plan,
     render_cgroup_conf,
     render_gres_conf,
@@ -58,6 +63,8 @@ from ctrain.testbed.plan import (
 SLURM_CONF_LINK = Path("/etc/slurm/slurm.conf")
 SLURM_TIMEOUT = 30.0
 STARTUP_TIMEOUT = 60.0
+MAX_STATE_BYTES = 1 << 20  # testbed.json: a few hundred bytes a node, and at most 243 nodes
+MAX_PID_FILE_BYTES = 64
 COMPLETING_GRACE = 5.0  # seconds a restarted node may stay COMPLETING before it is set DOWN and resumed
 JOB_DRAIN_TIMEOUT = 10.0
 Log = Callable[[str], None]
@@ -94,12 +101,71 @@ class Status:
         return self.up and not self.problems
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+def _tail(path: Path, lines: int = 15, limit: int = 64 * 1024) -> str:
+    """The last LINES lines of a log, from its last LIMIT bytes (a log may be large, or no regular file)."""
     try:
-        text = path.read_text(errors="replace").splitlines()[-lines:]
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return f"  ({path} does not exist)"
+    except OSError as exc:
+        return f"  ({path} cannot be read: {exc.strerror})"
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return f"  ({path} is not a regular file)"
+        data = os.pread(fd, limit, max(0, info.st_size - limit))
+    finally:
+        os.close(fd)
+    text = data.decode(errors="replace").splitlines()[-lines:]
     return "\n".join("  " + line for line in text)
+
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def _int(value: object) -> bool:
+    """Whether VALUE is a JSON integer (Python counts True as one; the state file never holds it for a number)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def state_problem(state: object) -> str | None:
+    """Why STATE (a parsed testbed.json) is not one the testbed wrote, else None: each field it uses has the
+    type it writes, so a damaged file is one error, not a traceback where a field is first used."""
+    if not isinstance(state, dict):
+        return f"it holds {type(state).__name__}, not an object"
+    for key in ("user", "controller_host"):
+        if key in state and not (isinstance(state[key], str) and state[key]):
+            return f"{key} is {state[key]!r}, not a name"
+    if state.get("pyxis") is not None and not isinstance(state["pyxis"], str):
+        return f"pyxis is {state['pyxis']!r}, not a fingerprint"
+    nodes = state.get("nodes", [])
+    if not isinstance(nodes, list):
+        return f"nodes is {nodes!r}, not a list"
+    for i, node in enumerate(nodes):
+        if not isinstance(node, dict):
+            return f"nodes[{i}] is {node!r}, not an object"
+        if not (isinstance(node.get("name"), str) and _NODE_NAME.fullmatch(node["name"])):
+            return f"nodes[{i}].name is {node.get('name')!r}, not a node name"
+        try:
+            ipaddress.IPv4Address(node.get("ip"))
+        except ValueError:
+            return f"nodes[{i}].ip is {node.get('ip')!r}, not an IPv4 address"
+        gpus = node.get("gpus", [])
+        if not (isinstance(gpus, list) and all(isinstance(g, str) for g in gpus)):
+            return f"nodes[{i}].gpus is {gpus!r}, not a list of device files"
+    daemons = state.get("daemons", {})
+    if not isinstance(daemons, dict):
+        return f"daemons is {daemons!r}, not an object"
+    for name, daemon in daemons.items():
+        if not isinstance(daemon, dict):
+            return f"daemons.{name} is {daemon!r}, not an object"
+        if not isinstance(daemon.get("program"), str):
+            return f"daemons.{name}.program is {daemon.get('program')!r}, not a program name"
+        if not (_int(daemon.get("pid")) and daemon["pid"] > 0):
+            return f"daemons.{name}.pid is {daemon.get('pid')!r}, not a process ID"
+        if daemon.get("start") is not None and not _int(daemon["start"]):
+            return f"daemons.{name}.start is {daemon['start']!r}, not a start time"
+    return None
 
 
 @dataclass(frozen=True)
@@ -131,8 +197,11 @@ class Testbed:
     def __init__(self, state_dir: Path | str | None = None) -> None:
         root = Path(state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR).expanduser().absolute()
         self.layout = Layout(root)
-        # Only the testbed's daemons have this on their command line (config, socket or key path).
+        # The state directory as its daemons' paths start (for a look at the processes). Which are the
+        # testbed's is told by ``daemon_paths``, matched whole: a prefix also matches a testbed below it.
         self.marker = f"{root}/"
+        # Only the testbed's daemons have one of these on their command line (config, socket or key path).
+        self.daemon_paths = self.layout.daemon_paths
 
     # --- what it is -------------------------------------------------------------------------------
 
@@ -163,15 +232,31 @@ class Testbed:
         """Each node's GPUs (device files) in the running testbed; empty lists on a machine without GPUs."""
         return {n["name"]: list(n.get("gpus", [])) for n in (self._state() or {}).get("nodes", [])}
 
-    def _state(self) -> dict | None:
-        try:
-            return json.loads(self.layout.state_file.read_text())
-        except FileNotFoundError:
+    def _command(self, name: str) -> str:
+        """``ctrain testbed NAME`` for this state directory, for messages."""
+        where = "" if self.state_dir == DEFAULT_STATE_DIR else f" --state-dir {shlex.quote(str(self.state_dir))}"
+        return f"ctrain testbed {name}{where}"
+
+    def _state(self, *, damaged_ok: bool = False) -> dict | None:
+        """The state file, checked (:func:`state_problem`); None when there is none. Read within a bound,
+        only as a regular file (a FIFO would hang every command). A damaged one is a ConfigError, or
+        with DAMAGED_OK (``down``, which cleans up without it) None."""
+        root = self.state_dir
+        if os.path.lexists(root) and not root.is_dir():
+            raise ConfigError(f"the testbed's state directory {root} is not a directory: name a directory "
+                              f"(--state-dir or ${STATE_DIR_ENV})")  # fmt: skip
+        if not os.path.lexists(self.layout.state_file):
             return None
-        except json.JSONDecodeError as exc:
-            raise CtrainError(
-                f"{self.layout.state_file} is not valid JSON ({exc}); run `ctrain testbed down` to clean up"
-            ) from exc
+        try:
+            state = load_json_bounded(self.layout.state_file, MAX_STATE_BYTES, "the testbed's state file")
+            problem = state_problem(state)
+            if problem:
+                raise ConfigError(f"the testbed's state file {self.layout.state_file} is damaged: {problem}")
+        except ConfigError as exc:
+            if damaged_ok:
+                return None
+            raise ConfigError(f"{exc}; run `{self._command('down')}` to stop what it started and remove it") from None
+        return state
 
     def _save(self, state: dict) -> None:
         atomic_write_json(self.layout.state_file, state, indent=2)
@@ -189,11 +274,21 @@ class Testbed:
         return Slurm(self.user_runner())
 
     def user_runner(self, env: Mapping[str, str] | None = None) -> AsUser:
-        if not self.layout.state_file.exists():
+        """A runner as the job user from the shared directory; a CtrainError naming what is missing when the
+        testbed is not up (no state, no shared directory, no job user)."""
+        state = self._state()
+        if state is None:
             raise CtrainError(f"the testbed in {self.state_dir} is not up: run `ctrain testbed up` first")
-        return AsUser(
-            env={"SLURM_CONF": str(self.slurm_conf), **(env or {})}, user=self.user, home=self.shared_dir
-        )
+        if not self.shared_dir.is_dir():
+            raise CtrainError(f"the testbed's shared directory {self.shared_dir} is missing: run "
+                              f"`{self._command('up')}` to make it again")  # fmt: skip
+        user = str(state.get("user", JOB_USER))
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            raise CtrainError(f"the testbed's job user {user!r} does not exist: run `{self._command('up')}` to "
+                              "create it again") from None  # fmt: skip
+        return AsUser(env={"SLURM_CONF": str(self.slurm_conf), **(env or {})}, user=user, home=self.shared_dir)
 
     def run_as_user(
         self,
@@ -269,14 +364,14 @@ class Testbed:
         """
         node = self._node(name)
         daemon = self._daemons(self._state()).get(f"slurmd-{name}")
-        ours = daemon is not None and host.is_ours(daemon, self.marker)
+        ours = daemon is not None and host.is_ours(daemon, self.daemon_paths)
         if over > 0:
             count = host.kill_netns_slowly(node.netns, over, random.Random(seed))
         else:
             if ours:
                 os.kill(daemon.pid, signal.SIGSTOP)
             count = host.kill_netns_now(node.netns)
-        if ours and host.is_ours(daemon, self.marker):  # in the namespace, it is gone already
+        if ours and host.is_ours(daemon, self.daemon_paths):  # in the namespace, it is gone already
             os.kill(daemon.pid, signal.SIGKILL)
         return count
 
@@ -328,7 +423,7 @@ class Testbed:
         node = self._node(name)
         state = self._state() or {}
         pid_file = self.layout.pid_file(f"slurmd-{name}")
-        daemon = host.start_daemon(self._slurmd_argv(node), "slurmd", pid_file, self.marker)
+        daemon = host.start_daemon(self._slurmd_argv(node), "slurmd", pid_file, self.daemon_paths)
         state.setdefault("daemons", {})[f"slurmd-{name}"] = daemon.to_json()
         self._save(state)
         started = time.monotonic()
@@ -349,14 +444,14 @@ class Testbed:
         which recovers the jobs from its state; returns once it answers."""
         state = self._state() or {}
         daemon = self._daemons(state).get("slurmctld")
-        if daemon is None or not host.is_ours(daemon, self.marker):
+        if daemon is None or not host.is_ours(daemon, self.daemon_paths):
             raise CtrainError("the testbed's slurmctld is not running: `ctrain testbed up` first")
         if host.end_processes([daemon.pid], term_timeout=30):
             raise CtrainError(f"slurmctld (pid {daemon.pid}) did not exit")
         host.wait_reaped([daemon.pid])
         time.sleep(down)
         started = host.start_daemon(self._slurmctld_argv(), "slurmctld", self.layout.pid_file("slurmctld"),
-                                    self.marker)
+                                    self.daemon_paths)
         state.setdefault("daemons", {})["slurmctld"] = started.to_json()
         self._save(state)
         self._wait_controller()
@@ -374,8 +469,10 @@ class Testbed:
             for pid_file in sorted(self.layout.run_dir.glob("*.pid")):
                 name = pid_file.stem
                 try:
-                    pid = int(pid_file.read_text().strip())
-                except ValueError:
+                    pid = int(read_text_bounded(pid_file, MAX_PID_FILE_BYTES, "a PID file").strip())
+                except (CtrainError, ValueError):
+                    continue
+                if pid <= 0:
                     continue
                 tool = name.split("-", 1)[0]
                 if tool not in ("munged", "slurmctld", "slurmd") or not proc.which(tool):
@@ -390,8 +487,10 @@ class Testbed:
         """What is running, and what the controller says about each node."""
         state = self._state()
         if state is None:
-            leftovers = host.our_netns() + [n for n in host.our_links() if n == BRIDGE]
-            running = [n for n, d in self._daemons(None).items() if host.is_ours(d, self.marker)]
+            claim = self._network_claim(None)
+            bridge = [n for n in claim.links_of(host.our_links()) if n == BRIDGE]
+            leftovers = claim.netns_of(host.our_netns()) + bridge
+            running = [n for n, d in self._daemons(None).items() if host.is_ours(d, self.daemon_paths)]
             problems = (
                 [f"left over from an earlier start: {', '.join(leftovers + running)}"] if leftovers or running else []
             )
@@ -401,7 +500,7 @@ class Testbed:
 
         def check(name: str) -> tuple[int | None, bool]:
             d = daemons.get(name)
-            ok = d is not None and host.is_ours(d, self.marker)
+            ok = d is not None and host.is_ours(d, self.daemon_paths)
             if not ok:
                 st.problems.append(f"{name} is not running")
             return (d.pid if d else None), ok
@@ -487,8 +586,9 @@ class Testbed:
         if (self._state() or {}).get("pyxis") != (found.fingerprint if found else None):
             return True
         try:
-            written = self.slurm_conf.read_text(), self.layout.plugstack_conf.read_text()
-        except FileNotFoundError:
+            written = tuple(read_text_bounded(p, MAX_STATE_BYTES, "the testbed's config")
+                            for p in (self.slurm_conf, self.layout.plugstack_conf))  # fmt: skip
+        except CtrainError:
             return True
         return written != (self._render(plan, memory_mb, gpus), pyxis.render_plugstack(self.layout, found is not None))
 
@@ -504,7 +604,7 @@ class Testbed:
                 f"testbed needs that path: move the file away (and back after `ctrain testbed down`), "
                 "or use a machine without Slurm configured"
             )
-        foreign = host.foreign_daemons(("slurmctld", "slurmd"), self.marker)
+        foreign = host.foreign_daemons(("slurmctld", "slurmd"), self.daemon_paths)
         if foreign:
             raise CtrainError(
                 "Slurm daemons not started by this testbed are running; stop them first (the testbed uses "
@@ -543,7 +643,8 @@ class Testbed:
 
         def start(name: str, argv: list[str]) -> None:
             tool = re.match(r"[a-z]+", name).group()
-            state["daemons"][name] = host.start_daemon(argv, tool, self.layout.pid_file(name), self.marker).to_json()
+            daemon = host.start_daemon(argv, tool, self.layout.pid_file(name), self.daemon_paths)
+            state["daemons"][name] = daemon.to_json()
             self._save(state)
 
         if any(gpus.values()):
@@ -683,9 +784,15 @@ class Testbed:
         """After ``down``: remove the state directory and the job user, leaving no trace of the testbed."""
         if not system.is_root():
             raise CtrainError("`ctrain testbed down --purge` must run as root: it removes a user and a directory")
-        if host.marked_processes(("munged", "slurmctld", "slurmd"), self.marker) or host.our_netns():
+        running = host.marked_processes(("munged", "slurmctld", "slurmd"), self.daemon_paths)
+        if running or self._network_claim(self._state(damaged_ok=True)).netns_of(host.our_netns()):
             raise CtrainError("the testbed is still running: run `ctrain testbed down` first")
         done = []
+        if self.state_dir.is_dir() and (foreign := self.layout.foreign_entries(os.listdir(self.state_dir))):
+            raise CtrainError(
+                f"{self.state_dir} holds {', '.join(foreign[:3])}, which the testbed did not make: it is not the "
+                "testbed's state directory (mistyped --state-dir?); nothing was removed"
+            )
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir)
             done.append(f"removed {self.state_dir}")
@@ -694,14 +801,25 @@ class Testbed:
         log("testbed purged" + (f": {'; '.join(done)}" if done else " (nothing to remove)"))
         return done
 
+    def _network_claim(self, state: dict | None) -> NetworkClaim:
+        """The network names this testbed made (:func:`ctrain.testbed.plan.network_claim`): another testbed's
+        are never this one's to remove, whatever --state-dir names."""
+        link = SLURM_CONF_LINK
+        target = os.readlink(link) if link.is_symlink() else "" if link.exists() else None
+        nodes = [Node(n["name"], n["ip"]) for n in (state or {}).get("nodes", [])]
+        return network_claim(nodes, target, self.slurm_conf)
+
     def _teardown(self) -> list[str]:
-        state = self._state()
+        """Stop and remove what this state directory's testbed started and made, and nothing else: its
+        daemons (by PID and their exact paths) and the network names it claims (:meth:`_network_claim`)."""
+        state = self._state(damaged_ok=True)
         daemons = self._daemons(state)
+        claim = self._network_claim(state)
         done: list[str] = []
         by_tool = {
             t: [n for n in daemons if re.match(r"[a-z]+", n).group() == t] for t in ("munged", "slurmctld", "slurmd")
         }
-        if any(host.is_ours(daemons[n], self.marker) for n in by_tool["slurmctld"]):
+        if any(host.is_ours(daemons[n], self.daemon_paths) for n in by_tool["slurmctld"]):
             jobs = self.slurm.queued_ids()
             if jobs:
                 self.slurm.run(["scancel", *jobs], check=False)
@@ -714,19 +832,19 @@ class Testbed:
                     time.sleep(0.2)
 
         # Every process this teardown ends: it returns only once they are all gone (reaped).
-        ended = [d.pid for n, d in daemons.items() if host.is_ours(d, self.marker)]
-        ended += [pid for ns in host.our_netns() for pid in host.netns_pids(ns)]
+        ended = [d.pid for n, d in daemons.items() if host.is_ours(d, self.daemon_paths)]
+        ended += [pid for ns in claim.netns_of(host.our_netns()) for pid in host.netns_pids(ns)]
 
         def stop(names: list[str]) -> None:
             for name in names:
-                if host.stop(daemons[name], self.marker):
+                if host.stop(daemons[name], self.daemon_paths):
                     done.append(f"stopped {name} (pid {daemons[name].pid})")
 
-        for netns in host.throttled_netns():
+        for netns in claim.netns_of(host.throttled_netns()):
             if host.unthrottle_netns(netns):
                 done.append(f"undid the CPU limit of {netns}")
         stop(by_tool["slurmd"])
-        for netns in host.our_netns():
+        for netns in claim.netns_of(host.our_netns()):
             count = host.kill_netns_processes(netns)
             if count:
                 done.append(f"ended {count} job process(es) left on {netns}")
@@ -734,30 +852,35 @@ class Testbed:
         stop(by_tool["munged"])
         # What the daemons started may outlive them (a slurmstepd, a helper of munged): end it and
         # wait, so that `down` returns only when nothing of this testbed runs any more.
-        marked = host.marked_processes(("munged", "slurmctld", "slurmd"), self.marker)
-        leftover = sorted({*marked, *(pid for ns in host.our_netns() for pid in host.netns_pids(ns))})
+        marked = host.marked_processes(("munged", "slurmctld", "slurmd"), self.daemon_paths)
+        in_netns = [pid for ns in claim.netns_of(host.our_netns()) for pid in host.netns_pids(ns)]
+        leftover = sorted({*marked, *in_netns})
         if leftover:
             survivors = host.end_processes(leftover)
             if survivors:
                 raise CtrainError(f"process(es) {', '.join(map(str, survivors))} still running after SIGKILL")
             done.append(f"ended {len(leftover)} leftover process(es)")
         host.wait_reaped([*ended, *leftover])
-        done.extend(f"removed {what}" for what in host.network_down())
+        done.extend(f"removed {what}" for what in host.network_down(claim))
         for mount in host.unmount_all_below(self.layout.scratch_dir):
             done.append(f"unmounted the scratch disk {mount}")
         shutil.rmtree(self.layout.scratch_dir, ignore_errors=True)
         hosts = host.HOSTS_FILE.read_text()
         kept = hosts_without_ours(hosts)
-        if kept != hosts:
+        if claim.hosts_lines and kept != hosts:
             host.write_in_place(host.HOSTS_FILE, kept)
             done.append(f"removed the testbed's lines from {host.HOSTS_FILE}")
         if SLURM_CONF_LINK.is_symlink() and os.readlink(SLURM_CONF_LINK) == str(self.slurm_conf):
             SLURM_CONF_LINK.unlink()
             done.append(f"removed {SLURM_CONF_LINK}")
         for name, daemon in daemons.items():
-            if host.is_ours(daemon, self.marker):
+            if host.is_ours(daemon, self.daemon_paths):
                 raise CtrainError(f"{name} (pid {daemon.pid}) is still running after SIGKILL")
-        self.layout.state_file.unlink(missing_ok=True)
+        state_file = self.layout.state_file
+        if os.path.lexists(state_file) and (state_file.is_symlink() or not state_file.is_dir()):
+            state_file.unlink()
+        elif os.path.lexists(state_file):
+            done.append(f"left {state_file} (a directory, not a state file: remove it)")
         return done
 
 

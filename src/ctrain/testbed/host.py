@@ -2,7 +2,9 @@
 per-node network namespaces, /etc/hosts lines, the job user. Everything here needs root.
 
 A daemon counts as the testbed's only while its PID still runs the same program, started at the
-recorded time, with the testbed's own directory on its command line; nothing is stopped by name.
+recorded time, with one of the testbed's own paths on its command line (``marker``: a path, or the set
+:attr:`ctrain.testbed.plan.Layout.daemon_paths`, matched whole, never as a substring); nothing is stopped
+by name.
 """
 
 from __future__ import annotations
@@ -14,12 +16,25 @@ import shutil
 import signal
 import stat
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ctrain import proc
 from ctrain.errors import CtrainError
-from ctrain.testbed.plan import BRIDGE, CONTROLLER_IP, NETNS_PREFIX, NETWORK, VETH_PREFIX, Node
+from ctrain.testbed.plan import (
+    BRIDGE,
+    CONTROLLER_IP,
+    NETNS_PREFIX,
+    NETWORK,
+    VETH_PREFIX,
+    NetworkClaim,
+    Node,
+    names_path,
+)
+
+#: What names a testbed's processes: one path, or the paths its daemons are started with.
+Marker = str | Collection[str]
 
 HOSTS_FILE = Path("/etc/hosts")
 FUSE_DEVICE = Path("/dev/fuse")
@@ -49,6 +64,7 @@ class ProcInfo:
     start: int
     state: str
     cmdline: str
+    argv: tuple[str, ...] = ()
 
 
 def program_of(tool: str) -> str:
@@ -72,20 +88,21 @@ def proc_info(pid: int) -> ProcInfo | None:
     # Fields after the command name (which may hold spaces) start after the last ')'.
     rest = stat_text[stat_text.rindex(")") + 2 :].split()
     program = os.path.basename(exe.removesuffix(" (deleted)"))
-    return ProcInfo(program=program, start=int(rest[19]), state=rest[0], cmdline=cmdline)
+    return ProcInfo(program=program, start=int(rest[19]), state=rest[0], cmdline=cmdline,
+                    argv=tuple(a for a in argv if a))  # fmt: skip
 
 
-def is_ours(daemon: Daemon, marker: str) -> bool:
+def is_ours(daemon: Daemon, marker: Marker) -> bool:
     """Whether ``daemon.pid`` still is the process the testbed started (not a reused PID)."""
     info = proc_info(daemon.pid)
     if info is None or info.state in ("Z", "X"):
         return False
-    if info.program != daemon.program or marker not in info.cmdline:
+    if info.program != daemon.program or not names_path(info.argv, marker):
         return False
     return daemon.start is None or info.start == daemon.start
 
 
-def start_daemon(argv: list[str], tool: str, pid_file: Path, marker: str, timeout: float = 15) -> Daemon:
+def start_daemon(argv: list[str], tool: str, pid_file: Path, marker: Marker, timeout: float = 15) -> Daemon:
     """Start a self-daemonizing program and return it as read from its PID file."""
     program = program_of(tool)
     pid_file.unlink(missing_ok=True)
@@ -97,13 +114,13 @@ def start_daemon(argv: list[str], tool: str, pid_file: Path, marker: str, timeou
         except (FileNotFoundError, ValueError):
             pid = 0
         info = proc_info(pid) if pid else None
-        if info is not None and info.program == program and marker in info.cmdline:
+        if info is not None and info.program == program and names_path(info.argv, marker):
             return Daemon(program, pid, info.start)
         time.sleep(0.1)
     raise CtrainError(f"{program} did not start (no live process in {pid_file} after {timeout:.0f}s)")
 
 
-def stop(daemon: Daemon, marker: str, timeout: float = 15) -> bool:
+def stop(daemon: Daemon, marker: Marker, timeout: float = 15) -> bool:
     """SIGTERM, then SIGKILL after ``timeout``; only if the PID is still ours. True if it was running."""
     if not is_ours(daemon, marker):
         return False
@@ -121,7 +138,7 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def _wait_gone(daemon: Daemon, marker: str, timeout: float) -> bool:
+def _wait_gone(daemon: Daemon, marker: Marker, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not is_ours(daemon, marker):
@@ -130,7 +147,7 @@ def _wait_gone(daemon: Daemon, marker: str, timeout: float) -> bool:
     return not is_ours(daemon, marker)
 
 
-def foreign_daemons(tools: tuple[str, ...], marker: str) -> list[str]:
+def foreign_daemons(tools: tuple[str, ...], marker: Marker) -> list[str]:
     """Running ``tools`` that were not started for this testbed (``marker`` not on their command line)."""
     programs = {*tools, *(program_of(t) for t in tools if proc.which(t))}
     found = []
@@ -138,7 +155,7 @@ def foreign_daemons(tools: tuple[str, ...], marker: str) -> list[str]:
         if not entry.name.isdigit():
             continue
         info = proc_info(int(entry.name))
-        if info and info.state not in ("Z", "X") and info.program in programs and marker not in info.cmdline:
+        if info and info.state not in ("Z", "X") and info.program in programs and not names_path(info.argv, marker):
             found.append(f"pid {entry.name}: {info.cmdline}")
     return found
 
@@ -283,25 +300,26 @@ def wait_reaped(pids: list[int], timeout: float = 10) -> list[int]:
         time.sleep(0.05)
 
 
-def marked_processes(tools: tuple[str, ...], marker: str) -> list[int]:
-    """Live processes of ``tools`` whose command line names ``marker`` (the testbed's state directory)."""
+def marked_processes(tools: tuple[str, ...], marker: Marker) -> list[int]:
+    """Live processes of ``tools`` whose command line names ``marker`` (the testbed's daemon paths)."""
     programs = {*tools, *(program_of(t) for t in tools if proc.which(t))}
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             info = proc_info(int(entry.name))
-            if info and info.state not in ("Z", "X") and info.program in programs and marker in info.cmdline:
+            if info and info.state not in ("Z", "X") and info.program in programs and names_path(info.argv, marker):
                 found.append(int(entry.name))
     return found
 
 
-def network_down() -> list[str]:
-    """Remove the testbed's namespaces, veths and bridge (by their names); returns what was removed."""
+def network_down(claim: NetworkClaim) -> list[str]:
+    """Remove the namespaces, veths and bridge of CLAIM (those one testbed made; another's are left);
+    returns what was removed."""
     removed = []
-    for name in our_netns():
+    for name in claim.netns_of(our_netns()):
         proc.run(["ip", "netns", "delete", name])
         removed.append(f"netns {name}")
-    for name in our_links():
+    for name in claim.links_of(our_links()):
         proc.run(["ip", "link", "delete", name], check=False)
         removed.append(f"link {name}")
     return removed

@@ -9,7 +9,7 @@ import ipaddress
 import os
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,6 +222,73 @@ class Layout:
 
     def log_file(self, daemon: str) -> Path:
         return self.log_dir / f"{daemon}.log"
+
+    #: The names the testbed makes in its state directory (``up --pyxis`` builds in pyxis-build).
+    ENTRIES = frozenset({"testbed.json", "slurm.conf", "gres.conf", "cgroup.conf", "task-prolog.sh", "scratch",
+                         "munge", "run", "log", "spool", "slurmctld", "shared", "plugstack.conf", "pyxis",
+                         "pyxis-build"})  # fmt: skip
+
+    def foreign_entries(self, names: Iterable[str]) -> list[str]:
+        """Those of NAMES (a state directory's entries) the testbed did not make: ``down --purge`` removes
+        the whole directory, which must not be one named by mistake (a --state-dir of /var, or a home)."""
+        return sorted(n for n in names if n not in self.ENTRIES and not n.startswith(".testbed.json.tmp-"))
+
+    @property
+    def daemon_paths(self) -> frozenset[str]:
+        """The paths under the state directory that the testbed starts its daemons with (slurmctld's and
+        slurmd's ``-f``, munged's options): a process naming one of them exactly is this testbed's."""
+        munge = [self.munge_socket, self.munge_key, self.pid_file("munged"), self.log_file("munged"),
+                 self.munge_dir / "munged.seed"]  # fmt: skip
+        return frozenset(str(p) for p in (self.slurm_conf, *munge))
+
+
+def names_path(argv: Sequence[str], marker: str | Collection[str]) -> bool:
+    """Whether a command line names one of the paths in MARKER itself, as an argument or an option's value
+    (``-f PATH``, ``--key-file=PATH``). Compared as paths, whole: the testbed in /var owns no daemon started
+    with /var/lib/ctrain/testbed/slurm.conf, nor the one in /srv/tb a daemon of /srv/tb2."""
+    wanted = {Path(marker)} if isinstance(marker, str) else {Path(p) for p in marker}
+    for arg in argv:
+        for value in (arg, arg.partition("=")[2]):
+            if value.startswith("/") and Path(value) in wanted:
+                return True
+    return False
+
+
+@dataclass(frozen=True)
+class NetworkClaim:
+    """Which of the machine's testbed network names (fixed: bridge, ctrain-NODE namespaces, veths) the
+    testbed of one state directory made, and so may remove; the rest may be another testbed's."""
+
+    everything: bool = False
+    netns: frozenset[str] = frozenset()
+    links: frozenset[str] = frozenset()
+
+    def netns_of(self, names: Iterable[str]) -> list[str]:
+        """Those of the namespaces NAMES that are claimed."""
+        return [n for n in names if n.startswith(NETNS_PREFIX) and (self.everything or n in self.netns)]
+
+    def links_of(self, names: Iterable[str]) -> list[str]:
+        """Those of the links NAMES that are claimed."""
+        ours = [n for n in names if n == BRIDGE or n.startswith(VETH_PREFIX)]
+        return [n for n in ours if self.everything or n in self.links]
+
+    @property
+    def hosts_lines(self) -> bool:
+        """Whether the testbed lines of /etc/hosts are this testbed's (they name no state directory)."""
+        return self.everything or bool(self.netns)
+
+
+def network_claim(nodes: Sequence[Node], link: str | None, slurm_conf: Path) -> NetworkClaim:
+    """What of the network the testbed whose config is SLURM_CONF made. LINK is where /etc/slurm/slurm.conf
+    points (None: nothing there; "": a file, no link). ``up`` makes that link before the network and ``down``
+    removes it after, and ``up`` refuses to start while it points elsewhere: pointing at SLURM_CONF, the
+    machine's testbed is this one (all its names, even with the state file gone); pointing elsewhere, it is
+    another's (none). With no link, the namespaces and veths of the NODES the state file records, and the bridge."""
+    if link is not None:
+        return NetworkClaim(everything=True) if link and Path(link) == slurm_conf else NetworkClaim()
+    if not nodes:
+        return NetworkClaim()
+    return NetworkClaim(netns=frozenset(n.netns for n in nodes), links=frozenset({BRIDGE, *(n.veth for n in nodes)}))
 
 
 def render_slurm_conf(

@@ -25,9 +25,11 @@ from pathlib import Path
 
 from ctrain import proc
 from ctrain.errors import CtrainError
+from ctrain.files import load_json_bounded
 from ctrain.testbed.plan import Layout
 
 BUILD_TIMEOUT = 600.0
+MAX_RECORD_BYTES = 64 * 1024  # installed.json: three short strings
 SLURM_HEADERS = Path("/usr/include/slurm")
 # Debian's makeself package: the files enroot's deps/makeself submodule would hold.
 MAKESELF = (Path("/usr/bin/makeself"), Path("/usr/share/makeself/makeself-header.sh"))
@@ -86,9 +88,10 @@ def _record(layout: Layout) -> Path:
 def installed(layout: Layout) -> Installed | None:
     """enroot and pyxis as installed in this testbed, or None."""
     try:
-        data = json.loads(_record(layout).read_text())
+        record = _record(layout)
+        data = load_json_bounded(record, MAX_RECORD_BYTES, "the pyxis record") if record.exists() else {}
         found = Installed(str(data["enroot"]), str(data["pyxis"]), str(data["fingerprint"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (CtrainError, OSError, KeyError, TypeError):
         return None
     if not (layout.pyxis_prefix / PLUGIN).is_file() or not (layout.pyxis_prefix / "bin" / "enroot").is_file():
         return None
