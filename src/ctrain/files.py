@@ -3,6 +3,7 @@ finding out, before a long job, whether the places a command will write to take 
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
@@ -286,9 +287,11 @@ def read_bounded(path: Path, limit: int, what: str) -> bytes:
 
 def read_text_bounded(path: Path, limit: int, what: str) -> str:
     """:func:`read_bounded` as UTF-8 text (a BOM dropped); other bytes are refused with their line."""
-    raw = read_bounded(path, limit, what)
+    # The BOM dropped by hand: the utf-8-sig codec is imported on first use, which a process that has
+    # dropped its privileges (testbed status as another user) may no longer be able to do.
+    raw = read_bounded(path, limit, what).removeprefix(codecs.BOM_UTF8)
     try:
-        return raw.decode("utf-8-sig")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise ConfigError(f"{what} {path} line {line}: byte 0x{raw[exc.start]:02x} is not UTF-8 text") from None
