@@ -26,7 +26,13 @@ CONFIG_NAME = "ctrain.yaml"
 # are written into the job script) and HOST:CONTAINER[:ro|rw] bind mounts.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PASS_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?")
-_SECRET = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|CREDENTIAL", re.IGNORECASE)
+# A name is a secret's when one of its _-separated words is one of these (HF_TOKEN, AWS_SECRET_ACCESS_KEY) or two
+# neighbours are (WANDB_API_KEY): whole words, so TOKENIZERS_PARALLELISM and MAX_TOKENS are no secrets. A name that
+# ends in one of _NOT_SECRET (HF_TOKEN_PATH) names where a secret is, not the secret.
+_SECRET_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "APIKEY", "ACCESSKEY", "CREDENTIAL",
+                           "CREDENTIALS", "PRIVATEKEY"})  # fmt: skip
+_SECRET_PAIRS = frozenset({("API", "KEY"), ("ACCESS", "KEY"), ("PRIVATE", "KEY")})
+_NOT_SECRET = frozenset({"PATH", "FILE", "DIR", "HOME"})
 _MOUNT = re.compile(r"[^:,]+:/[^:,]*(?::(?:ro|rw))?")
 # Variables bash or the dynamic loader act on (a file sourced at every bash start, options, functions,
 # the trace prompt's command substitutions, libraries loaded into every program): set in the job script,
@@ -41,8 +47,13 @@ _SHELL_ENV_PREFIXES = {
     "LD_": "the dynamic loader's variables (LD_PRELOAD: a library in every program)",
 }
 _ENV_ALLOWED = ("LD_LIBRARY_PATH",)
-# Slurm's memory sizes (--mem, --mem-per-cpu, --mem-per-gpu): megabytes, or a number with K, M, G or T.
-_MEMORY = re.compile(r"[0-9]{1,15}[KMGTkmgt]?")
+# Slurm's memory sizes (--mem, --mem-per-cpu, --mem-per-gpu): megabytes, or a number with K, M, G or T, which
+# may be followed by B (64GB), in either case.
+_MEMORY = re.compile(r"[0-9]{1,15}(?:[KMGTkmgt][Bb]?)?")
+_SIZE = "a size in megabytes, or a number with K, M, G or T (an optional B after it: 64GB)"
+# The options that size a job's memory and CPUs: sbatch takes one of each group.
+MEMORY_OPTIONS = ("mem", "mem-per-cpu", "mem-per-gpu")
+CPU_OPTIONS = ("cpus-per-task", "cpus-per-gpu")
 # sbatch's one-letter options, by their long names (sbatch --help): sbatch_args take the long form only.
 SHORT_OPTIONS = {"A": "account", "b": "begin", "C": "constraint", "c": "cpus-per-task", "D": "chdir",
                  "d": "dependency", "e": "error", "G": "gpus", "H": "hold", "i": "input", "J": "job-name",
@@ -55,17 +66,25 @@ _COUNT = re.compile(r"[0-9]{1,9}")
 _OPTION_VALUES: dict[str, tuple[re.Pattern[str], str]] = {
     "nodes": (re.compile(r"[0-9]{1,9}(?:-[0-9]{1,9})?"), "a number of nodes (4) or a range (2-4)"),
     "gpus-per-node": (re.compile(r"(?:[A-Za-z0-9_.-]+:)?[0-9]{1,9}"), "a number of GPUs, or TYPE:NUMBER (h100:8)"),
+    "gpus": (re.compile(r"(?:[A-Za-z0-9_.-]+:)?[0-9]{1,9}"), "a number of GPUs for the job, or TYPE:NUMBER (h100:16)"),
+    "gres": (re.compile(r"[A-Za-z0-9_./:-]+(?:,[A-Za-z0-9_./:-]+)*"),
+             "a list of NAME[:TYPE][:COUNT] (gpu:8, gpu:h100:8)"),
     "ntasks-per-node": (_COUNT, "a number of tasks"),
     "cpus-per-task": (_COUNT, "a number of CPUs"),
-    "mem": (_MEMORY, "a size in megabytes, or a number with K, M, G or T (500G; 0: all of a node's memory)"),
-    "mem-per-cpu": (_MEMORY, "a size in megabytes, or a number with K, M, G or T (4G)"),
-    "mem-per-gpu": (_MEMORY, "a size in megabytes, or a number with K, M, G or T (80G)"),
+    "cpus-per-gpu": (_COUNT, "a number of CPUs"),
+    "mem": (_MEMORY, f"{_SIZE} (500G; 0: all of a node's memory)"),
+    "mem-per-cpu": (_MEMORY, f"{_SIZE} (4G)"),
+    "mem-per-gpu": (_MEMORY, f"{_SIZE} (80G)"),
 }
 # What an #SBATCH line's value may hold: what Slurm's names, lists, constraints, sizes and times are
 # made of. Never whitespace, quotes, $, `, ;, <, >, \ or control characters: sbatch splits the line
 # at whitespace, and a newline would end it and start a command of the job script.
 _DIRECTIVE_VALUE = re.compile(r"[A-Za-z0-9_.,:@+%&|!()\[\]*=/~^{}-]+")
 _DIRECTIVE_CHARS = "letters, digits and _.,:@+%&|!()[]*=/~^{}-"
+# Options whose values may hold spaces (free text, a name, a constraint expression): their #SBATCH line writes such a
+# value in double quotes, which sbatch reads as one value and removes. Never a quote inside: sbatch would end the value.
+SPACED_OPTIONS = ("comment", "job-name", "constraint")
+_SPACED_VALUE = re.compile(r"[A-Za-z0-9_.,:@+%&|!()\[\]*=/~^{} -]+")
 _SBATCH_ARG = re.compile(r"--?([A-Za-z][A-Za-z0-9-]*)(?:=(.*))?", re.DOTALL)
 # sbatch options whose value is an #SBATCH line's (slurm.KEY -> the option).
 DIRECTIVE_FIELDS = {"job_name": "job-name", "partition": "partition", "account": "account", "qos": "qos",
@@ -106,14 +125,65 @@ def option_value_problem(option: str, value: str | None) -> str | None:
     pattern, what = _OPTION_VALUES[option]
     if value is None:
         return f"needs a value: {what}"
-    return None if pattern.fullmatch(value) else f"is not {what}"
+    if not pattern.fullmatch(value):
+        return f"is not {what}"
+    if option == "gres":
+        try:
+            gres_gpus(value)
+        except ConfigError as exc:
+            return str(exc)
+    return None
 
 
-def directive_problem(value: str) -> str | None:
-    """Why ``value`` cannot be the value of an ``#SBATCH --option=VALUE`` line, else None."""
-    if _DIRECTIVE_VALUE.fullmatch(value):
+def gres_gpus(value: str) -> int | None:
+    """GPUs per node a ``--gres`` list asks for (``gpu``, ``gpu:8``, ``gpu:h100:8``, beside other resources), as
+    sbatch reads it; None when it asks for none. A ConfigError for a ``gpu`` entry sbatch would not read."""
+    total = None
+    for item in value.split(","):
+        parts = item.removeprefix("gres/").split(":")
+        if parts[0] != "gpu":
+            continue
+        if len(parts) == 1 or (len(parts) == 2 and not _COUNT.fullmatch(parts[1])):
+            count = "1"  # gpu, gpu:TYPE: one
+        else:
+            count = parts[-1] if len(parts) <= 3 else ""
+        if not _COUNT.fullmatch(count):
+            raise ConfigError(f"--gres entry {shorten(item)!r} is not gpu[:TYPE][:COUNT] (gpu:8, gpu:h100:8)")
+        total = (total or 0) + int(count)
+    return total
+
+
+def secret_name(name: str) -> bool:
+    """Whether variable ``name`` looks like a secret's (:data:`_SECRET_WORDS`), compared word by word."""
+    words = [word for word in name.upper().split("_") if word]
+    if not words or words[-1] in _NOT_SECRET:
+        return False
+    return any(word in _SECRET_WORDS for word in words) or any(pair in _SECRET_PAIRS for pair in zip(words, words[1:]))
+
+
+def sbatch_arg(arg: str) -> tuple[str, str | None] | None:
+    """An sbatch_args entry as (option, value), with one pair of double quotes around the value removed as sbatch
+    removes them (``--comment="my run"``); None when it is no ``--option[=value]``."""
+    match = _SBATCH_ARG.fullmatch(arg)
+    if not match:
         return None
-    bad = next((char for char in value if not _DIRECTIVE_VALUE.fullmatch(char)), "")
+    value = match[2]
+    if value is not None and len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    return match[1], value
+
+
+def directive_problem(value: str, option: str | None = None) -> str | None:
+    """Why ``value`` cannot be the value of an ``#SBATCH --OPTION=VALUE`` line, else None; spaces only for
+    :data:`SPACED_OPTIONS`, which the line quotes."""
+    allowed = _SPACED_VALUE if option in SPACED_OPTIONS else _DIRECTIVE_VALUE
+    if allowed.fullmatch(value) and value.strip():
+        return None
+    if '"' in value:
+        return "contains a double quote (\"), which sbatch reads as quoting: write the value without it"
+    bad = next((char for char in value if not allowed.fullmatch(char)), "")
+    if bad == " ":
+        return f"contains a space; only {', '.join('--' + o for o in SPACED_OPTIONS)} take values with spaces"
     return f"contains {bad!r}; an sbatch option's value here may hold {_DIRECTIVE_CHARS} only" if bad else "is empty"
 
 
@@ -313,7 +383,7 @@ class SlurmConfig:
         """Relations between settings that are wrong before anything is run."""
         for name, option in DIRECTIVE_FIELDS.items():
             value = getattr(self, name)
-            problem = None if value is None else directive_problem(value)
+            problem = None if value is None else directive_problem(value, option)
             if problem:
                 raise ConfigError(f"slurm.{name} (--{option}) {shorten(value)!r} {problem}")
         shell = [(name, getattr(self, name)) for name in _SHELL_FIELDS]
@@ -366,7 +436,7 @@ class SlurmConfig:
                 raise ConfigError(
                     f"slurm.env: {name} {problem}: it would run code of its own in the job and in ctrain; remove it"
                 )
-            if _SECRET.search(name):
+            if secret_name(name):
                 raise ConfigError(
                     f"slurm.env: {name} looks like a secret; ctrain writes these values into the job script and its "
                     "copy in logs/. Export it in your shell instead and name it in slurm.pass_env (sbatch passes your "
@@ -379,24 +449,35 @@ class SlurmConfig:
                     f"slurm.pass_env: {shorten(name)!r} is not a variable name or NAME_* prefix "
                     "(e.g. MY_SETTING, MYLAB_*)"
                 )
+        given = {"mem": self.mem is not None, "cpus-per-task": self.cpus_per_task is not None}
         for arg in self.sbatch_args:
-            match = _SBATCH_ARG.fullmatch(arg)
-            if not match:
+            parsed = sbatch_arg(arg)
+            if not parsed:
                 raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r} must be an sbatch option like --qos=high")
             problem = short_option_problem(arg)
             if problem:
                 raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r} {problem}")
-            problem = None if match.group(2) is None else directive_problem(match.group(2))
+            option, value = parsed
+            problem = None if value is None else directive_problem(value, option)
             if problem:
                 raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r}: its value {problem}")
-            problem = option_value_problem(match.group(1), match.group(2))
+            problem = option_value_problem(option, value)
             if problem:
-                raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r}: --{match.group(1)} {problem}")
-            if match.group(1) == "time" and match.group(2):
+                raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r}: --{option} {problem}")
+            if option == "time" and value:
                 try:
-                    time_seconds(match.group(2))
+                    time_seconds(value)
                 except ConfigError as exc:
                     raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r}: {exc}") from None
+            given[option] = True
+        for group in (MEMORY_OPTIONS, CPU_OPTIONS):
+            both = [f"--{option}" for option in group if given.get(option)]
+            if len(both) > 1:
+                choices = ", ".join(f"--{option}" for option in group)
+                raise ConfigError(
+                    f"slurm: {' and '.join(both)} are both set (slurm.{group[0].replace('-', '_')}, the command line "
+                    f"or slurm.sbatch_args), and sbatch takes only one of {choices}: keep one"
+                )
         for name, value in self.env.items():
             problem = control_problem(value)
             if problem:

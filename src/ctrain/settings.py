@@ -321,11 +321,32 @@ def _cut(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 20]}...{text[-12:]} ({len(text):,} characters)"
 
 
+# YAML 1.1's int and float forms (PyYAML's SafeLoader) without the base-60 ones: `time: 1:00:00` would be read as
+# the integer 3600, which Slurm takes as minutes; `a: 1:30` as 90. YAML 1.2 dropped them.
+_INT = re.compile(r"""^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$""")
+_FLOAT = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"""
+    r"""|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"""
+)
+_NUMBERS = {"tag:yaml.org,2002:int": _INT, "tag:yaml.org,2002:float": _FLOAT}
+
+
+class SettingsLoader(yaml.SafeLoader):
+    """The SafeLoader without base-60 numbers (:data:`_INT`): every settings file and override is read
+    through it, so `1:00:00` stays the text written, as Slurm and the user mean it."""
+
+
+SettingsLoader.yaml_implicit_resolvers = {
+    first: [(tag, _NUMBERS.get(tag, pattern)) for tag, pattern in resolvers]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
 def parse_yaml(text: str, where: str) -> tuple[yaml.Node | None, Any]:
     """One YAML document: its node graph (for line numbers) and its value, within the bounds above;
     a ConfigError naming ``where`` for anything YAML or the bounds refuse."""
     try:
-        loader = yaml.SafeLoader(text)
+        loader = SettingsLoader(text)
     except yaml.YAMLError as exc:  # the reader refuses control characters (NUL) at once
         raise ConfigError(f"{where}: not valid YAML: {_cut(str(exc).splitlines()[0])}") from None
     try:
@@ -427,6 +448,7 @@ def field_names(cls: type) -> list[str]:
 
 __all__ = [
     "SettingsFile",
+    "SettingsLoader",
     "apply_overrides",
     "bounded",
     "build",

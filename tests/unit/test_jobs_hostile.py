@@ -132,7 +132,8 @@ def test_sbatch_values_ctrain_reads_are_checked_as_slurm_reads_them(settings: di
 
 def test_good_sbatch_values_pass_and_a_zero_time_is_no_limit(tmp_path: Path) -> None:
     for mem in ("0", "1024", "500G", "64g"):
-        SlurmConfig(mem=mem, sbatch_args=["--nodes=2-4", "--gpus-per-node=h100:8", "--mem-per-cpu=4G"]).validate()
+        SlurmConfig(mem=mem, sbatch_args=["--nodes=2-4", "--gpus-per-node=h100:8"]).validate()
+    SlurmConfig(sbatch_args=["--nodes=2-4", "--gpus-per-node=h100:8", "--mem-per-cpu=4G"]).validate()
     assert slurm.time_seconds("0") is None and slurm.time_seconds("0:0") is None
     submit.check_signal(prepare(project(tmp_path), time="0").options)  # Slurm: no limit, so no warning to place
 
@@ -242,3 +243,190 @@ def test_logs_prints_the_end_of_a_huge_log_and_says_so(tmp_path: Path) -> None:
     text = slurm.Slurm(NoController()).read_log("7", search=[logs])
     assert text.startswith(f"[ctrain: the end of {log} only") and text.endswith("step 99\nthe end\n")
     assert len(text) <= slurm.READ_LIMIT + 200
+
+
+# --- values Slurm takes that ctrain refused, and GPUs, CPUs and memory asked for sbatch's other ways ----------
+
+
+class Cluster(slurm.Local):
+    """sinfo of a cluster whose nodes have 128 CPUs, 1031000 MB and 8 GPUs, for any partition."""
+
+    def has(self, tool: str) -> bool:
+        return tool == "sinfo"
+
+    def run(self, args, **_: object) -> subprocess.CompletedProcess[str]:  # type: ignore[override]
+        shape = "%c|%m|%G" in " ".join(args)
+        return subprocess.CompletedProcess(list(args), 0, "128|1031000|gpu:h100:8\n" if shape else "gpu:h100:8\n", "")
+
+
+NODE = [slurm.NodeShape(128, 1031000, 8)]
+
+
+def test_memory_sizes_with_a_b_after_the_unit_are_taken() -> None:
+    """Slurm reads 64GB (and 64gb) as 64G."""
+    for size in ("64GB", "64gb", "512MB", "1TB", "64G", "0"):
+        SlurmConfig(mem=size).validate()
+        SlurmConfig(sbatch_args=[f"--mem={size}"]).validate()
+        SlurmConfig(sbatch_args=[f"--mem-per-gpu={size}"]).validate()
+    for bad in ("64B", "64BG", "64GBB", "GB"):
+        with pytest.raises(ConfigError) as error:
+            SlurmConfig(mem=bad).validate()
+        one_line(error, f"slurm.mem (--mem) {bad!r} is not a size", "64GB")
+
+
+def test_secret_names_are_told_by_whole_words_and_a_path_to_one_is_none() -> None:
+    """TOKEN in TOKENIZERS_PARALLELISM is no word of its own; HF_TOKEN_PATH names where a token is."""
+    for name in ("TOKENIZERS_PARALLELISM", "MAX_TOKENS", "HF_TOKEN_PATH", "NUM_TOKENS", "SECRETS_DIR",
+                 "MY_PASSWORD_FILE", "KEY_FIELD"):  # fmt: skip
+        SlurmConfig(env={name: "false"}).validate()
+    for name in ("HF_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "hf_token", "AWS_ACCESS_KEY_ID",
+                 "MLFLOW_TRACKING_PASSWORD", "OPENAI_APIKEY", "DB_PASSWD"):  # fmt: skip
+        with pytest.raises(ConfigError) as error:
+            SlurmConfig(env={name: "x"}).validate()
+        one_line(error, f"slurm.env: {name} looks like a secret")
+
+
+def test_automatic_sizing_adds_no_second_memory_or_cpu_option() -> None:
+    """sbatch refuses --mem beside --mem-per-gpu (or --mem-per-cpu), and --cpus-per-task beside --cpus-per-gpu."""
+    for option in ("--mem-per-gpu=80G", "--mem-per-cpu=4G"):
+        half = SlurmConfig(gpus_per_node=4, sbatch_args=[option])
+        assert submit.gpu_resources(half, NODE)[0] == {"cpus_per_task": 64}
+        whole, _ = submit.gpu_resources(SlurmConfig(gpus_per_node=8, sbatch_args=[option]), NODE)
+        assert "mem" not in whole, whole
+    per_gpu = SlurmConfig(gpus_per_node=4, sbatch_args=["--cpus-per-gpu=16"])
+    assert submit.gpu_resources(per_gpu, NODE)[0] == {"mem": "515500M"}
+    assert submit.gpu_resources(SlurmConfig(gpus_per_node=8, sbatch_args=["--cpus-per-gpu=16"]), NODE)[0] == {
+        "mem": "1031000M"
+    }
+    assert submit.gpu_resources(SlurmConfig(gpus_per_node=8, sbatch_args=["--cpus-per-gpu=16", "--mem-per-gpu=8G"]),
+                                NODE)[0] == {}  # fmt: skip
+
+
+def test_a_job_with_its_own_memory_or_cpus_per_gpu_renders_what_sbatch_takes(tmp_path: Path) -> None:
+    root = project(tmp_path, "slurm:\n  gpus_per_node: 4\n  sbatch_args: ['--mem-per-gpu=80G', '--cpus-per-gpu=2']\n")
+    job = prepare(root, client=slurm.Slurm(Cluster()))
+    assert "mem" not in job.options and "cpus-per-task" not in job.options, job.options
+    assert "#SBATCH --mem-per-gpu=80G" in job.text and "#SBATCH --cpus-per-gpu=2" in job.text
+    assert any(n.startswith("warning: 2 CPUs per GPU (--cpus-per-gpu=2)") for n in job.notes), job.notes
+    for settings, says in [("mem: 10G\n  sbatch_args: ['--mem-per-gpu=80G']", "--mem and --mem-per-gpu are both set"),
+                           ("cpus_per_task: 8\n  sbatch_args: ['--cpus-per-gpu=2']",
+                            "--cpus-per-task and --cpus-per-gpu are both set")]:  # fmt: skip
+        with pytest.raises(ConfigError) as error:
+            load_config(project(tmp_path, f"slurm:\n  {settings}\n") / "ctrain.yaml")
+        one_line(error, says, "sbatch takes only one of")
+
+
+@pytest.mark.parametrize("options, gpus", [
+    ({"gres": "gpu:8"}, 8), ({"gres": "gpu:h100:8"}, 8), ({"gres": "nvme:1,gpu:h100:4,shard:2"}, 4),
+    ({"gres": "gpu"}, 1), ({"gres": "gpu:a100"}, 1), ({"gres": "nvme:1"}, None), ({"gpus-per-node": "h100:2"}, 2),
+    ({"gpus": "16", "nodes": "2"}, 8), ({"gpus": "h100:4", "nodes": "1"}, 4),
+])  # fmt: skip
+def test_gpus_per_node_are_read_from_each_of_sbatchs_ways(options: dict[str, str], gpus: int | None) -> None:
+    assert submit.node_gpus(options) == gpus
+    nodes = {"nodes": "3", **options}
+    assert job(**nodes).world_size == int(nodes["nodes"]) * (gpus or 1)
+
+
+def test_a_gpu_total_that_does_not_divide_among_the_nodes_is_one_error() -> None:
+    with pytest.raises(ConfigError) as error:
+        submit.node_gpus({"gpus": "16", "nodes": "3"})
+    one_line(error, "--gpus=16 is the job's total", "--nodes=3", "slurm.gpus_per_node (--gpus-per-node)")
+    with pytest.raises(ConfigError) as error:
+        SlurmConfig(sbatch_args=["--gres=gpu:h100:x"]).validate()
+    one_line(error, "--gres", "'gpu:h100:x' is not gpu[:TYPE][:COUNT]")
+
+
+@pytest.mark.parametrize("arg", ["--gres=gpu:8", "--gres=gpu:h100:8", "--gpus-per-node=8"])
+def test_gpus_asked_for_in_sbatch_args_are_sized_and_checked(tmp_path: Path, arg: str) -> None:
+    root = project(tmp_path / "p", f"slurm:\n  sbatch_args: ['{arg}']\n")
+    shutil.copytree(REPO / "recipes", root / "recipes")
+    job = prepare(root, client=slurm.Slurm(Cluster()))
+    assert "exclusive" in job.options and job.options["mem"] == "0", job.options  # all 8 GPUs: whole nodes
+    assert submit.check_gpus(job, slurm.Slurm(Cluster())) == []  # no "training runs on CPU"
+    assert job.world_size == 8
+    with pytest.raises(ConfigError, match=r"global_batch_size \(64\) does not divide among 5 processes"):
+        submit.check_job_recipe(prepare(root, sbatch_args=[arg.replace("8", "5")]))
+
+
+def test_values_with_spaces_or_quotes_are_written_as_sbatch_reads_them(tmp_path: Path) -> None:
+    """sbatch reads #SBATCH --comment="my run" as one value and removes the quotes."""
+    root = project(tmp_path, 'slurm:\n  job_name: "Llama 8B"\n  sbatch_args: [\'--constraint="a100|h100"\', '
+                             "'--comment=my run', '--reservation=\"big\"']\n")  # fmt: skip
+    job = prepare(root)
+    for line in ('#SBATCH --job-name="Llama 8B"\n', '#SBATCH --comment="my run"\n', "#SBATCH --constraint=a100|h100\n",
+                 "#SBATCH --reservation=big\n"):  # fmt: skip
+        assert line in job.text, line
+    assert job.options["job-name"] == "Llama 8B" and job.options["comment"] == "my run"
+    assert prepare(root, job_name="a b c").options["job-name"] == "a b c"
+    SlurmConfig(sbatch_args=['--comment="my run"']).validate()
+    header, options = submit.render_header(['#SBATCH --job-name="my job"', "#SBATCH -J x"], [])
+    assert options["job-name"] == "x" and header == ['#SBATCH --job-name="my job"', "#SBATCH -J x"]
+    assert submit.render_header(['#SBATCH --job-name="my job"'], [])[1] == {"job-name": "my job"}
+    for settings, says in [({"sbatch_args": ["--comment=a\nb"]}, "contains '\\n'"), ({"job_name": "a\tb"}, "'\\t'")]:
+        with pytest.raises(ConfigError) as error:
+            SlurmConfig(**settings).validate()  # type: ignore[arg-type]
+        one_line(error, says)
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"sbatch_args": ['--comment=say "hi"']}, "contains a double quote"),
+    ({"sbatch_args": ['--comment="a"b"']}, "contains a double quote"),
+    ({"sbatch_args": ["--partition=a b"]}, "contains a space; only --comment, --job-name, --constraint"),
+    ({"sbatch_args": ['--comment=" "']}, "its value is empty"),
+    ({"job_name": 'say "hi"'}, "contains a double quote"),
+    ({"account": "my lab"}, "contains a space"),
+])  # fmt: skip
+def test_quotes_inside_a_value_and_spaces_elsewhere_are_refused(settings: dict, says: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        SlurmConfig(**settings).validate()
+    one_line(error, says)
+
+
+def test_mount_sources_and_host_directories_are_expanded_at_submit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:  # fmt: skip
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CTRAIN_TEST_USER", "me")
+    root = project(tmp_path / "p", "slurm:\n  mounts: ['~/datasets:/datasets', 'rel:/rel:ro']\n"
+                                   "  hf_cache: /scratch/$CTRAIN_TEST_USER/hf\n  outputs: ${HOME}/out\n"
+                                   "  data: ~/data\n")  # fmt: skip
+    job = prepare(root)
+    home, project_dir = tmp_path / "home", tmp_path / "p"
+    assert f"export CTRAIN_MOUNTS={home}/datasets:/datasets,{project_dir}/rel:/rel:ro\n" in job.text
+    assert "export CTRAIN_HF_CACHE=/scratch/me/hf\n" in job.text
+    assert f"export CTRAIN_OUTPUTS={home}/out\n" in job.text and f"export CTRAIN_DATA={home}/data\n" in job.text
+    monkeypatch.delenv("CTRAIN_TEST_USER")
+    with pytest.raises(ConfigError) as error:
+        prepare(root)
+    one_line(error, "slurm.hf_cache /scratch/$CTRAIN_TEST_USER/hf names $CTRAIN_TEST_USER, which is not set here")
+    root = project(tmp_path / "q", "slurm:\n  mounts: ['${CTRAIN_NO_SUCH}/d:/d']\n")
+    with pytest.raises(ConfigError) as error:
+        prepare(root)
+    one_line(error, "slurm.mounts[0]", "names $CTRAIN_NO_SUCH, which is not set here")
+    monkeypatch.setenv("CTRAIN_TEST_USER", "a,b")
+    with pytest.raises(ConfigError) as error:
+        prepare(project(tmp_path / "r", "slurm:\n  mounts: ['/x/$CTRAIN_TEST_USER:/d']\n"))
+    one_line(error, "slurm.mounts[0]", "/x/a,b contains ',' or ':'")
+
+
+def test_an_output_dir_the_job_would_refuse_is_refused_at_submit(tmp_path: Path) -> None:
+    """What the job says as it starts (a file there, files of no ctrain run), said before it waits in the queue."""
+    root = project(tmp_path / "p")
+    shutil.copytree(REPO / "recipes", root / "recipes")
+    (root / "images").mkdir()
+    (root / "images" / "ctrain-latest.sif").write_bytes(SIF)
+    for output_dir, says in [
+        ("/dev/null", "training.output_dir /dev/null cannot be written: /dev/null is a file, not a directory"),
+        ("recipes", "training.output_dir recipes holds files no ctrain run wrote (demo-addition"),
+        ("/workspace/recipes", "recipes holds files no ctrain run wrote"),
+        ("/", "training.output_dir / holds files no ctrain run wrote"),
+        ("/proc/1", "training.output_dir /proc/1 holds files no ctrain run wrote"),
+    ]:
+        with pytest.raises(ConfigError) as error:
+            submit.check(prepare(root, overrides=(f"training.output_dir={output_dir}",)), slurm.Slurm(NoController()))
+        one_line(error, says)
+    run = root / "outputs" / "run"
+    run.mkdir(parents=True)
+    (run / "recipe.yaml").write_text("name: run\n")
+    (run / "checkpoint-5").mkdir()
+    for output_dir in ("outputs/run", "outputs/new", "/outputs/anything", "$HOME/later", "/data/x"):
+        submit.check_job_recipe(prepare(root, overrides=(f"training.output_dir={output_dir}",)))

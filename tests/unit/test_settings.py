@@ -302,3 +302,19 @@ def test_a_project_config_that_is_no_regular_file_is_an_error_not_defaults(
             load_config(find_config(here))
     with pytest.raises(ConfigError, match="/dev/null is not a regular file"):
         load_config(Path("/dev/null"))
+
+
+# --- YAML 1.1's base-60 numbers ------------------------------------------------------------------
+
+
+def test_a_time_written_without_quotes_stays_the_time_written(tmp_path: Path) -> None:
+    """PyYAML's YAML 1.1 reads 1:00:00 as 3600 (base 60), which Slurm would take as 3600 minutes."""
+    from ctrain.jobs import submit
+
+    (tmp_path / "ctrain.yaml").write_text("slurm:\n  time: 1:00:00\n")
+    config = load_config(tmp_path / "ctrain.yaml")
+    assert config.slurm.time == "1:00:00"
+    assert "#SBATCH --time=1:00:00\n" in submit.prepare(config, recipe="recipes/demo-addition.yaml").text
+    (tmp_path / "recipe.yaml").write_text("a: 1:30\nb: 30:00\nc: -1:30.5\nd: 90\ne: 1.5\n")
+    assert load_yaml(tmp_path / "recipe.yaml") == {"a": "1:30", "b": "30:00", "c": "-1:30.5", "d": 90, "e": 1.5}
+    assert apply_overrides({}, ["slurm.time=30:00"]) == {"slurm": {"time": "30:00"}}

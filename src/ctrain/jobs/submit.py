@@ -21,13 +21,18 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ctrain import install_hint, proc, resources, slurm
-from ctrain.config import ProjectConfig, SlurmConfig, env_name_problem
+from ctrain.config import (CPU_OPTIONS, MEMORY_OPTIONS, ProjectConfig, SlurmConfig, env_name_problem, gres_gpus,
+                           sbatch_arg)  # fmt: skip
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.files import atomic_write_text, control_problem, read_text_bounded, shorten
 from ctrain.image import reference
 from ctrain.settings import override
+
+if TYPE_CHECKING:
+    from ctrain.train.recipe import Recipe
 
 LIB = Path("sbatch/lib/ctrain.sh")
 # How every script in sbatch/ loads the library (the line `ctrain submit` replaces by the library).
@@ -54,7 +59,7 @@ OPTIONS = {
 }
 _SHORT = {"J": "job-name", "p": "partition", "A": "account", "q": "qos", "t": "time", "N": "nodes",
           "c": "cpus-per-task", "C": "constraint", "o": "output", "e": "error"}  # fmt: skip
-_SBATCH_LINE = re.compile(r"^#SBATCH\s+(-{1,2})([A-Za-z][\w-]*)(?:[=\s]\s*(\S+))?")
+_SBATCH_LINE = re.compile(r'^#SBATCH\s+(-{1,2})([A-Za-z][\w-]*)(?:[=\s]\s*("[^"\n]*"|\S+))?')
 
 
 # Container image references.
@@ -102,9 +107,9 @@ class Job:
 
     @property
     def world_size(self) -> int:
-        """Training processes: nodes x (GPUs per node, else tasks per node), as the scripts derive it. A
-        ConfigError for a node range (2-4): Slurm picks the count, so no one number of processes can be
-        checked (the batch size must divide among them)."""
+        """Training processes: nodes x (GPUs per node, however asked: :func:`node_gpus`, else tasks per node), as
+        the scripts derive it (SLURM_GPUS_ON_NODE). A ConfigError for a node range (2-4): Slurm picks the count,
+        so no one number of processes can be checked (the batch size must divide among them)."""
         nodes = self.options.get("nodes") or "1"
         match = re.fullmatch(r"([0-9]{1,9})(?:-([0-9]{1,9}))?", nodes)
         if not match:
@@ -115,7 +120,7 @@ class Job:
                 f"--nodes={nodes} is a range: the recipe is checked for one number of processes, and a range "
                 "leaves it to Slurm: give one node count (slurm.nodes, --nodes)"
             )
-        gpus = option_count(self.options, "gpus-per-node")
+        gpus = node_gpus(self.options)
         return int(match[1]) * (gpus or option_count(self.options, "ntasks-per-node") or 1)
 
     @property
@@ -130,12 +135,35 @@ def option_count(options: dict[str, str | None], option: str) -> int | None:
     value = options.get(option)
     if value is None:
         return None
-    number = value.rsplit(":", 1)[-1] if option == "gpus-per-node" else value
+    number = value.rsplit(":", 1)[-1] if option in ("gpus-per-node", "gpus") else value
     if not re.fullmatch(r"[0-9]{1,9}", number):
-        example = "8 or h100:8" if option == "gpus-per-node" else "4"
+        example = "8 or h100:8" if option in ("gpus-per-node", "gpus") else "4"
         raise ConfigError(f"--{option}={shorten(value)} is not a number ({example}): fix it where it is set "
                           "(slurm.sbatch_args, the #SBATCH lines of the script)")  # fmt: skip
     return int(number)
+
+
+def node_gpus(options: dict[str, str | None]) -> int | None:
+    """GPUs per node the options ask for, in any of sbatch's ways: --gpus-per-node=[TYPE:]N, else --gres=gpu[:TYPE]:N
+    (beside other resources), else --gpus=[TYPE:]N, a job's total, divided among its nodes; None when none does.
+    A ConfigError for a total that does not divide among the nodes (each node runs one process per GPU)."""
+    if options.get("gpus-per-node") is not None:
+        return option_count(options, "gpus-per-node")
+    if options.get("gres") is not None:
+        found = gres_gpus(options["gres"] or "")
+        if found is not None:
+            return found
+    total = option_count(options, "gpus")
+    if total is None:
+        return None
+    nodes = options.get("nodes") or "1"
+    match = re.fullmatch(r"([0-9]{1,9})(?:-\1)?", nodes)
+    if not match or total % int(match[1]):
+        raise ConfigError(
+            f"--gpus={options['gpus']} is the job's total, which must divide evenly among --nodes={nodes} (each node "
+            "runs one process per GPU): ask per node instead, slurm.gpus_per_node (--gpus-per-node)"
+        )
+    return total // int(match[1])
 
 
 # The most a script or the library may hold: ctrain's own are a few dozen KiB.
@@ -185,8 +213,10 @@ def sbatch_options(c: SlurmConfig) -> list[tuple[str, str | None]]:
             continue
         pairs.append((option, _option_value(c, name)))
     for arg in c.sbatch_args:
-        option, sep, value = arg.lstrip("-").partition("=")
-        pairs.append((option, value if sep else None))
+        parsed = sbatch_arg(arg)
+        if parsed is None:  # SlurmConfig.validate refuses it first
+            raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r} must be an sbatch option like --qos=high")
+        pairs.append(parsed)
     return pairs
 
 
@@ -197,7 +227,17 @@ def _parse_header_line(line: str) -> tuple[str, str | None] | None:
     dashes, option, value = match.groups()
     if dashes == "-":
         option, value = _SHORT.get(option[0], option[0]), value or (option[1:] or None)
+    if value is not None and len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]  # sbatch removes the quotes
     return option, value
+
+
+def directive(option: str, value: str | None) -> str:
+    """The ``#SBATCH`` line for an option; a value with spaces (config.SPACED_OPTIONS) in double quotes, which
+    sbatch reads as one value (the value holds none: SlurmConfig.validate)."""
+    if value is None:
+        return f"#SBATCH --{option}"
+    return f'#SBATCH --{option}="{value}"' if " " in value else f"#SBATCH --{option}={value}"
 
 
 def render_header(lines: list[str], pairs: list[tuple[str, str | None]]) -> tuple[list[str], dict[str, str | None]]:
@@ -205,7 +245,7 @@ def render_header(lines: list[str], pairs: list[tuple[str, str | None]]) -> tupl
     out = list(lines)
     last = max((i for i, line in enumerate(out) if line.startswith("#SBATCH")), default=len(out) - 1)
     for option, value in pairs:
-        new = f"#SBATCH --{option}" + (f"={value}" if value is not None else "")
+        new = directive(option, value)
         for i, line in enumerate(out):
             parsed = _parse_header_line(line)
             if parsed and parsed[0] == option:
@@ -245,9 +285,9 @@ def settings_env(c: SlurmConfig, config: ProjectConfig, project: Path, runtime: 
     for name, var in (("data", "CTRAIN_DATA"), ("hf_cache", "CTRAIN_HF_CACHE"), ("outputs", "CTRAIN_OUTPUTS")):
         value = getattr(c, name)
         if value is not None:
-            env[var] = str(config.resolve(value))
+            env[var] = str(host_path(str(value), config, f"slurm.{name}"))
     if c.mounts:
-        env["CTRAIN_MOUNTS"] = ",".join(c.mounts)
+        env["CTRAIN_MOUNTS"] = ",".join(_mount(mount, config, f"slurm.mounts[{i}]") for i, mount in enumerate(c.mounts))
     for name, var in (("mount_home", "CTRAIN_MOUNT_HOME"), ("efa", "CTRAIN_EFA")):
         value = getattr(c, name)
         if value is not None:
@@ -264,6 +304,42 @@ def settings_env(c: SlurmConfig, config: ProjectConfig, project: Path, runtime: 
     if c.pass_env:
         env["CTRAIN_PASS_ENV"] = ",".join(c.pass_env)
     return env
+
+
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def host_path(value: str, config: ProjectConfig, what: str) -> Path:
+    """A host directory of the settings as this machine (the login node, where jobs are submitted) names it:
+    ``$VAR`` and ``${VAR}`` from this environment, then ``~``, then relative to the project config. The script
+    quotes it, so nothing is expanded later: an unset variable is a ConfigError, not a directory named ``$VAR``."""
+
+    def variable(match: re.Match[str]) -> str:
+        name = match[1] or match[2]
+        if name not in os.environ:
+            raise ConfigError(
+                f"{what} {shorten(value)} names ${name}, which is not set here: ctrain expands variables when the "
+                f"job is submitted, on this machine; set it (export {name}=...) or write the path out"
+            )
+        return os.environ[name]
+
+    expanded = _VARIABLE.sub(variable, value)
+    problem = control_problem(expanded)
+    if problem:
+        raise ConfigError(f"{what} {shorten(value)} is {shorten(expanded)!r} here, which {problem}: write the path out")
+    return config.resolve(expanded)
+
+
+def _mount(mount: str, config: ProjectConfig, what: str) -> str:
+    """A slurm.mounts entry (SRC:DST[:ro]) with its source made absolute as :func:`host_path` does."""
+    source, _, rest = mount.partition(":")
+    host = str(host_path(source, config, what))
+    if "," in host or ":" in host:
+        raise ConfigError(
+            f"{what} {shorten(mount)!r}: its source {shorten(host)} contains ',' or ':', which separate the "
+            "container's mounts: use a path without them (a symbolic link to it will do)"
+        )
+    return f"{host}:{rest}"
 
 
 def image_is_file(image: str, project: Path) -> bool:
@@ -396,12 +472,19 @@ def script_runtime(template: Path) -> str:
     return main.group(1)
 
 
+def split_script(text: str) -> tuple[list[str], list[str]]:
+    """A script's header (the comment lines up to the first blank line or command: where sbatch reads
+    #SBATCH lines) and the rest."""
+    lines = text.splitlines()
+    body_start = next((i for i, line in enumerate(lines) if line and not line.startswith("#") or not line.strip()),
+                      len(lines))  # fmt: skip
+    return lines[:body_start], lines[body_start:]
+
+
 def render(template: Path, lib_text: str, header_pairs: list[tuple[str, str | None]], env: dict[str, str],
            arguments: list[str]) -> tuple[str, dict[str, str | None]]:  # fmt: skip
     """The self-contained script and its final #SBATCH options."""
-    lines = read_script(template, "the sbatch script").splitlines()
-    body_start = next(i for i, line in enumerate(lines) if line and not line.startswith("#") or not line.strip())
-    header, body = lines[:body_start], lines[body_start:]
+    header, body = split_script(read_script(template, "the sbatch script"))
     header, options = render_header(header, header_pairs)
     source_at = body.index(SOURCE_LINE)
     comment_start = source_at
@@ -457,7 +540,8 @@ def library_notes(lib: Path) -> list[str]:
 MIN_CPUS_PER_GPU = 4
 
 
-def gpu_resources(c: SlurmConfig, shapes: list[slurm.NodeShape] | None) -> tuple[dict[str, object], list[str]]:
+def gpu_resources(c: SlurmConfig, shapes: list[slurm.NodeShape] | None,
+                  options: dict[str, str | None] | None = None) -> tuple[dict[str, object], list[str]]:  # fmt: skip
     """CPUs and memory for a GPU job that names neither (``slurm:`` changes), and notes saying so.
 
     A GPU job runs one task per node (torchrun), and most sites give a task one CPU (or
@@ -465,13 +549,19 @@ def gpu_resources(c: SlurmConfig, shapes: list[slurm.NodeShape] | None) -> tuple
     GPU of its nodes takes the whole nodes (``--exclusive``, ``--mem=0``: all their memory);
     one that takes some gets the same share of the node's CPUs and memory as of its GPUs. The
     node is the partition's kind with the fewest CPUs per GPU among those with enough GPUs.
+    ``options``: the #SBATCH options before this (the script's and sbatch_args'), which may ask for
+    the GPUs (--gres), the CPUs (--cpus-per-gpu) or the memory (--mem-per-gpu) another way: sbatch
+    refuses a second option for the CPUs or the memory, so what they set stays the only one.
     """
-    gpus = c.gpus_per_node or 0
-    if not gpus or c.exclusive:
+    options = options if options is not None else dict(sbatch_options(c))
+    gpus = node_gpus(options) or 0
+    if not gpus or c.exclusive or "exclusive" in options:
         return {}, []
+    cpus_set = c.cpus_per_task is not None or any(options.get(o) is not None for o in CPU_OPTIONS)
+    mem_set = c.mem is not None or any(options.get(o) is not None for o in MEMORY_OPTIONS)
     fitting = [shape for shape in shapes or [] if shape.gpus >= gpus]
     if not fitting:
-        if c.cpus_per_task is not None:
+        if cpus_set:
             return {}, []
         return {}, [
             f"{gpus} GPUs per node and no CPUs asked for, and sinfo does not say what the nodes have: the site's "
@@ -480,16 +570,16 @@ def gpu_resources(c: SlurmConfig, shapes: list[slurm.NodeShape] | None) -> tuple
         ]
     node = min(fitting, key=lambda shape: (shape.cpus // shape.gpus, shape.memory_mb // shape.gpus))
     where = f"partition '{c.partition}'" if c.partition else "the cluster"
-    if gpus == node.gpus and c.cpus_per_task is None and c.mem is None:
+    if gpus == node.gpus and not cpus_set and not mem_set:
         return {"exclusive": True, "mem": "0"}, [
             f"--exclusive --mem=0: the job takes all {gpus} GPUs of each node, so it takes the whole nodes "
             f"({node.cpus} CPUs, {node.memory_mb // 1024} GiB each in {where}); set slurm.cpus_per_task or "
             "slurm.mem to ask for less"
         ]
     changes: dict[str, object] = {}
-    if c.cpus_per_task is None:
+    if not cpus_set:
         changes["cpus_per_task"] = max(1, node.cpus // node.gpus * gpus)
-    if c.mem is None:
+    if not mem_set:
         changes["mem"] = f"{node.memory_mb // node.gpus * gpus}M"
     if not changes:
         return {}, []
@@ -510,19 +600,21 @@ def prepare(
     that names no CPUs or memory gets them from what ``client``'s sinfo says the nodes have.
     ``command``: the user's own program instead of a recipe (the words after ``--``)."""
     c = override(config.slurm, changes, where="slurm")
-    shapes = None
-    if c.gpus_per_node and client is not None and client.runner.has("sinfo"):
-        shapes = client.node_shapes(c.partition)
-    derived, notes = gpu_resources(c, shapes)
-    if derived:
-        c = override(c, derived, where="slurm")
     project = config.root
     template = choose_script(c, project, c.nodes)
+    runtime = script_runtime(template)
+    # The options as the script's header and the settings give them, before any are derived.
+    _, asked = render_header(split_script(read_script(template, "the sbatch script"))[0], sbatch_options(c))
+    shapes = None
+    if node_gpus(asked) and client is not None and client.runner.has("sinfo"):
+        shapes = client.node_shapes(asked.get("partition"))
+    derived, notes = gpu_resources(c, shapes, asked)
+    if derived:
+        c = override(c, derived, where="slurm")
     lib = template.parent / "lib" / LIB.name
     if not lib.is_file():
         lib = scripts_dir(project) / "lib" / LIB.name
     notes += library_notes(lib)
-    runtime = script_runtime(template)
     env = settings_env(c, config, project, runtime)
     if command is not None:
         arguments = command_arguments(command, recipe, overrides)
@@ -534,9 +626,11 @@ def prepare(
     job = Job(template, runtime, text, project, settings, arguments, options, notes)
     per_gpu = _cpus_per_gpu(options)
     if per_gpu is not None and per_gpu < MIN_CPUS_PER_GPU:
+        said = (f"--cpus-per-gpu={options['cpus-per-gpu']}" if options.get("cpus-per-gpu") is not None else
+                f"--cpus-per-task={options['cpus-per-task']} for {node_gpus(options)} GPUs per node, one task per "
+                "node")  # fmt: skip
         job.notes.append(
-            f"warning: {per_gpu:g} CPUs per GPU (--cpus-per-task={options['cpus-per-task']} for "
-            f"{options['gpus-per-node']} GPUs per node, one task per node): data loading and the launcher will "
+            f"warning: {per_gpu:g} CPUs per GPU ({said}): data loading and the launcher will "
             f"starve the GPUs; ask for at least {MIN_CPUS_PER_GPU} per GPU or --exclusive"
         )
     return job
@@ -582,12 +676,18 @@ def command_script(command: list[str]) -> str | None:
 
 
 def _cpus_per_gpu(options: dict[str, str | None]) -> float | None:
-    """CPUs per GPU of the final options; None when they do not say (no GPUs, no CPUs, whole nodes)."""
-    gpus, cpus = options.get("gpus-per-node"), options.get("cpus-per-task")
-    if not gpus or not cpus or "exclusive" in options:
+    """CPUs per GPU of the final options (--cpus-per-gpu, else --cpus-per-task over the GPUs of the node's one
+    task); None when they do not say (no GPUs, no CPUs, whole nodes)."""
+    if "exclusive" in options:
         return None
-    count = option_count(options, "gpus-per-node")
-    return int(cpus) / count if count and re.fullmatch(r"[0-9]{1,9}", cpus) else None
+    per_gpu = option_count(options, "cpus-per-gpu")
+    count = node_gpus(options)
+    if not count:
+        return None
+    if per_gpu is not None:
+        return per_gpu
+    cpus = options.get("cpus-per-task")
+    return int(cpus) / count if cpus and re.fullmatch(r"[0-9]{1,9}", cpus) else None
 
 
 # --- checks before queueing -----------------------------------------------------------------------
@@ -731,11 +831,47 @@ def check_job_recipe(job: Job) -> list[str]:
     recipe = load_recipe(path, overrides)
     with _cwd(job.project):
         try:
-            return check_paths(recipe, world_size=job.world_size)
+            notes = check_paths(recipe, world_size=job.world_size)
         except ConfigError as exc:
             if not any(target in str(exc) for target in _CONTAINER_TARGETS):
                 raise
-            return [f"not checked from here (a path inside the container): {exc}"]
+            notes = [f"not checked from here (a path inside the container): {exc}"]
+        check_output_dir(job, recipe)
+    return notes
+
+
+def _on_host(path: Path, job: Job) -> Path | None:
+    """Where the job's ``path`` (as the container sees it) is on this machine: a relative path as it is (the job's
+    working directory is the project's, and so is ours: :func:`_cwd`), the project for /workspace, CTRAIN_OUTPUTS
+    for /outputs; None for the other mounts (/data, /hf_home), not checked here."""
+    if not path.is_absolute():
+        return path
+    for target, host in (("/workspace", str(job.project)), ("/outputs", job.settings.get("CTRAIN_OUTPUTS"))):
+        if path.is_relative_to(target):
+            return Path(host) / path.relative_to(target) if host else None
+    return None if any(path.is_relative_to(target) for target in _CONTAINER_TARGETS) else path
+
+
+def check_output_dir(job: Job, recipe: Recipe) -> None:
+    """Refuse at submit what the job would refuse as its training.output_dir once it starts: a file there (/dev/null),
+    or a directory that holds files no ctrain run wrote (/, the project's recipes/): :func:`rundir.check_owned`, with
+    the job's own message. A path with variables is the job's environment's to say, and is not checked."""
+    from ctrain.files import check_directory
+    from ctrain.train.artifacts import PREPARED_DIR
+    from ctrain.train.recipe import expand_path
+    from ctrain.train.rundir import check_owned
+
+    value, prepared_value = recipe.training.output_dir, recipe.data.prepared_dir
+    if not value or "$" in value or "$" in (prepared_value or ""):
+        return
+    output_dir = _on_host(recipe.output_dir, job)
+    if output_dir is None:
+        return
+    prepared = _on_host(expand_path(prepared_value), job) if prepared_value else None
+    if os.path.lexists(output_dir) and not output_dir.is_dir():
+        check_directory(output_dir, "training.output_dir", "set training.output_dir to a directory you can write")
+    with contextlib.suppress(OSError):  # a directory this user cannot list: the job's own checks say so
+        check_owned(output_dir, prepared or output_dir / PREPARED_DIR)
 
 
 @contextlib.contextmanager
@@ -758,17 +894,16 @@ def _project_file(job: Job, name: str, what: str) -> Path:
 
 def check_gpus(job: Job, client: slurm.Slurm) -> list[str]:
     """Requested GPUs per node against what the partition's nodes have (sinfo)."""
-    wanted = job.options.get("gpus-per-node")
+    wanted = node_gpus(job.options)
     partition = job.options.get("partition")
     if not client.runner.has("sinfo"):
         return []
     have = client.partition_gpus(partition)
     where = f"partition '{partition}'" if partition else "this cluster"
     if wanted is not None:
-        count = option_count(job.options, "gpus-per-node") or 0
-        if have is not None and count > have:
+        if have is not None and wanted > have:
             raise ConfigError(
-                f"{count} GPUs per node requested, but the nodes of {where} have at most {have}"
+                f"{wanted} GPUs per node requested, but the nodes of {where} have at most {have}"
                 + ("; choose a GPU partition (slurm.partition, --partition)" if have == 0 else "")
             )
         return []
