@@ -341,11 +341,12 @@ def _submit_there(ctx: click.Context, cluster: object) -> int:
             unsent = remote.unsent_paths(recipe, ctx.params.get("overrides", ()), root)
             extra = remote.send_unsent_paths(ssh, unsent, root, emit=info)
     remote.sync_project(ssh, root, emit=info)
-    command = [cluster.profile.ctrain, "submit", *_command_line(ctx, ("cluster_name",)), *extra]
+    args = ["submit", *_command_line(ctx, ("cluster_name",)), *extra]
     if COMMAND in ctx.meta:
-        command += ["--", *ctx.meta[COMMAND]]
-    info(f"cluster {cluster.name}: {' '.join(command)} (in {remote.shown(cluster.profile.project_dir)})")
-    remote_command = f"cd {shlex.quote(cluster.profile.project_dir)} && {shlex.join(command)}"
+        args += ["--", *ctx.meta[COMMAND]]
+    info(f"cluster {cluster.name}: {' '.join([cluster.profile.ctrain, *args])} "
+         f"(in {remote.shown(cluster.profile.project_dir)})")  # fmt: skip
+    remote_command = f"cd {shlex.quote(cluster.profile.project_dir)} && {remote.ctrain_command(cluster, args)}"
     submitted: list[str] = []
 
     def line(text: str) -> None:
