@@ -628,6 +628,21 @@ export_sft8b() {
     mv sft8b-inputs.overrides.new sft8b-inputs.overrides
 }
 
+# wait_for_line JOB PATTERN: wait until the job's log has PATTERN, the job has left the queue's
+# running states, or the deadline is near; prints the seconds waited.
+wait_for_line() {
+    local job=$1 pattern=$2 waited=0 log state
+    while ((waited < $(left) - 60)); do
+        log=$(job_log "$job")
+        [[ -n $log ]] && grep -q "$pattern" "$log" 2>/dev/null && break
+        state=$(scontrol show job -o "$job" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
+        [[ $state == PENDING || $state == RUNNING || $state == CONFIGURING ]] || break
+        sleep 1
+        waited=$((waited + 1))
+    done
+    echo "$waited"
+}
+
 # losses LOG: "STEP LOSS" for each logged step.
 losses() { grep -h -o -E 'step [0-9]+/[0-9]+, loss [0-9.]+' "$1" | sed -E 's/step ([0-9]+)\/[0-9]+, loss /\1 /' | sort -n -u; }
 
@@ -635,7 +650,7 @@ stage_lora8b() {
     set -x
     cd "$project" || return 1
     export_sft8b || return 1
-    local overrides run job log state waited steps=${CTRAIN_GPU_LORA8B_STEPS:-5}
+    local overrides run job log state steps=${CTRAIN_GPU_LORA8B_STEPS:-5}
     mapfile -t overrides <sft8b-inputs.overrides
     local -A jobs=()
     # p: USR1 to the batch script once step 2 is logged; it checkpoints, requeues and resumes.
@@ -650,15 +665,7 @@ stage_lora8b() {
         [[ $job =~ ^[0-9]+$ ]] || { result lora8b "sbatch failed: $job"; return 1; }
         jobs[$run]=$job
         if [[ $run == p ]]; then
-            waited=0
-            while ((waited < $(left) - 60)); do
-                log=$(job_log "$job")
-                [[ -n $log ]] && grep -q 'step 2/' "$log" 2>/dev/null && break
-                state=$(scontrol show job -o "$job" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
-                [[ $state == PENDING || $state == RUNNING || $state == CONFIGURING ]] || break
-                sleep 1
-                waited=$((waited + 1))
-            done
+            wait_for_line "$job" 'step 2/' >/dev/null
             scancel --signal=USR1 --batch "$job"
         fi
         state=$(wait_job "$job" 400)
@@ -690,14 +697,7 @@ stage_sft8b() {
     chown -R "$(job_user):" "$project"
     job=$(submit logs/sft8b.sbatch)
     [[ $job =~ ^[0-9]+$ ]] || { result sft8b "sbatch failed: $job"; return 1; }
-    while ((waited < $(left) - 60)); do
-        log=$(job_log "$job")
-        [[ -n $log ]] && grep -q 'step 3/' "$log" 2>/dev/null && break
-        state=$(scontrol show job -o "$job" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
-        [[ $state == PENDING || $state == RUNNING || $state == CONFIGURING ]] || break
-        sleep 2
-        waited=$((waited + 2))
-    done
+    waited=$(wait_for_line "$job" 'step 3/')
     scancel --signal=KILL --full "$job"
     state=$(wait_job "$job" 60)
     log=$(job_log "$job")
