@@ -252,6 +252,37 @@ def check_tree(directory: Path, what: str, other: str, skip: Iterable[Path] = ()
 MAX_JSON_DEPTH = 64
 
 
+class NotRegularFile(OSError):
+    """What :func:`read_regular` opened is a directory, device, pipe or socket (``mode``: its st_mode)."""
+
+    def __init__(self, path: Path, mode: int) -> None:
+        super().__init__(f"{path} is not a regular file")
+        self.mode = mode
+
+
+def read_regular(path: Path, limit: int, offset: int = 0) -> bytes:
+    """At most LIMIT bytes of PATH from OFFSET (negative: from that many bytes before its end).
+
+    Opened without blocking and checked on the open descriptor (:class:`NotRegularFile` otherwise),
+    so a FIFO cannot block the reader, a device cannot make it read forever, and a path swapped
+    meanwhile is checked as read. The one place ctrain opens a file someone else may have put there."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularFile(path, info.st_mode)
+        if offset < 0:
+            limit = min(limit, -offset)
+        os.lseek(fd, max(0, info.st_size + offset) if offset < 0 else offset, os.SEEK_SET)
+        chunks, left = [], limit
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_bounded(path: Path, limit: int, what: str) -> bytes:
     """PATH's bytes, at most LIMIT of them; refused with one ConfigError naming WHAT when it is not
     a regular file (a FIFO would block the reader, a device would never end) or holds more.
@@ -259,26 +290,15 @@ def read_bounded(path: Path, limit: int, what: str) -> bytes:
     Opened without blocking and checked on the open descriptor, so a path swapped meanwhile is
     checked as read, and read with the bound, so a file that grows is refused too."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_regular(path, limit + 1)
+    except NotRegularFile as exc:
+        if stat.S_ISDIR(exc.mode):
+            raise ConfigError(f"{what} {path} is a directory, not a file") from None
+        raise ConfigError(f"{what} {path} is not a regular file (a device, pipe or socket): name a file") from None
     except IsADirectoryError:
         raise ConfigError(f"{what} {path} is a directory, not a file") from None
     except OSError as exc:
         raise ConfigError(f"cannot read {what} {path}: {(exc.strerror or str(exc)).lower()}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise ConfigError(f"{what} {path} is a directory, not a file")
-        if not stat.S_ISREG(mode):
-            raise ConfigError(f"{what} {path} is not a regular file (a device, pipe or socket): name a file")
-        chunks, left = [], limit + 1
-        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {(exc.strerror or str(exc)).lower()}") from None
-    finally:
-        os.close(fd)
     if len(data) > limit:
         raise ConfigError(f"{what} {path} is larger than {_amount(limit)}, more than such a file can be: is it the "
                           "right file?")  # fmt: skip

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -21,6 +20,7 @@ from typing import Protocol
 
 from ctrain import proc
 from ctrain.errors import CommandError, ConfigError, CtrainError, ParseError
+from ctrain.files import NotRegularFile, read_regular
 
 # States after which a job does not run again (unless requeued by hand).
 FINAL_STATES = frozenset(
@@ -376,23 +376,13 @@ class Local:
         """Regular files only, opened without blocking and read with a bound: a log that is a link to
         /dev/zero would never end, a FIFO would block ``status`` and ``logs`` for good."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            return read_regular(path, READ_LIMIT, offset)
+        except NotRegularFile:
+            raise CtrainError(
+                f"{path} is not a regular file (a device, pipe or socket): not reading it as a log"
+            ) from None
         except OSError:
             return None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise CtrainError(f"{path} is not a regular file (a device, pipe or socket): not reading it as a log")
-            os.lseek(fd, max(0, info.st_size + offset) if offset < 0 else offset, os.SEEK_SET)
-            chunks, left = [], min(READ_LIMIT, -offset) if offset < 0 else READ_LIMIT
-            while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
-                chunks.append(chunk)
-                left -= len(chunk)
-            return b"".join(chunks)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
 
 
 # --- the client -----------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ import shlex
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +27,7 @@ from pathlib import Path
 
 from ctrain import proc, system, ui
 from ctrain.errors import ConfigError, CtrainError
-from ctrain.files import atomic_write_json, load_json_bounded, read_text_bounded
+from ctrain.files import NotRegularFile, atomic_write_json, load_json_bounded, read_regular, read_text_bounded
 from ctrain.slurm import Local, Slurm
 from ctrain.testbed import host, pyxis
 from ctrain.testbed.plan import (
@@ -104,18 +103,13 @@ class Status:
 def _tail(path: Path, lines: int = 15, limit: int = 64 * 1024) -> str:
     """The last LINES lines of a log, from its last LIMIT bytes (a log may be large, or no regular file)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_regular(path, limit, -limit)
     except FileNotFoundError:
         return f"  ({path} does not exist)"
+    except NotRegularFile:
+        return f"  ({path} is not a regular file)"
     except OSError as exc:
         return f"  ({path} cannot be read: {exc.strerror})"
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return f"  ({path} is not a regular file)"
-        data = os.pread(fd, limit, max(0, info.st_size - limit))
-    finally:
-        os.close(fd)
     text = data.decode(errors="replace").splitlines()[-lines:]
     return "\n".join("  " + line for line in text)
 
