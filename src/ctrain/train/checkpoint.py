@@ -528,6 +528,12 @@ def free_bytes(directory: Path) -> int | None:
     return (stats.f_bfree if os.geteuid() == 0 else stats.f_bavail) * stats.f_frsize
 
 
+def full_disk(directory: Path) -> str:
+    """The opening of a full-disk error: which file system, and what is left on it."""
+    free = free_bytes(directory)
+    return f"the file system of {directory} is full ({'?' if free is None else f'{free / 2**20:.1f} MiB'} free)"
+
+
 def out_of_space(exc: BaseException, directory: Path) -> bool:
     """Whether EXC, raised while a run wrote into DIRECTORY, comes from its file system being full.
 

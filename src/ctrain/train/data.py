@@ -27,7 +27,7 @@ from ctrain.files import check_directory, load_json_bounded
 from ctrain.settings import MAX_SETTINGS_BYTES
 from ctrain.train import demo
 from ctrain.train.artifacts import PREPARED_MARKER
-from ctrain.train.checkpoint import free_bytes, out_of_space
+from ctrain.train.checkpoint import full_disk, out_of_space
 from ctrain.train.fingerprint import prepared_settings, settings_differences
 from ctrain.train.recipe import Recipe
 from ctrain.train.sources import Source, example_kind, resolve_source, source_columns
@@ -498,10 +498,8 @@ def prepare(recipe: Recipe, directory: Path | None = None, *, force: bool = Fals
     except Exception as exc:
         if not out_of_space(exc, staging.parent):
             raise
-        free = free_bytes(staging.parent)
         raise DiskFull(
-            f"the file system of {staging.parent} is full ({'?' if free is None else f'{free / 2**20:.1f} MiB'} free) "
-            f"while the prepared data was written to {directory} ({type(exc).__name__}: {exc}); nothing of it is "
+            f"{full_disk(staging.parent)} while the prepared data was written to {directory} ({type(exc).__name__}: {exc}); nothing of it is "
             "kept: free space there, or set data.prepared_dir to a directory on another file system"
         ) from exc
     finally:

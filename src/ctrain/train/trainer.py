@@ -491,12 +491,11 @@ def _full_disk_ends_the_run(recipe: Recipe, final: Path, rank: int) -> Iterator[
         output_dir = recipe.output_dir
         if not checkpoint.out_of_space(exc, output_dir):
             raise
-        free = checkpoint.free_bytes(output_dir)
+        full = checkpoint.full_disk(output_dir)  # before the removal frees space
         removed = checkpoint.discard_unfinished(output_dir, final) if rank == 0 else []
         latest = checkpoint.scan(output_dir).latest
         raise DiskFull(
-            f"the file system of {output_dir} is full ({'?' if free is None else f'{free / 2**20:.1f} MiB'} free) "
-            f"and a save failed ({exits.one_line(f'{type(exc).__name__}: {exc}')}); "
+            f"{full} and a save failed ({exits.one_line(f'{type(exc).__name__}: {exc}')}); "
             + (f"removed the unfinished {', '.join(p.name for p in removed)}; " if removed else "")
             + (f"{latest.name} is the newest complete checkpoint. " if latest else "no checkpoint is complete yet. ")
             + "Free space there, keep fewer checkpoints (training.save_total_limit, now "
