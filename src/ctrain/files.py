@@ -253,7 +253,8 @@ MAX_JSON_DEPTH = 64
 
 
 class NotRegularFile(OSError):
-    """What :func:`read_regular` opened is a directory, device, pipe or socket (``mode``: its st_mode)."""
+    """What :func:`read_regular` or :func:`open_lock` found is a directory, device, pipe, socket or (for a lock)
+    a link (``mode``: its st_mode)."""
 
     def __init__(self, path: Path, mode: int) -> None:
         super().__init__(f"{path} is not a regular file")
@@ -281,6 +282,40 @@ def read_regular(path: Path, limit: int, offset: int = 0) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def _special_mode(path: Path) -> int | None:
+    """``path``'s st_mode when it is there and no regular file (a link not followed); else None."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else mode
+
+
+def open_lock(path: Path, mode: int = 0o600) -> int:
+    """A descriptor of the lock file PATH (made with MODE if missing), for the caller to flock and close.
+
+    A lock file sits where others can put things: never opened through a link, a FIFO never waited on
+    (opening one for writing waits for a reader that never comes), a device never opened. Each is a
+    :class:`NotRegularFile`, checked before the open and on the open descriptor (a path swapped
+    meanwhile); any other failure to open it is the OSError."""
+    special = _special_mode(path)
+    if special is not None:
+        raise NotRegularFile(path, special)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError:
+        special = _special_mode(path)
+        if special is not None:
+            raise NotRegularFile(path, special) from None
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise NotRegularFile(path, info.st_mode)
+    return fd
 
 
 def read_bounded(path: Path, limit: int, what: str) -> bytes:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -39,32 +38,45 @@ FINAL_STATES = frozenset(
     }
 )
 
-_JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?(?:\.[0-9A-Za-z_]+)?", re.ASCII)
-# Signals `ctrain cancel --signal` may send (by name, with or without SIG, or by number).
-_SIGNAL_NAME = re.compile(r"(?:SIG)?[A-Z][A-Z0-9]*", re.ASCII)
+# ASCII digits only: str.isdigit and a str pattern's \d take other scripts' digits too, which Slurm does not.
+_JOB_ID = re.compile(r"[0-9]+(?P<task>_[0-9]+)?(?P<step>\.[0-9A-Za-z_]+)?", re.ASCII)
+# The signal names scancel knows, with or without SIG (Slurm's sig_name2num, src/common/proc_args.c): it
+# refuses the system's others (RTMIN, WINCH, PIPE, ...), so ctrain refuses them before it says "sent".
+SCANCEL_SIGNALS = ("HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "USR2", "URG", "CONT", "STOP",
+                   "TSTP", "TTIN", "TTOU", "XCPU")  # fmt: skip
 # What Slurm's commands print when the controller cannot be reached or found.
 _UNREACHABLE = ("Could not establish a configuration source", "Unable to process configuration file",
                 "Unable to contact slurm controller",
                 "Socket timed out", "Connection refused", "slurm_load_jobs error: Unable to contact")  # fmt: skip
 
 
-def check_job_id(job_id: str) -> str:
-    """A job id as Slurm prints it (123, 123_4 for arrays, 123.0 for a step), or a ConfigError."""
+def is_job_id(text: str, *, array: bool = True, step: bool = True) -> bool:
+    """Whether ``text`` is a job id as Slurm prints it: ASCII digits, with ``_TASK`` of an array task
+    (where ``array``) and ``.STEP`` of a step (where ``step``). The one test of a job id in ctrain."""
+    match = _JOB_ID.fullmatch(text)
+    return match is not None and (array or not match["task"]) and (step or not match["step"])
+
+
+def check_job_id(job_id: str, *, step: bool = True) -> str:
+    """A job id as Slurm prints it (123, 123_4 for arrays, 123.0 for a step where ``step``), or a ConfigError."""
     job_id = str(job_id).strip()
-    if not _JOB_ID.fullmatch(job_id):
-        raise ConfigError(f"{job_id[:40]!r} is not a Slurm job id (like 1234)")
+    if not is_job_id(job_id, step=step):
+        raise ConfigError(f"{job_id[:40]!r} is not a Slurm job id (ASCII digits like 1234, or 1234_5 for an array "
+                          "task)")  # fmt: skip
     return job_id
 
 
 def check_signal(name: str) -> str:
-    """A signal for ``scancel --signal``: a name (USR1, SIGUSR1) or a number, else a CtrainError."""
+    """A signal for ``scancel --signal``: a name scancel knows (USR1, SIGUSR1) or a number 1-64, else a
+    ConfigError, before scancel refuses it (or a signal number the system has not)."""
     value = name.strip().upper()
     if value.isascii() and value.isdigit():
         known = 0 < int(value) < 65
     else:
-        known = bool(_SIGNAL_NAME.fullmatch(value)) and hasattr(signal, "SIG" + value.removeprefix("SIG"))
+        known = value.removeprefix("SIG") in SCANCEL_SIGNALS
     if not known:
-        raise ConfigError(f"--signal {name[:40]!r} is not a signal: give a name such as USR1 or TERM, or a number")
+        raise ConfigError(f"--signal {name[:40]!r} is not a signal scancel knows: give one of "
+                          f"{', '.join(SCANCEL_SIGNALS)} (SIG before it or not), or a number 1-64")  # fmt: skip
     return value
 
 
@@ -83,7 +95,7 @@ def failure(args: Sequence[str], out: subprocess.CompletedProcess[str]) -> Ctrai
 
 # --- sbatch ---------------------------------------------------------------------------------------
 
-_PARSABLE = re.compile(r"(\d+)(?:;(\S+))?")
+_PARSABLE = re.compile(r"(\d+)(?:;(\S+))?", re.ASCII)
 
 
 def parse_sbatch_parsable(raw: str) -> str:

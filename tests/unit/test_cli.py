@@ -114,10 +114,10 @@ def test_the_roots_own_errors_are_one_error_line_too() -> None:
 
 
 def test_job_ids_and_signals_are_checked_before_slurm_sees_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    for bad in ("３４", "12;x", "1 2", "1.2;3"):
+    for bad in ("３４", "١٢٣", "12_٣", "12;x", "1 2", "1.2;3"):
         result = CliRunner().invoke(main, ["cancel", bad])
         assert result.exit_code != 0 and f"is not a Slurm job id" in result.output, (bad, result.output)
-    for bad in ("KILL;x", "USR1 2", "", "NOPE", "99"):
+    for bad in ("KILL;x", "USR1 2", "", "NOPE", "99", "RTMIN", "RTMIN+1", "WINCH"):
         result = CliRunner().invoke(main, ["cancel", "--signal", bad, "12"])
         assert result.exit_code != 0 and "is not a signal" in result.output, (bad, result.output)
 

@@ -122,6 +122,55 @@ def test_a_cache_lock_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) ->
     assert (cache / "0123456789abcdef" / "rootfs").is_dir() and stat.S_ISFIFO((cache / "lock").lstat().st_mode)
 
 
+def test_cache_clear_of_a_directory_that_does_not_exist_is_an_error_unless_it_is_the_default(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A mistyped --dir or CTRAIN_IMAGE_CACHE clears nothing: one error line (exit 2, as other usage
+    errors), not a quiet success. The default place, where no job has unpacked an image yet, has
+    nothing to clear, and says so. Nothing is made anywhere."""
+    monkeypatch.delenv("CTRAIN_IMAGE_CACHE", raising=False)
+    missing = tmp_path / "no-such-cache"
+    result = ctrain_cli(tmp_path, "cache", "clear", "--dir", str(missing))
+    assert result.returncode == 2, result
+    one_error(result, f"the image cache {missing} (--dir) does not exist")
+    result = ctrain_cli(tmp_path, "cache", "clear", env={"CTRAIN_IMAGE_CACHE": str(missing)})
+    assert result.returncode == 2, result
+    one_error(result, f"the image cache {missing} (CTRAIN_IMAGE_CACHE) does not exist")
+    result = ctrain_cli(tmp_path, "cache", "clear", env={"APPTAINER_TMPDIR": str(tmp_path)})
+    assert result.returncode == 0 and result.stdout == "", result
+    default = tmp_path / f"ctrain-images-{os.getuid()}"
+    assert result.stderr.startswith(f"nothing to clear: {default} does not exist (") and result.stderr.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_conversion_and_cache_locks_refuse_what_is_no_lock_file(tmp_path: Path) -> None:
+    """Both locks are opened by one helper (files.open_lock; how each waits differs): a link, a FIFO
+    or a directory where the lock goes is one error naming that lock, and is left as it was."""
+    from ctrain import files
+    from ctrain.image import cache, convert
+
+    assert convert.open_lock is files.open_lock and cache.open_lock is files.open_lock
+    (tmp_path / "target").write_text("someone's")
+    locks = {tmp_path / ".c.sqsh.lock": (lambda: convert._locked(tmp_path / "c.sqsh", print), "the conversion lock"),
+             tmp_path / "lock": (lambda: cache._locked(tmp_path), "the image cache's lock")}  # fmt: skip
+    for make, kind in ((lambda p: p.symlink_to(tmp_path / "target"), stat.S_ISLNK), (os.mkfifo, stat.S_ISFIFO),
+                       (Path.mkdir, stat.S_ISDIR)):  # fmt: skip
+        for lock, (take, what) in locks.items():
+            make(lock)
+            with pytest.raises(CtrainError, match=f"^{what} {re.escape(str(lock))} is not a regular file"):
+                with take():
+                    pass
+            assert kind(lock.lstat().st_mode), lock
+            if kind is stat.S_ISDIR:
+                lock.rmdir()
+            else:
+                lock.unlink()
+    assert (tmp_path / "target").read_text() == "someone's"
+    for lock, (take, _) in locks.items():
+        with take():
+            assert stat.S_ISREG(lock.lstat().st_mode)
+    assert not (tmp_path / ".c.sqsh.lock").exists() and (tmp_path / "lock").is_file()  # the conversion's goes
+
+
 # --- values that reach the build definition ------------------------------------------------------
 
 

@@ -91,6 +91,46 @@ def test_job_ids() -> None:
         slurm.check_job_id("123; rm -rf /")
 
 
+def test_job_ids_are_ascii_digits_in_every_form() -> None:
+    """str.isdigit and a str pattern's \\d take Arabic-Indic (١٢٣) and full-width (３４) digits too;
+    Slurm does not. One test (slurm.is_job_id) serves every command, with the forms each takes."""
+    for bad in ("١٢٣", "３４", "12_٣", "١٢_3", "12.٣", "²"):
+        assert not slurm.is_job_id(bad), bad
+        with pytest.raises(ConfigError, match="is not a Slurm job id"):
+            slurm.check_job_id(bad)
+    assert slurm.is_job_id("12") and slurm.is_job_id("12_3.0") and slurm.is_job_id("12.batch")
+    assert not slurm.is_job_id("12\n") and slurm.check_job_id("12\n") == "12"
+    assert slurm.is_job_id("12_3", step=False) and not slurm.is_job_id("12.0", step=False)
+    assert not slurm.is_job_id("12_3", array=False) and slurm.is_job_id("12", array=False, step=False)
+    with pytest.raises(ConfigError, match="is not a Slurm job id"):
+        slurm.check_job_id("12.0", step=False)
+    with pytest.raises(ParseError):
+        slurm.parse_sbatch_parsable("١٢٣\n")
+
+
+def test_ctrain_report_takes_only_ascii_job_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, `ctrain report ١٢٣` went looking for .ctrain/١٢٣.timeline; now one error line, exit 2."""
+    (tmp_path / "ctrain.yaml").write_text("")
+    monkeypatch.chdir(tmp_path)
+    for bad in ("١٢٣", "３４_1", "12.0"):
+        result = CliRunner().invoke(main, ["report", bad])
+        assert result.exit_code == 2 and "is not a Slurm job id" in result.output, (bad, result.output)
+
+
+def test_cancel_signals_are_the_names_scancel_knows() -> None:
+    """Slurm's own table (sig_name2num in src/common/proc_args.c), with or without SIG, any case, or a
+    number 1-64: a name the system has but scancel refuses (RTMIN, WINCH, PIPE) is refused before
+    scancel runs, in one line that lists the names it takes."""
+    for name in ("HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "USR2", "URG", "CONT", "STOP", "TSTP",
+                 "TTIN", "TTOU", "XCPU"):  # fmt: skip
+        assert slurm.check_signal(name) == name and slurm.check_signal(f" sig{name.lower()}") == f"SIG{name}"
+    assert [slurm.check_signal(n) for n in ("1", "10", "064")] == ["1", "10", "064"]
+    for bad in ("RTMIN", "RTMIN+1", "SIGRTMAX-2", "WINCH", "SIGPIPE", "CHLD", "SIGSIGUSR1", "SIG", "0", "65", "١٠"):
+        with pytest.raises(ConfigError, match="is not a signal scancel knows") as err:
+            slurm.check_signal(bad)
+        assert "HUP, INT," in str(err.value) and "XCPU" in str(err.value) and "\n" not in str(err.value), bad
+
+
 def test_status_table_reads() -> None:
     text = slurm.status_table([slurm.Job("5", "ctrain", "RUNNING", "0:41", "1:00:00", "2", "node[1-2]", "0:0")])
     header, row = text.splitlines()
@@ -574,9 +614,10 @@ def test_the_preflight_job_runs_the_full_checks_and_never_requeues(tmp_path: Pat
 
 def test_ctrain_preflight_in_an_allocation_refuses_a_job_id_that_is_not_one(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(project(tmp_path, "slurm:\n  ntasks_per_node: 1\n"))
-    monkeypatch.setenv("SLURM_JOB_ID", "1; reboot")
-    result = CliRunner().invoke(main, ["preflight", "--image", "docker://x/y:1"])
-    assert result.exit_code == 2 and "not a job id: run ctrain preflight inside salloc" in result.output, result.output
+    for bad in ("1; reboot", "١٢٣", "12_3"):
+        monkeypatch.setenv("SLURM_JOB_ID", bad)
+        result = CliRunner().invoke(main, ["preflight", "--image", "docker://x/y:1"])
+        assert result.exit_code == 2 and "not a job id: run ctrain preflight inside salloc" in result.output, bad
 
 
 @pytest.mark.parametrize("bad", ["quick\nfull", "$(reboot)", "'quick'", "quick; reboot"])

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ctrain.errors import ConfigError, CtrainError
-from ctrain.files import control_problem, read_bounded, shorten
+from ctrain.files import NotRegularFile, control_problem, open_lock, read_bounded, shorten
 
 COMPLETE = "complete"
 USED = "used"
@@ -141,18 +141,15 @@ def entries(cache: Path) -> list[Entry]:
 @contextmanager
 def _locked(cache: Path) -> Iterator[None]:
     """The cache's lock, as a job takes it to unpack or evict: held, nothing else changes it. Never
-    through a link, and never a FIFO (opening one would wait for a reader that never comes)."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    wrong = f"the image cache's lock {cache / LOCK} is not a regular file (a link, FIFO or directory): remove it"
-    if os.path.lexists(cache / LOCK) and not _is_lock(cache / LOCK):
-        raise CtrainError(wrong)
+    through a link, and never a FIFO (:func:`ctrain.files.open_lock`)."""
     try:
-        fd = os.open(cache / LOCK, flags, 0o600)
+        fd = open_lock(cache / LOCK)
+    except NotRegularFile:
+        raise CtrainError(f"the image cache's lock {cache / LOCK} is not a regular file (a link, FIFO or directory): "
+                          "remove it") from None  # fmt: skip
     except OSError as exc:
         raise CtrainError(f"cannot take the image cache's lock {cache / LOCK} ({exc.strerror})") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CtrainError(wrong)
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:

@@ -193,10 +193,23 @@ def cache_clear(directory: Path | None) -> None:
     """Remove every unpacked image that no running job uses; the next job unpacks it again.
 
     Only the cache's entries are removed: anything else in the directory is left and named, and a
-    directory that is no image cache at all is refused."""
+    directory that is no image cache at all is refused. A --dir or CTRAIN_IMAGE_CACHE that does not
+    exist is refused too (a mistyped path would clear nothing, silently); the default one, where no
+    job has unpacked an image yet, has nothing to clear."""
+    import os
+
+    from ctrain.errors import ConfigError
     from ctrain.image import cache as image_cache
 
     where = image_cache.check_dir(directory or image_cache.default_dir())
+    if not where.exists():
+        if directory is None and not os.environ.get("CTRAIN_IMAGE_CACHE"):
+            click.echo(f"nothing to clear: {where} does not exist (no job has unpacked an image on this node yet)",
+                       err=True)  # fmt: skip
+            return
+        given = "--dir" if directory is not None else "CTRAIN_IMAGE_CACHE"
+        raise ConfigError(f"the image cache {where} ({given}) does not exist: nothing to clear; give the directory "
+                          "the jobs unpack into (their CTRAIN_IMAGE_CACHE)")  # fmt: skip
     cleared = image_cache.clear(where)
     for entry in cleared.removed:
         click.echo(f"removed {entry.key} ({entry.image or '-'})")

@@ -26,11 +26,13 @@ from pathlib import Path
 from ctrain import proc, resources, ui
 from ctrain.errors import CommandError, ConfigError, CtrainError
 from ctrain.files import (
+    NotRegularFile,
     atomic_write_json,
     control_problem,
     creatable_dir_problem,
     load_json_bounded,
     make_dirs,
+    open_lock,
     remove_dirs,
     writable_dir_problem,
 )
@@ -164,17 +166,15 @@ def _locked(output: Path, emit: Callable[[str], None]) -> Iterator[None]:
     the removed file, so each holder checks it locked the file that is still there, else retries.
     """
     lock = output.parent / f".{output.name}.lock"
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    wrong = f"the conversion lock {lock} is not a regular file (a link, FIFO or directory): remove it"
     while True:
         try:  # never through a link, never a FIFO (opening one waits for a reader)
-            handle = os.fdopen(os.open(lock, flags, 0o644), "a")
+            handle = os.fdopen(open_lock(lock, 0o644), "a")
+        except NotRegularFile:
+            raise CtrainError(f"the conversion lock {lock} is not a regular file (a link, FIFO or directory): "
+                              "remove it") from None  # fmt: skip
         except OSError as exc:
-            raise CtrainError(wrong if os.path.lexists(lock) else f"cannot take the conversion lock {lock} "
-                              f"({exc.strerror})") from None  # fmt: skip
+            raise CtrainError(f"cannot take the conversion lock {lock} ({exc.strerror})") from None
         try:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise CtrainError(wrong)
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

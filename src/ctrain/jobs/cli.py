@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -183,7 +182,7 @@ def preflight(ctx: click.Context, nodes: int | None, gpus_per_node: int | None, 
     from ctrain.jobs import submit as jobs
 
     allocation = os.environ.get("SLURM_JOB_ID")
-    if allocation and not re.fullmatch(r"\d+", allocation):
+    if allocation and not slurm.is_job_id(allocation, array=False, step=False):
         raise ConfigError(f"SLURM_JOB_ID is {allocation!r}, not a job id: run ctrain preflight inside salloc, "
                           "or outside any")
     job = jobs.preflight_job(project(ctx), quick=quick, client=None if allocation else slurm.Slurm(),
@@ -284,8 +283,7 @@ def report(ctx: click.Context, job_id: str, timeline: Path | None, as_json: bool
     from ctrain.files import atomic_write_json
     from ctrain.train import goodput
 
-    if not re.fullmatch(r"\d+(_\d+)?", job_id):
-        raise ConfigError(f"{job_id!r} is not a Slurm job id (digits, or ARRAY_TASK as 123_4)")
+    job_id = slurm.check_job_id(job_id, step=False)
     config = project(ctx)
     path = timeline or config.root / ".ctrain" / f"{job_id}.timeline"
     result, lines = goodput.report(path, job_id, gpu_hour_price=config.report.gpu_hour_price)
@@ -350,7 +348,7 @@ def _submit_there(ctx: click.Context, cluster: object) -> int:
     submitted: list[str] = []
 
     def line(text: str) -> None:
-        if not submitted and text.isdigit():
+        if not submitted and slurm.is_job_id(text, array=False, step=False):
             submitted.append(text)
             remote.record_job(cluster.name, text)
         click.echo(text)
