@@ -26,7 +26,9 @@
 #              slowly, or a step that fails with no cause, is decided and named instead of left silent
 #   version 4: the job's timeline (.ctrain/JOBID.timeline), from which `ctrain report JOB` accounts
 #              for the job's time across requeues (queue, start-up, training, lost work)
-CTRAIN_LIB_VERSION=4
+#   version 5: a node that goes silent without failing anything (frozen, cut off the network) is found
+#              within a minute (CTRAIN_NODE_CHECK) and left out of the requeue, instead of a 600 s hang
+CTRAIN_LIB_VERSION=5
 
 # --- settings -------------------------------------------------------------------------------------
 
@@ -59,6 +61,7 @@ ctrain_settings() {
     : "${CTRAIN_MAX_REQUEUES:=10}"               # stop requeueing after this many restarts
     : "${CTRAIN_HANG_TIMEOUT:=600}"              # seconds without a finished step before a rank counts as hung; 0: off
     : "${CTRAIN_STEP_GRACE:=10}"                 # seconds the other nodes get to end after one node's launcher failed
+    : "${CTRAIN_NODE_CHECK:=30}"                 # seconds without a finished step before every node is asked; 0: off
     : "${CTRAIN_APPTAINER_UNSQUASH:=1}"          # 1: run a SIF from a node-local copy (see ctrain_container_apptainer)
     : "${CTRAIN_IMAGE_CACHE:=${APPTAINER_TMPDIR:-${TMPDIR:-/tmp}}/ctrain-images-$(id -u)}" # node-local unpacked images
     : "${CTRAIN_IMAGE_CACHE_GB:=50}"             # the cache's size limit on each node, in GiB
@@ -455,7 +458,7 @@ ctrain_run() {
         ctrain_sentinel_step &
         sentinel=$!
     fi
-    if ((CTRAIN_HANG_TIMEOUT > 0)); then
+    if ((CTRAIN_HANG_TIMEOUT > 0 || (CTRAIN_NNODES > 1 && CTRAIN_NODE_CHECK > 0))); then
         ctrain_watchdog &
         watchdog=$!
     fi
@@ -604,7 +607,8 @@ ctrain_preflight() {
 #   launched     ctrain_run, once the training step's srun started
 #   warned       ctrain_forward: Slurm's USR1 before the time limit, passed to the workers
 #   terminated   ctrain_run's TERM trap: Slurm's TERM (scancel, scontrol requeue, preemption)
-#   ending       ctrain_guard (a launcher failed, a node does not answer), ctrain_hung (a hang)
+#   ending       ctrain_guard (a launcher failed, a node does not answer), ctrain_silent (no progress, a
+#                node does not answer), ctrain_hung (a hang)
 #   exited       ctrain_decide in the batch script, after the step's srun exited
 #   batch-gone   ctrain_decide in the sentinel: the batch script is gone (its host lost, or the job
 #                left RUNNING) before it decided
@@ -1059,14 +1063,21 @@ ctrain_kill_step() {
 # ends the step as a lost rank ends it: the workers are killed, the launchers and srun follow.
 # A rank whose run is over writes "done" there and is no longer expected to step (rank 0 may
 # still be evaluating the final model, beating per batch).
+# A node that goes silent without closing its connections (frozen, cut off the network) fails no
+# launcher: every rank just waits in its collective. So in a job of several nodes, once a rank has
+# gone CTRAIN_NODE_CHECK seconds without a heartbeat, and again every CTRAIN_NODE_CHECK seconds while
+# that lasts, every node is asked whether its slurmd answers (ctrain_silent).
 ctrain_watchdog() {
-    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS budget=$CTRAIN_HANG_TIMEOUT
+    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS budget=$CTRAIN_HANG_TIMEOUT check=$CTRAIN_NODE_CHECK
     local world=$((CTRAIN_NNODES * CTRAIN_NPROC_PER_NODE)) poll=$((CTRAIN_HANG_TIMEOUT / 10))
+    ((CTRAIN_NNODES > 1)) || check=0
+    ((budget > 0)) || poll=30
+    ((check == 0 || poll <= check / 5)) || poll=$((check / 5))
     ((poll >= 1)) || poll=1
     ((poll <= 30)) || poll=30
     local -A seen since
     local -A finished
-    local armed= file rank stamp now idle stale=() first
+    local armed= file rank stamp now idle quiet asked=0 stale=() first
     while ((${#stale[@]} == 0)); do
         sleep "$poll"
         now=$SECONDS
@@ -1078,13 +1089,34 @@ ctrain_watchdog() {
             read -r first _ <"$file" 2>/dev/null && [[ $first == done ]] && finished[$rank]=1
         done
         [[ -n $armed ]] || continue
+        quiet=0
         for ((rank = 0; rank < world; rank++)); do
             [[ -z ${finished[$rank]-} ]] || continue # its run is over (rank 0 may still evaluate)
             idle=$((now - ${since[$rank]:-$armed}))
-            ((idle <= budget)) || stale+=("$rank:$idle")
+            ((idle <= quiet)) || quiet=$idle
+            ((budget == 0 || idle <= budget)) || stale+=("$rank:$idle")
         done
+        if ((${#stale[@]} == 0 && check > 0 && quiet >= check && now - asked >= check)); then
+            asked=$now
+            ctrain_silent "$quiet" && return 0
+        fi
     done
     ctrain_hung "$dir" "${stale[@]}"
+}
+
+# ctrain_silent SECONDS: ask every node of the job whether its slurmd answers (ctrain_probe), after
+# SECONDS without a finished step on some rank; when one does not, it is lost (CTRAIN_PIDS/lost) and
+# the step is ended. Fails (nothing done) when every node answers: a long step, evaluation or save.
+ctrain_silent() {
+    local nodes=()
+    mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    ctrain_probe "${nodes[@]}"
+    ((${#CTRAIN_UNANSWERED[@]} > 0)) || return 1
+    echo "ctrain: no finished step for ${1}s, and ${CTRAIN_UNANSWERED[*]} does not answer (frozen, or cut off" \
+        "the network): ending the step"
+    echo "${CTRAIN_UNANSWERED[*]}" >"$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/lost"
+    ctrain_transition ending
+    ctrain_end_step
 }
 
 # ctrain_hung DIR RANK:IDLE...: report the ranks without progress, with the state of each worker

@@ -513,6 +513,48 @@ def test_lost_node_requeues_stop_at_the_limit(fake_slurm: Path, slurm_conf: Path
     assert not calls(fake_slurm, "scontrol requeue")
 
 
+def _silent_ranks(fake: Path) -> dict[str, str]:
+    """Two ranks (one per node) that beat once, long ago, and no more: the watchdog's settings for it,
+    with a silence check of 2 s and a stand-in for the step's srun."""
+    beats = fake / "pids" / "heartbeat"
+    beats.mkdir(parents=True, exist_ok=True)
+    (fake / "pids" / "state").write_text("0 running\n")
+    for rank, node in enumerate(("gpu001", "gpu002")):
+        (beats / f"rank-{rank}").write_text(f"7 {node} {1000 + rank}\n")
+    return {"CTRAIN_HEARTBEATS": "pids/heartbeat", "CTRAIN_NPROC_PER_NODE": "1", "CTRAIN_HANG_TIMEOUT": "600",
+            "CTRAIN_NODE_CHECK": "2"}  # fmt: skip
+
+
+def test_a_node_that_goes_silent_is_lost_and_the_step_ended(fake_slurm: Path, slurm_conf: Path) -> None:
+    """No rank steps and gpu002's slurmd does not answer (cut off, frozen): after CTRAIN_NODE_CHECK
+    seconds every node is asked; gpu002 is lost, the run is ending, and the step's srun is killed."""
+    (fake_slurm / "refused").write_text("gpu002\n")
+    commands = "sleep 60 & CTRAIN_STEP_PID=$!; ctrain_watchdog; wait $CTRAIN_STEP_PID; echo step=$?"
+    started = time.monotonic()
+    out = library(fake_slurm, commands, slurm_conf, **_silent_ranks(fake_slurm)).stdout
+    assert time.monotonic() - started < 15, out
+    assert re.search(r"^ctrain: no finished step for [2-4]s, and gpu002 does not answer \(frozen, or cut off the "
+                     r"network\): ending the step$", out, re.MULTILINE), out  # fmt: skip
+    assert "step=137" in out  # the step's srun, SIGKILLed
+    assert (fake_slurm / "pids" / "lost").read_text() == "gpu002\n"
+    assert (fake_slurm / "pids" / "state").read_text() == "0 ending\n"
+    assert sorted(call.split("--nodelist=")[1].split()[0] for call in calls(fake_slurm, "srun")) == ["gpu001", "gpu002"]
+    assert "hang:" not in out
+
+
+def test_a_silence_that_every_node_answers_is_left_alone(fake_slurm: Path, slurm_conf: Path) -> None:
+    """A long step, evaluation or save: every node answers, so nothing is done, and the nodes are asked
+    again only after another CTRAIN_NODE_CHECK seconds; a 1-node job is never asked (no other node)."""
+    commands = "ctrain_watchdog & watchdog=$!; sleep 7; pkill -P $watchdog; kill $watchdog; cat pids/state"
+    out = library(fake_slurm, commands, slurm_conf, **_silent_ranks(fake_slurm)).stdout
+    assert out == "0 running\n" and not (fake_slurm / "pids" / "lost").exists()
+    asked = [call for call in calls(fake_slurm, "srun") if "--nodelist=gpu002" in call]
+    assert 2 <= len(asked) <= 3, asked  # at 2-3 s, 4-5 s (and 6-7 s) of silence, not every second
+    (fake_slurm / "calls.log").unlink()
+    out = library(fake_slurm, commands, slurm_conf, **_silent_ranks(fake_slurm), CTRAIN_NNODES="1").stdout
+    assert out == "0 running\n" and not calls(fake_slurm, "srun")
+
+
 def test_a_failed_rank_is_retried_once_per_job(fake_slurm: Path, slurm_conf: Path) -> None:
     (fake_slurm / ".ctrain").mkdir()
     first = library(fake_slurm, "ctrain_retry_once", slurm_conf).stdout

@@ -409,6 +409,18 @@ class Testbed:
     def restore_node(self, name: str) -> bool:
         return host.unthrottle_netns(self._node(name).netns)
 
+    def cut_node(self, name: str) -> None:
+        """Cut node NAME off the network as a failed switch port or cable does: its link goes down and
+        no packet reaches it or leaves it, while every process on it, slurmd included, keeps running
+        and no connection is closed, so its peers hear nothing, not even an error.
+        :meth:`reconnect_node` and ``down`` undo it. (On the testbed the node still reaches the shared
+        file system, which is the machine's own.)"""
+        host.set_link(self._node(name).veth, up=False)
+
+    def reconnect_node(self, name: str) -> bool:
+        """Undo :meth:`cut_node`; whether the node was cut off."""
+        return host.set_link(self._node(name).veth, up=True)
+
     def start_node(self, name: str, *, timeout: float = STARTUP_TIMEOUT) -> None:
         """Start a killed node's slurmd again and wait until Slurm can give it jobs; a node Slurm set
         DOWN meanwhile is resumed, as an administrator would after replacing it. A node still

@@ -478,3 +478,19 @@ def throttled_netns() -> list[str]:
     if not CPU_CGROUP_V1.is_dir():
         return []
     return [p.name.removeprefix(CGROUP_PREFIX) for p in CPU_CGROUP_V1.glob(f"{CGROUP_PREFIX}*") if p.is_dir()]
+
+
+def link_is_up(link: str) -> bool:
+    """Whether LINK (a node's host-side veth) is administratively up."""
+    out = proc.run(["ip", "-o", "link", "show", "dev", link], check=False).stdout
+    flags = out.split("<", 1)[1].split(">", 1)[0].split(",") if "<" in out else []
+    return "UP" in flags
+
+
+def set_link(link: str, up: bool) -> bool:
+    """LINK up or down; whether that changed anything. Down, nothing passes the link either way and
+    no connection through it is closed: the far side only stops hearing back (no FIN, no RST)."""
+    if link_is_up(link) == up:
+        return False
+    proc.run(["ip", "link", "set", "dev", link, "up" if up else "down"])
+    return True
