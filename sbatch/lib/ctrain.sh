@@ -1072,7 +1072,7 @@ ctrain_watchdog() {
     local world=$((CTRAIN_NNODES * CTRAIN_NPROC_PER_NODE)) poll=$((CTRAIN_HANG_TIMEOUT / 10))
     ((CTRAIN_NNODES > 1)) || check=0
     ((budget > 0)) || poll=30
-    ((check == 0 || poll <= check / 5)) || poll=$((check / 5))
+    ((check == 0 || poll <= check / 10)) || poll=$((check / 10))
     ((poll >= 1)) || poll=1
     ((poll <= 30)) || poll=30
     local -A seen since

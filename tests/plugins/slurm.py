@@ -99,6 +99,7 @@ def leaves_testbed_clean(request, sbatch_project: Project):
         testbed.slurm.run(["scancel", *queued], check=False)
     for node in testbed.status().nodes:
         testbed.reconnect_node(node.name)  # a node the test cut off the network and did not reconnect
+        testbed.thaw_node(node.name)  # or froze and did not thaw
         if not node.running:  # a node the test killed and did not bring back
             testbed.start_node(node.name)
     deadline = time.monotonic() + 120

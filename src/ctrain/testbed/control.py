@@ -417,6 +417,16 @@ class Testbed:
         file system, which is the machine's own.)"""
         host.set_link(self._node(name).veth, up=False)
 
+    def freeze_node(self, name: str) -> int:
+        """Freeze node NAME as a hung kernel does: every process on it, slurmd included, stopped
+        (SIGSTOP) with its connections open, so its peers hear nothing. Returns how many were stopped;
+        :meth:`thaw_node` undoes it, and ``down`` kills them."""
+        return host.stop_netns(self._node(name).netns)
+
+    def thaw_node(self, name: str) -> int:
+        """Undo :meth:`freeze_node`; how many processes had been stopped."""
+        return host.continue_netns(self._node(name).netns)
+
     def reconnect_node(self, name: str) -> bool:
         """Undo :meth:`cut_node`; whether the node was cut off."""
         return host.set_link(self._node(name).veth, up=True)

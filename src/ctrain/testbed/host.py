@@ -225,14 +225,8 @@ def kill_netns_now(name: str, timeout: float = 5) -> int:
     node that loses power cannot do; stopped first, none of them runs again.
     Returns how many processes were killed.
     """
-    stopped: set[int] = set()
     deadline = time.monotonic() + timeout
-    while pids := [pid for pid in netns_pids(name) if pid not in stopped and _alive(pid)]:
-        if time.monotonic() > deadline:
-            raise CtrainError(f"process(es) {', '.join(map(str, pids))} in {name} still running after SIGSTOP")
-        for pid in pids:
-            _signal(pid, signal.SIGSTOP)
-        stopped.update(pids)
+    stop_netns(name, timeout)
     killed: set[int] = set()
     while pids := [pid for pid in netns_pids(name) if _alive(pid)]:
         if time.monotonic() > deadline:
@@ -242,6 +236,32 @@ def kill_netns_now(name: str, timeout: float = 5) -> int:
         killed.update(pids)
         time.sleep(0.05)
     return len(killed)
+
+
+def stop_netns(name: str, timeout: float = 5) -> int:
+    """SIGSTOP every process in the namespace, again for any started meanwhile, until none runs: a
+    node frozen (a hung kernel, a stuck hypervisor) keeps its connections open and says nothing.
+    Returns how many were stopped; :func:`continue_netns` lets them run again."""
+    stopped: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while pids := [pid for pid in netns_pids(name) if pid not in stopped and _alive(pid)]:
+        if time.monotonic() > deadline:
+            raise CtrainError(f"process(es) {', '.join(map(str, pids))} in {name} still running after SIGSTOP")
+        for pid in pids:
+            _signal(pid, signal.SIGSTOP)
+        stopped.update(pids)
+    return len(stopped)
+
+
+def continue_netns(name: str) -> int:
+    """SIGCONT every process in the namespace (undoes :func:`stop_netns`); how many were stopped."""
+    count = 0
+    for pid in netns_pids(name):
+        info = proc_info(pid)
+        if info is not None and info.state == "T":
+            count += 1
+        _signal(pid, signal.SIGCONT)
+    return count
 
 
 def kill_netns_slowly(name: str, seconds: float, rng: random.Random, timeout: float = 10) -> int:
