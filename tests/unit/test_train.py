@@ -281,6 +281,47 @@ def test_a_checkpoint_at_max_steps_trains_no_step() -> None:
     StopAtMaxSteps().on_train_begin(None, state, _Control())
 
 
+FULL_DISK_BEATS = """
+import errno, os, sys
+from pathlib import Path
+from ctrain.train.script import HeartbeatFile
+where = Path(sys.argv[1])
+beats = HeartbeatFile(where / "heartbeat", rank=1)
+beats.beat(7)
+filler = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)  # the file system full: 30 bytes of a new file fail
+try:
+    while True:
+        os.write(filler, bytes(4096))
+except OSError as exc:
+    assert exc.errno == errno.ENOSPC, exc
+os.utime(beats.path, ns=(0, 0))
+beats.beat(8)  # no exception: the time stamp moved on instead
+print(beats.path.stat().st_mtime > 0, repr(beats.path.read_text().split()[0]))
+try:
+    HeartbeatFile(where / "heartbeat", rank=2).beat(8)  # no file yet: nothing to renew
+except OSError as exc:
+    print("first beat:", errno.errorcode[exc.errno])
+"""
+
+
+def test_a_heartbeat_on_a_full_file_system_renews_its_time_stamp(tmp_path: Path) -> None:
+    """The project's file system full (the outputs may be elsewhere, with room): a beat cannot make a
+    new file, so the heartbeat's time stamp, which the watchdog reads, is renewed instead, with one
+    warning. Before, the beat's OSError ended a run that could go on."""
+    import shutil
+
+    from tests.conftest import need
+
+    need(os.geteuid() == 0 and shutil.which("unshare") is not None, "root and unshare (a tmpfs)")
+    script = 'mount -t tmpfs -o size=256k tmpfs "$1" || exit 99; exec "$2" -c "$3" "$1"'
+    result = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", str(tmp_path), sys.executable, FULL_DISK_BEATS],
+                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["True '7'", "first beat: ENOSPC"], result.stdout + result.stderr
+    assert result.stderr.count("cannot write the heartbeat") == 1, result.stderr
+    assert "its time stamp is renewed instead" in result.stderr
+
+
 def test_heartbeat_names_step_host_and_pid_and_changes_at_each_beat(tmp_path: Path) -> None:
     """What the job's hang watchdog reads: one line per rank, rewritten whole, its mtime moving on."""
     pytest.importorskip("transformers")

@@ -21,6 +21,7 @@ Stdlib only (torch is used when it is there, for the ranks' agreement), so it co
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -34,6 +35,8 @@ from typing import Any
 from ctrain.train import exits
 from ctrain.train.artifacts import PREEMPTED_EXIT_CODE
 from ctrain.train.logs import deadline, exit_process
+
+log = logging.getLogger("ctrain.train")
 
 HEARTBEAT_ENV = "CTRAIN_HEARTBEATS"
 SIGNALS = ("SIGUSR1", "SIGTERM")
@@ -58,6 +61,7 @@ class HeartbeatFile:
         self.partial = directory / f".rank-{rank}"
         self.tail = f" {socket.gethostname()} {os.getpid()}\n"
         self.last = -math.inf
+        self.warned = False
 
     def beat(self, step: int) -> None:
         self._write(str(step))
@@ -73,8 +77,21 @@ class HeartbeatFile:
         self._write("done")
 
     def _write(self, first: str) -> None:
-        self.partial.write_text(f"{first}{self.tail}")
-        os.replace(self.partial, self.path)
+        try:
+            self.partial.write_text(f"{first}{self.tail}")
+            os.replace(self.partial, self.path)
+        except OSError as exc:
+            # A full file system (the project's: the outputs may be elsewhere, with room): a new file needs
+            # space, a new time stamp does not, and the watchdog goes by the time stamp. Raised, the error
+            # would end a run that could go on; swallowed, the watchdog would end it as hung.
+            try:
+                os.utime(self.path)
+            except OSError:
+                raise exc from None
+            if not self.warned:
+                self.warned = True
+                log.warning("cannot write the heartbeat %s (%s); its time stamp is renewed instead, which is what "
+                            "the job's watchdog reads", self.path, exc.strerror or exc)  # fmt: skip
 
 
 def heartbeat_file() -> HeartbeatFile | None:
