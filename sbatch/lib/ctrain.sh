@@ -663,7 +663,14 @@ ctrain_transition() {
         echo "ctrain: the run is $state: '$1' is not one of its transitions (CTRAIN_LIFE); nothing done"
         return 1
     fi
-    echo "${SLURM_RESTART_COUNT:-0} $next" >"$file.$BASHPID" && mv -f "$file.$BASHPID" "$file"
+    { echo "${SLURM_RESTART_COUNT:-0} $next" >"$file.$BASHPID" && mv -f "$file.$BASHPID" "$file"; } 2>/dev/null && return
+    # The shared file system is full: a new file needs room, rewriting the state file's own few bytes
+    # does not (its block is freed and taken again). Without this no decision is recorded, so none is
+    # made, and a preempted run that asked to be requeued would just end.
+    rm -f "$file.$BASHPID"
+    echo "${SLURM_RESTART_COUNT:-0} $next" 2>/dev/null >"$file" && return
+    echo "ctrain: cannot record the run's state ($next) in $file: is its file system full (df $CTRAIN_PROJECT_DIR)?"
+    return 1
 }
 
 # ctrain_mark EVENT [ARG...]: one line of the job's timeline (CTRAIN_TIMELINE, kept across

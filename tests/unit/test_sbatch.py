@@ -468,15 +468,16 @@ esac""",
     return tmp_path
 
 
-def library(fake: Path, commands: str, slurm_conf: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def library(fake: Path, commands: str, slurm_conf: Path, prefix: tuple[str, ...] = (), **env: str
+            ) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """Run ``commands`` in bash with the library sourced, in a 4-node partition gpu[001-004] with a
-    2-node job on gpu[001-002], and Slurm's commands faked (``fake_slurm``)."""
+    2-node job on gpu[001-002], and Slurm's commands faked (``fake_slurm``); ``prefix`` runs the bash."""
     base = {"PATH": f"{fake / 'bin'}:{os.environ['PATH']}", "FAKE": str(fake), "SLURM_CONF": str(slurm_conf),
             "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[001-002]", "SLURM_JOB_PARTITION": "p",
             "CTRAIN_NNODES": "2", "CTRAIN_MAX_REQUEUES": "10", "CTRAIN_REQUEUE_EXIT": "75",
             "CTRAIN_PROJECT_DIR": str(fake), "CTRAIN_PIDS": "pids", "CTRAIN_STEP_GRACE": "1",
             "CTRAIN_BATCH_HOST": "gpu001"}  # fmt: skip
-    return subprocess.run(["bash", "-c", f'source "$0"; {commands}', LIB], env={**base, **env}, cwd=fake,
+    return subprocess.run([*prefix, "bash", "-c", f'source "$0"; {commands}', LIB], env={**base, **env}, cwd=fake,
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
 
 
@@ -553,6 +554,26 @@ def test_a_silence_that_every_node_answers_is_left_alone(fake_slurm: Path, slurm
     (fake_slurm / "calls.log").unlink()
     out = library(fake_slurm, commands, slurm_conf, **_silent_ranks(fake_slurm), CTRAIN_NNODES="1").stdout
     assert out == "0 running\n" and not calls(fake_slurm, "srun")
+
+
+def test_a_full_file_system_still_records_the_decision(fake_slurm: Path, slurm_conf: Path) -> None:
+    """The project's file system fills mid-run (the run's directory on a 64 KiB tmpfs, filled): a
+    preempted run that asked to be requeued (exit 75) is still decided and requeued; the run's state
+    is rewritten in place, as a new file cannot be made. Before, no transition could be recorded, so
+    no decision was made and the job just ended."""
+    need(os.geteuid() == 0 and shutil.which("unshare") is not None, "root and unshare (a tmpfs)")
+    pids = fake_slurm / "pids"
+    pids.mkdir()
+    fill = ('mount -t tmpfs -o size=64k tmpfs "$FAKE/pids" && echo "0 running" >"$FAKE/pids/state" && '
+            '{ dd if=/dev/zero of="$FAKE/pids/filler" bs=4k 2>/dev/null; true; } && exec "$@"')
+    commands = "echo x 2>/dev/null >pids/probe && echo 'a new file fits'; ctrain_decide pids 75 exited; cat pids/state"
+    out = library(fake_slurm, commands, slurm_conf, prefix=("unshare", "-m", "sh", "-c", fill, "sh"))
+    assert out.returncode == 0, out.stderr
+    assert "ctrain: requeueing job 4242 (restart 1)" in out.stdout, out.stdout + out.stderr
+    assert out.stdout.endswith("0 requeued\n"), out.stdout
+    assert calls(fake_slurm, "scontrol requeue") == ["scontrol requeue 4242"]
+    assert "a new file fits" not in out.stdout  # the file system was full
+    assert not list(pids.iterdir())  # the tmpfs is gone with its namespace
 
 
 def test_a_failed_rank_is_retried_once_per_job(fake_slurm: Path, slurm_conf: Path) -> None:
