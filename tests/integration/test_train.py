@@ -99,6 +99,42 @@ def test_prepare_then_train_uses_the_same_data(tiny_recipe: Path, ctrain) -> Non
     assert "ctrain prepare --force" in stale.stderr
 
 
+def test_damaged_prepared_data_is_set_aside_and_prepared_again(tiny_recipe: Path, ctrain) -> None:
+    """A prepared Arrow file scrambled in place (its size unchanged) loaded without a word, and the run
+    failed at its first step inside torch. The marker records each file's size and checksum: `ctrain train` finds either, moves the data set aside (kept) and prepares it again, and
+    `ctrain prepare` does the same; the rebuilt rows equal the first ones."""
+    import datasets
+
+    work = tiny_recipe.parent
+    prepared = work / "outputs/tiny/prepared"
+    assert ctrain("prepare", tiny_recipe.name).returncode == 0
+    marker = json.loads((prepared / "ctrain-prepared.json").read_text())
+    assert marker["digest"] == "crc32" and "train/data-00000-of-00001.arrow" in marker["manifest"], marker
+    rows = datasets.load_from_disk(str(prepared / "train"))[:]
+    arrow = prepared / "train/data-00000-of-00001.arrow"
+    with arrow.open("r+b") as f:
+        f.seek(arrow.stat().st_size // 2)
+        f.write(bytes(64))
+    trained = ctrain("train", tiny_recipe.name, "training.max_steps=2")
+    assert trained.returncode == 0, trained.stderr
+    assert re.search(r"the prepared data in outputs/tiny/prepared is damaged \(train/data-00000-of-00001\.arrow: crc32 "
+                     r"\w+, the marker recorded \w+\): moved it to prepared\.damaged-checksum and preparing it again",
+                     trained.stderr), trained.stderr  # fmt: skip
+    assert (work / "outputs/tiny/prepared.damaged-checksum/train/data-00000-of-00001.arrow").is_file()
+    assert datasets.load_from_disk(str(prepared / "train"))[:] == rows
+    again = ctrain("train", tiny_recipe.name, "training.max_steps=2", "training.output_dir=outputs/again",
+                   "data.prepared_dir=outputs/tiny/prepared")
+    assert again.returncode == 0, again.stderr
+    assert re.search(r"prepared data in outputs/tiny/prepared: \d+ files, [\d.]+ MB verified in", again.stderr)
+    with arrow.open("r+b") as f:
+        f.truncate(arrow.stat().st_size - 100)
+    rebuilt = ctrain("prepare", tiny_recipe.name)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    output = rebuilt.stdout + rebuilt.stderr
+    assert "is damaged (train/data-00000-of-00001.arrow: " in output and "moved it to prepared.damaged-size" in output
+    assert datasets.load_from_disk(str(prepared / "train"))[:] == rows
+
+
 def test_causal_lm_from_files_and_streamed(tmp_path: Path, ctrain) -> None:
     words = ["the", "cluster", "trains", "a", "model", "on", "every", "node", "and", "saves", "it"]
     lines = [" ".join(words[(i * 7 + j) % len(words)] for j in range(5 + i % 9)) for i in range(400)]

@@ -348,7 +348,7 @@ class Verdict:
 MAX_RECORDED_BYTES = 1 << 50
 
 
-def _marker_problem(files: dict[Any, Any], algorithm: Any) -> str | None:
+def marker_problem(files: dict[Any, Any], algorithm: Any) -> str | None:
     """Why a marker's manifest cannot be checked as it stands (a damaged or foreign marker), else None:
     the checks would otherwise trip over its values, or plan pieces for sizes no file has."""
     import hashlib
@@ -382,15 +382,24 @@ def verify(directory: Path, rank: int = 0, world: int = 1) -> Verdict:
         algorithm = marker.get("digest", DIGEST)
         if not isinstance(files, dict):
             files = {name: None for name in _listing(directory)} if directory.is_dir() else {}
-        plan = (files, algorithm, _marker_problem(files, algorithm))
+        plan = (files, algorithm, marker_problem(files, algorithm))
     else:
         plan = None
     files, algorithm, problem = _from_rank0(plan)
     if problem is not None:
         return Verdict(Damage(COMPLETE_MARKER, "unreadable", problem), 0, 0, time.perf_counter() - started, False)
+    return check_files(directory, files, algorithm, rank, world, started)
+
+
+def check_files(directory: Path, files: dict[str, Any], algorithm: str, rank: int = 0, world: int = 1,
+                started: float | None = None) -> Verdict:  # fmt: skip
+    """Check the files of ``directory`` against a manifest ``{name: [size, checksum] or None}`` whose
+    values :func:`marker_problem` accepted; every rank of ``world`` calls it and checks a share."""
+    started = time.perf_counter() if started is None else started
     sizes = {name: (entry[0] if entry else 0) for name, entry in files.items()}
     work = share(pieces(sizes), rank, world)
-    found = _gather(_each(work, lambda piece: check_piece(directory, piece, files[piece[0]], algorithm)))
+    mine = _each(work, lambda piece: check_piece(directory, piece, files[piece[0]], algorithm))
+    found = _gather(mine) if world > 1 else [mine]  # one process checking alone: no collective
     damages = sorted((d for part in found for d in part if d is not None), key=lambda d: d.file)
     checksummed = all(entry is not None for entry in files.values())
     total = sum(sizes.values()) if checksummed else sum(_listing(directory).values())

@@ -27,7 +27,16 @@ from ctrain.files import check_directory, load_json_bounded
 from ctrain.settings import MAX_SETTINGS_BYTES
 from ctrain.train import demo
 from ctrain.train.artifacts import PREPARED_MARKER
-from ctrain.train.checkpoint import full_disk, out_of_space
+from ctrain.train.checkpoint import (
+    DIGEST,
+    Damage,
+    check_files,
+    full_disk,
+    manifest,
+    marker_problem,
+    out_of_space,
+    quarantine,
+)
 from ctrain.train.fingerprint import prepared_settings, settings_differences
 from ctrain.train.recipe import Recipe
 from ctrain.train.sources import Source, example_kind, resolve_source, source_columns
@@ -454,13 +463,14 @@ def prepare(recipe: Recipe, directory: Path | None = None, *, force: bool = Fals
     if marker.is_file() and not force:
         info = _read_marker(marker)
         differences = settings_differences(info.get("settings", {}), settings)
-        if not differences:
+        if not differences and not _set_aside_if_damaged(directory, info):
             log.info("prepared data in %s already matches the recipe", directory)
             return info
-        raise ConfigError(
-            f"{directory} holds data prepared for different settings ({'; '.join(differences)}); "
-            "re-run with --force to replace it, or set data.prepared_dir elsewhere"
-        )
+        if differences:
+            raise ConfigError(
+                f"{directory} holds data prepared for different settings ({'; '.join(differences)}); "
+                "re-run with --force to replace it, or set data.prepared_dir elsewhere"
+            )
     check_target(directory)
     started = time.perf_counter()
     train, evaluation = load_raw(recipe, streaming=False)
@@ -491,6 +501,10 @@ def prepare(recipe: Recipe, directory: Path | None = None, *, force: bool = Fals
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "seconds": round(time.perf_counter() - started, 1),
         }
+        # What a damaged file is found by on every later use (usable_prepared): a truncated or scrambled
+        # Arrow file would otherwise load, or train on tokens nobody wrote.
+        info["digest"] = DIGEST
+        info["manifest"] = dict(sorted(manifest(staging).items()))
         (staging / PREPARED_MARKER).write_text(json.dumps(info, indent=1) + "\n")
         if directory.exists():
             shutil.rmtree(directory)
@@ -531,6 +545,37 @@ def prepared_info(recipe: Recipe, directory: Path) -> dict[str, Any] | None:
             "data.prepared_dir to another directory"
         )
     return info
+
+
+def usable_prepared(recipe: Recipe, directory: Path) -> dict[str, Any] | None:
+    """:func:`prepared_info`, and its files checked against the sizes and checksums the marker recorded:
+    a damaged data set is moved aside (kept, as a damaged checkpoint is) and None returned, so that it is
+    prepared again. Read by this process alone, rank 0, before the others load it."""
+    info = prepared_info(recipe, directory)
+    if info is None or _set_aside_if_damaged(directory, info):
+        return None
+    return info
+
+
+def _set_aside_if_damaged(directory: Path, info: dict[str, Any]) -> bool:
+    """Whether the prepared data in ``directory`` was damaged, and so moved to ``DIR.damaged-REASON``.
+    A marker from before checksums were recorded (no manifest) is taken as it is."""
+    files, algorithm = info.get("manifest"), info.get("digest", DIGEST)
+    if files is None:
+        return False
+    problem = marker_problem(files, algorithm) if isinstance(files, dict) else "the marker's manifest is not a mapping"
+    if problem is None:
+        verdict = check_files(directory, files, algorithm)
+        damage = verdict.damage
+    else:
+        damage = Damage(PREPARED_MARKER, "unreadable", problem)
+    if damage is None:
+        log.info("prepared data in %s: %s", directory, verdict.summary())
+        return False
+    moved = quarantine(directory, damage.reason)
+    log.warning("the prepared data in %s is damaged (%s): moved it to %s and preparing it again from the recipe's "
+                "sources", directory, damage, moved.name)  # fmt: skip
+    return True
 
 
 def _read_marker(marker: Path) -> dict[str, Any]:

@@ -310,7 +310,7 @@ def obtain_data(recipe: Recipe, layout: Layout) -> Any:
     store = _store() if layout.world_size > 1 else None
     if layout.rank == 0:
         try:
-            if data.prepared_info(recipe, directory) is None:
+            if data.usable_prepared(recipe, directory) is None:
                 log.info("no prepared data in %s: preparing it now (other ranks wait)", directory)
                 data.prepare(recipe, directory)
             else:
