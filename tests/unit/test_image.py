@@ -189,7 +189,7 @@ def test_sif_built_by_apptainer_cannot_become_sqsh(tmp_path: Path) -> None:
 
 def test_push_files_to_a_local_directory_is_verified_and_atomic(tmp_path: Path) -> None:
     source = tmp_path / "ctrain-cpu.sqsh"
-    source.write_bytes(b"hsqs" + os.urandom(1 << 20))
+    source.write_bytes(b"hsqs" + bytes(60) + os.urandom(1 << 20))  # a superblock whose bytes_used (0) fits
     dest = tmp_path / "shared"
     dest.mkdir()
     messages: list[str] = []
@@ -208,7 +208,7 @@ def test_push_files_to_a_local_directory_is_verified_and_atomic(tmp_path: Path) 
 def test_push_files_errors(tmp_path: Path) -> None:
     a, b = tmp_path / "a.sif", tmp_path / "b.sqsh"
     a.write_bytes(b"\0SIF_MAGIC a")
-    b.write_bytes(b"hsqs b")
+    b.write_bytes(b"hsqs" + bytes(64))
     with pytest.raises(CtrainError, match="needs one"):
         push.push_files([a, b], str(tmp_path / "not-a-dir"))
     with pytest.raises(CtrainError, match="does not exist"):

@@ -363,3 +363,39 @@ def test_remote_paths_a_command_would_misread_are_refused(remote: str, says: str
     with pytest.raises(ConfigError, match="remote") as info:
         push.Remote.parse(remote)
     assert says in str(info.value)
+
+
+def _real_images(where: Path) -> dict[str, Path]:
+    """A SIF made by Apptainer's own SIF tool and a squashfs by mksquashfs, each holding 256 KiB that
+    does not compress: real headers, at a size a test can copy and cut."""
+    need(shutil.which("apptainer") is not None and shutil.which("mksquashfs") is not None, "apptainer, mksquashfs")
+    payload = where / "payload"
+    payload.mkdir()
+    (payload / "data").write_bytes(os.urandom(256 << 10))
+    sif, sqsh = where / "demo.sif", where / "demo.sqsh"
+    subprocess.run(["apptainer", "sif", "new", str(sif)], check=True, capture_output=True)
+    subprocess.run(["apptainer", "sif", "add", "--datatype", "4", "--partfs", "1", "--parttype", "1", "--partarch",
+                    "2", str(sif), str(payload / "data")], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(["mksquashfs", str(payload), str(sqsh), "-quiet", "-no-progress"], check=True, capture_output=True)
+    return {"apptainer": sif, "pyxis": sqsh}
+
+
+@pytest.mark.parametrize("runtime", ["apptainer", "pyxis"])
+def test_an_image_cut_short_is_refused_before_it_is_queued_or_pushed(tmp_path: Path, runtime: str) -> None:
+    """An interrupted copy keeps the image's first bytes, so its format still reads right; the job would
+    then fail on every node, after the queue. The header says how long the image is: a SIF's data
+    section, a squashfs's bytes_used. An intact image passes, one cut short is one error at submit and
+    at push."""
+    from ctrain.jobs import submit
+
+    image = _real_images(tmp_path)[runtime]
+    submit.check_image(str(image), runtime, tmp_path)
+    assert push.check_source(image) == ("sif" if runtime == "apptainer" else "sqsh")
+    size = image.stat().st_size
+    with image.open("r+b") as f:
+        f.truncate(size - 8192)
+    with pytest.raises(ConfigError, match=rf"image {re.escape(str(image))} is cut short \({size - 8192:,} bytes where "
+                                          r"its header says [\d,]+\): an interrupted copy"):  # fmt: skip
+        submit.check_image(str(image), runtime, tmp_path)
+    with pytest.raises(ConfigError, match=r"is cut short \(.*\): an interrupted copy or conversion; make it again"):
+        push.check_source(image)

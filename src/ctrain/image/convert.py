@@ -98,6 +98,40 @@ def head_format(head: bytes) -> str | None:
     return None
 
 
+# Where each format says how long it is: a SIF's global header (magic at byte 32) ends with its data
+# section's offset and length (little-endian int64s at bytes 112 and 120); a squashfs superblock has
+# bytes_used at byte 40 (the file is padded past it, to 4 KiB).
+_SIF_MAGIC_AT = 32
+_SIF_DATA_END = 112
+_SQUASHFS_BYTES_USED = 40
+
+
+def cut_short(path: Path, found: str) -> str | None:
+    """Why an image file of format ``found`` (``sif``, ``sqsh``) is shorter than its own header says
+    (an interrupted copy, push or build), else None; OSError when it cannot be read. A header this
+    check does not know is left to the runtime."""
+    import struct
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, HEAD_BYTES, 0)
+    finally:
+        os.close(fd)
+    if found == "sif":
+        if not head.startswith(_SIF_MAGIC, _SIF_MAGIC_AT) or len(head) < _SIF_DATA_END + 16:
+            return None
+        offset, length = struct.unpack_from("<2q", head, _SIF_DATA_END)
+        end = offset + length if offset >= 0 and length >= 0 else 0
+    else:
+        if len(head) < _SQUASHFS_BYTES_USED + 8:
+            return f"{size:,} bytes, shorter than a squashfs superblock"
+        (end,) = struct.unpack_from("<q", head, _SQUASHFS_BYTES_USED)
+    if end > size:
+        return f"{size:,} bytes where its header says {end:,}"
+    return None
+
+
 def default_output(output_dir: Path, ref: str, to: str) -> Path:
     """``images/NAME-TAG.sif``: the name without registry or path, so scripts can rely on it."""
     last = ref.rsplit("/", 1)[-1]

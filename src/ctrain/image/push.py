@@ -493,6 +493,10 @@ def check_source(source: Path, output_dir: Path = Path("images")) -> str:
     if found is None:
         raise ConfigError(f"{source} is neither a SIF nor an enroot squashfs: push the files ctrain convert writes "
                           f"({output_dir}/NAME-TAG.sif or .sqsh)")  # fmt: skip
+    short = convert.cut_short(source, found)
+    if short is not None:
+        raise ConfigError(f"{source} is cut short ({short}): an interrupted copy or conversion; make it again with "
+                          "ctrain convert")  # fmt: skip
     return found
 
 

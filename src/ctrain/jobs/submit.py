@@ -797,16 +797,22 @@ def _image_kind(path: Path, runtime: str) -> str:
         raise ConfigError(f"image {path} is a directory, not an image file{hint}: give the image file's path")
     if not path.is_file():
         raise ConfigError(f"image {path} is not a regular file (a device or pipe?): give the image file's path")
-    from ctrain.image.convert import file_format
+    from ctrain.image.convert import cut_short, file_format
 
     try:
         found = file_format(path)
+        short = cut_short(path, found) if found is not None else None
     except OSError as exc:
         raise ConfigError(
             f"image {path} cannot be read ({exc.strerror}): make it readable by the job's user "
             f"(chmod a+r {path}) or copy it where they can read it"
         ) from exc
     if found is not None:
+        if short is not None:
+            raise ConfigError(
+                f"image {path} is cut short ({short}): an interrupted copy or conversion, which would fail on "
+                f"every node; make it again (`{make}`, then `ctrain push`) or copy it again"
+            )
         return {"sqsh": "squashfs", "sif": "SIF"}[found]
     if path.stat().st_size == 0:
         return "an empty file (an interrupted copy?)"
