@@ -1114,13 +1114,20 @@ ctrain_watchdog() {
 # ctrain_silent SECONDS: ask every node of the job whether its slurmd answers (ctrain_probe), after
 # SECONDS without a finished step on some rank; when one does not, it is lost (CTRAIN_PIDS/lost) and
 # the step is ended. Fails (nothing done) when every node answers: a long step, evaluation or save.
+# A probe needs the controller too, so a controller that is restarting or too slow makes healthy
+# nodes look silent: the silent ones are asked a second time, and the controller before and after;
+# a healthy run is not ended for the controller's sake.
 ctrain_silent() {
     local nodes=()
+    ctrain_job_is RUNNING || return 1
     mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
     ctrain_probe "${nodes[@]}"
     ((${#CTRAIN_UNANSWERED[@]} > 0)) || return 1
-    echo "ctrain: no finished step for ${1}s, and ${CTRAIN_UNANSWERED[*]} does not answer (frozen, or cut off" \
-        "the network): ending the step"
+    nodes=("${CTRAIN_UNANSWERED[@]}")
+    ctrain_probe "${nodes[@]}"
+    ((${#CTRAIN_UNANSWERED[@]} > 0)) && ctrain_job_is RUNNING || return 1
+    echo "ctrain: no finished step for ${1}s, and ${CTRAIN_UNANSWERED[*]} does not answer, asked twice (frozen, or" \
+        "cut off the network): ending the step"
     echo "${CTRAIN_UNANSWERED[*]}" >"$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/lost"
     ctrain_transition ending
     ctrain_end_step

@@ -8,7 +8,7 @@ training process per node).
   within the configured budget.
 - A rank SIGKILLed on a live node: the step ends in seconds and the job is retried once, not twice.
 - A node cut off the network, or frozen (its processes stopped), no connection closed either way: the
-  watchdog's silence check asks every node, names the silent one lost and ends the step within a minute.
+  watchdog's silence check asks every node, names the silent one lost and ends the step in about a minute.
 - A node lost under a plain DDP loop of the user's own (``-- examples/ddp_loop.py``, no ctrain import):
   its step ends within a minute, as a recipe's does.
 - A NaN loss (a failure no retry changes): the ranks' own exit records say so and the job ends at
@@ -348,7 +348,7 @@ def test_a_silent_node_ends_the_step_within_a_minute(sbatch_project: Project, cp
     either way: no launcher fails and every rank just waits in its collective, which would last until
     torch.distributed's 30 min timeout, or the hang watchdog's 600 s. The watchdog's silence check sees
     it instead: CTRAIN_NODE_CHECK (30 s) after the last finished step every node is asked, node2 does
-    not answer, and the step ends as for a killed node, within a minute, with node2 named as lost."""
+    not answer, twice, and the step ends as for a killed node, in about a minute, with node2 named lost."""
     project = sbatch_project
     testbed = project.testbed
     inject, undo = (getattr(testbed, name) for name in SILENT[fault])
@@ -361,7 +361,7 @@ def test_a_silent_node_ends_the_step_within_a_minute(sbatch_project: Project, cp
     try:
         inject("node2")
         silenced = time.monotonic()
-        silent = wait_until("the silence check", lambda: "does not answer (frozen, or cut off" in project.log(job_id),
+        silent = wait_until("the silence check", lambda: "does not answer, asked twice (frozen" in project.log(job_id),
                             NODE_CHECK + 60)  # fmt: skip
         ended = wait_until("the step's end", lambda: "step exited with" in project.log(job_id), 60)
         decided = wait_until("the decision", lambda: "not requeueing" in project.log(job_id), 30)
@@ -374,16 +374,16 @@ def test_a_silent_node_ends_the_step_within_a_minute(sbatch_project: Project, cp
         undo("node2")
     state = testbed.wait(job_id, timeout=120)
     log = project.log(job_id)
-    assert re.search(r"^ctrain: no finished step for (\d+)s, and node2 does not answer "
+    assert re.search(r"^ctrain: no finished step for (\d+)s, and node2 does not answer, asked twice "
                      r"\(frozen, or cut off the network\): ending the step$", log, re.MULTILINE), log[-6000:]  # fmt: skip
     assert "ctrain: failure: node lost: node2 (" in log
     assert "ctrain: hang:" not in log  # a silent node, not a hang: it is named, and left out of a requeue
     not_requeued(log, "node2")
     assert state in ("FAILED", "NODE_FAIL"), f"job {job_id} ended {state}:\n{log[-6000:]}"
     # The last heartbeat came at most a step before the fault: the silence takes the check's time, plus
-    # a poll (a tenth of it) and the probe (10 s).
-    assert NODE_CHECK - 2 <= silent - silenced <= NODE_CHECK + 25, silent - silenced
-    assert ended - silenced <= 60, log[-6000:]
+    # a poll (a tenth of it) and two probes (10 s each).
+    assert NODE_CHECK - 2 <= silent - silenced <= NODE_CHECK + 30, silent - silenced
+    assert ended - silenced <= 65, log[-6000:]
 
 
 def test_a_lost_node_ends_a_plain_ddp_loop_of_your_own_within_a_minute(sbatch_project: Project,

@@ -447,7 +447,8 @@ def fake_slurm(tmp_path: Path, slurm_conf: Path) -> Path:
         "scontrol": f"""echo "scontrol $*" >>"$FAKE/calls.log"
 case "$1 $2" in
     "show hostnames" | "show hostlist") exec {real} "$@" ;;
-    "show job") echo "JobId=4242 JobState=$(cat "$FAKE/jobstate" 2>/dev/null || echo RUNNING) Restarts=0" \
+    "show job") [ ! -e "$FAKE/no-controller" ] || exit 1
+        echo "JobId=4242 JobState=$(cat "$FAKE/jobstate" 2>/dev/null || echo RUNNING) Restarts=0" \
         "ExcNodeList=$(cat "$FAKE/excluded" 2>/dev/null || echo '(null)')" ;;
     "show config") echo "SlurmdPort              = $(cat "$FAKE/port")" ;;
     "show node") echo "NodeName=$4 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=$4" ;;
@@ -534,13 +535,25 @@ def test_a_node_that_goes_silent_is_lost_and_the_step_ended(fake_slurm: Path, sl
     started = time.monotonic()
     out = library(fake_slurm, commands, slurm_conf, **_silent_ranks(fake_slurm)).stdout
     assert time.monotonic() - started < 15, out
-    assert re.search(r"^ctrain: no finished step for [2-4]s, and gpu002 does not answer \(frozen, or cut off the "
-                     r"network\): ending the step$", out, re.MULTILINE), out  # fmt: skip
+    assert re.search(r"^ctrain: no finished step for [2-4]s, and gpu002 does not answer, asked twice \(frozen, or "
+                     r"cut off the network\): ending the step$", out, re.MULTILINE), out  # fmt: skip
     assert "step=137" in out  # the step's srun, SIGKILLed
     assert (fake_slurm / "pids" / "lost").read_text() == "gpu002\n"
     assert (fake_slurm / "pids" / "state").read_text() == "0 ending\n"
-    assert sorted(call.split("--nodelist=")[1].split()[0] for call in calls(fake_slurm, "srun")) == ["gpu001", "gpu002"]
+    asked = sorted(call.split("--nodelist=")[1].split()[0] for call in calls(fake_slurm, "srun"))
+    assert asked == ["gpu001", "gpu002", "gpu002"]  # every node, then the silent one again
     assert "hang:" not in out
+
+
+def test_a_silence_while_the_controller_is_away_ends_nothing(fake_slurm: Path, slurm_conf: Path) -> None:
+    """slurmctld restarting, or gone, during a long step: no probe could answer (srun needs it), so no
+    node is asked and none is lost; the watchdog asks again once the controller is back."""
+    (fake_slurm / "refused").write_text("gpu001\ngpu002\n")  # what the probes would say without a controller
+    (fake_slurm / "no-controller").touch()
+    commands = "ctrain_watchdog & watchdog=$!; sleep 5; pkill -P $watchdog; kill $watchdog; cat pids/state"
+    out = library(fake_slurm, commands, slurm_conf, **_silent_ranks(fake_slurm)).stdout
+    assert out == "0 running\n" and not (fake_slurm / "pids" / "lost").exists()
+    assert not calls(fake_slurm, "srun") and calls(fake_slurm, "scontrol show job")
 
 
 def test_a_silence_that_every_node_answers_is_left_alone(fake_slurm: Path, slurm_conf: Path) -> None:
