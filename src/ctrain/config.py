@@ -373,6 +373,7 @@ class SlurmConfig:
     efa: bool | None = None
     max_requeues: int | None = None
     hang_timeout: int | None = None  # seconds without a finished step before the job's watchdog ends it
+    node_check: int | None = None  # seconds without a finished step before every node is asked (0: never)
     preflight: Literal["off", "quick", "full"] | None = None  # the checks before each run's first step
     env: dict[str, str] = field(default_factory=dict)
     # More host variables the container gets (names, or NAME_* prefixes), beyond those a job needs
@@ -406,6 +407,7 @@ class SlurmConfig:
             "max_requeues",
             "signal_lead",
             "hang_timeout",
+            "node_check",
         ):
             value = getattr(self, name)
             least = 1 if name in ("nodes", "ntasks_per_node", "cpus_per_task") else 0

@@ -166,6 +166,7 @@ def test_time_limit_errors_say_the_formats() -> None:
         ({"env": {"WANDB_API_KEY": "x"}}, "looks like a secret"),
         ({"sbatch_args": ["qos=high"]}, "must be an sbatch option"),
         ({"hang_timeout": -1}, "slurm.hang_timeout must be at least 0"),
+        ({"node_check": -5}, "slurm.node_check must be at least 0"),
     ],
 )
 def test_config_relations(settings: dict, message: str) -> None:
@@ -221,6 +222,13 @@ def test_hang_timeout_reaches_the_script_and_defaults_there(tmp_path: Path) -> N
     assert submit.prepare(config, nodes=2).settings["CTRAIN_HANG_TIMEOUT"] == "120"
     config = load_config(project(tmp_path, "slurm:\n  nodes: 2\n") / "ctrain.yaml")
     assert submit.prepare(config, nodes=2).settings["CTRAIN_HANG_TIMEOUT"] == "600"  # the library's default
+
+
+def test_node_check_reaches_the_script_and_defaults_there(tmp_path: Path) -> None:
+    config = load_config(project(tmp_path, "slurm:\n  node_check: 0\n") / "ctrain.yaml")
+    assert submit.prepare(config, nodes=2).settings["CTRAIN_NODE_CHECK"] == "0"
+    config = load_config(project(tmp_path, "slurm:\n  nodes: 2\n") / "ctrain.yaml")
+    assert submit.prepare(config, nodes=2).settings["CTRAIN_NODE_CHECK"] == "30"  # the library's default
 
 
 def test_rendered_script_runs_as_the_library_says(tmp_path: Path) -> None:

@@ -296,6 +296,8 @@ def settings_env(c: SlurmConfig, config: ProjectConfig, project: Path, runtime: 
         env["CTRAIN_MAX_REQUEUES"] = str(c.max_requeues)
     if c.hang_timeout is not None:
         env["CTRAIN_HANG_TIMEOUT"] = str(c.hang_timeout)
+    if c.node_check is not None:
+        env["CTRAIN_NODE_CHECK"] = str(c.node_check)
     if c.preflight is not None:
         env["CTRAIN_PREFLIGHT"] = c.preflight
     env.update(c.env)
