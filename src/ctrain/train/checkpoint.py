@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError
-from ctrain.files import atomic_write_json, load_json_bounded
+from ctrain.files import atomic_write_json, control_problem, load_json_bounded
 from ctrain.train.artifacts import COMPLETE_MARKER
 
 log = logging.getLogger("ctrain.train")
@@ -109,17 +109,29 @@ def _piece_digest(directory: Path, piece: Piece, size: int, algorithm: str) -> s
     return file_digest(directory / name, algorithm, index if size > SEGMENT else None)
 
 
+#: The longest safetensors header read: safetensors' own limit (MAX_HEADER_SIZE, 100 MB), so a header
+#: it would refuse to load is not read into memory here either.
+MAX_SAFETENSORS_HEADER = 100_000_000
+#: The largest JSON file of a checkpoint or prepared data set that is parsed: far above the largest
+#: real one (a big vocabulary's tokenizer.json is tens of MB; trainer_state.json grows ~150 bytes a
+#: logged step), far below what would exhaust memory.
+MAX_JSON_MEMBER_BYTES = 256 * 2**20
+
+
 def container_problem(path: Path) -> str | None:
     """Why the loaders could not open ``path`` (its header or archive directory), or None.
 
-    Cheap: reads headers, not tensors. It is what catches damage in checkpoints whose marker has
-    no checksums (written by ctrain before they were recorded).
+    Cheap: reads headers, not tensors, each within a bound. It is what catches damage in checkpoints
+    whose marker has no checksums (written by ctrain before they were recorded).
     """
     try:
         if path.suffix == ".safetensors":
             return _safetensors_problem(path)
         if path.suffix == ".json":
-            json.loads(path.read_bytes())
+            size = path.stat().st_size  # refused unread: a sparse file of gigabytes costs nothing to make
+            if size > MAX_JSON_MEMBER_BYTES:
+                return f"a JSON file of {size:,} bytes, more than such a file can be ({MAX_JSON_MEMBER_BYTES:,})"
+            load_json_bounded(path, MAX_JSON_MEMBER_BYTES, "JSON file")
             return None
         with path.open("rb") as handle:
             zipped = handle.read(4) == b"PK\x03\x04"  # torch.save's format since PyTorch 1.6
@@ -129,6 +141,8 @@ def container_problem(path: Path) -> str | None:
                 for info in archive.infolist():
                     if info.header_offset + info.compress_size > size:
                         return f"zip member {info.filename} ends past the end of the file"
+    except ConfigError as exc:  # a JSON file too large, too deep, not UTF-8 or not JSON: one line already
+        return str(exc)
     except (OSError, ValueError, LookupError, TypeError, AttributeError, RecursionError, zipfile.BadZipFile) as exc:
         # Whatever a damaged header makes the parsing trip over: it would not load either.
         return f"{type(exc).__name__}: {exc}"
@@ -142,6 +156,8 @@ def _safetensors_problem(path: Path) -> str | None:
         if len(head) < 8:
             return f"{size} bytes: too short for a safetensors header"
         length = int.from_bytes(head, "little")
+        if length > MAX_SAFETENSORS_HEADER:
+            return f"header of {length:,} bytes, more than safetensors reads ({MAX_SAFETENSORS_HEADER:,})"
         if 8 + length > size:
             return f"header of {length} bytes does not fit in {size} bytes"
         header = json.loads(handle.read(length))
@@ -176,7 +192,7 @@ def check_piece(directory: Path, piece: Piece, expected: list[Any] | None, algor
         status = path.stat()
     except FileNotFoundError:
         return Damage(name, "missing", "missing")
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
         return Damage(name, "unreadable", str(exc))
     if not stat.S_ISREG(status.st_mode):  # a FIFO would block the reader, a device never end
         return Damage(name, "unreadable", "not a regular file")
@@ -344,28 +360,62 @@ class Verdict:
         return f"{self.files} files, {self.bytes / 1e6:,.1f} MB {what} in {self.seconds:.2f} s"
 
 
-#: The largest file a marker may record: far past any checkpoint file, and its pieces still few.
+#: The largest file a marker may record: far past any checkpoint file.
 MAX_RECORDED_BYTES = 1 << 50
+#: The most pieces (files, and segments of files over SEGMENT) one marker may plan, the tighter bound:
+#: each piece planned costs about 2.3 KB while it is checked (measured), so a hostile marker's plan
+#: stays under about 0.6 GB. It is still more files than a marker of MAX_MARKER_BYTES lists (about 100
+#: bytes a file) and 256 TiB of segments, far past any checkpoint or prepared data set.
+MAX_PIECES = 1 << 18
+
+
+def _digest_problem(algorithm: Any) -> str | None:
+    """Why ``algorithm`` cannot check a file: not crc32 nor a fixed-length hashlib digest (shake_* take a length)."""
+    import hashlib
+
+    if algorithm == "crc32":
+        return None
+    if isinstance(algorithm, str) and algorithm in hashlib.algorithms_available:
+        try:
+            hashlib.new(algorithm).hexdigest()
+            return None
+        except (TypeError, ValueError):  # an XOF wants a length; a FIPS build refuses some
+            pass
+    return f"the marker names no known checksum of fixed length ({str(algorithm)[:40]!r})"
+
+
+def _recorded_pieces(entry: Any) -> int | None:
+    """How many pieces a manifest entry ``[size, checksum]`` plans, or None when it is no such entry: a
+    size, and one checksum string for a file of at most one segment or a list of one per segment."""
+    if not (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int):
+        return None
+    size, digests = entry
+    if not 0 <= size <= MAX_RECORDED_BYTES:
+        return None
+    if isinstance(digests, str):
+        return 1 if size <= SEGMENT else None
+    if isinstance(digests, list) and len(digests) == segments(size) and all(isinstance(d, str) for d in digests):
+        return len(digests)
+    return None
 
 
 def marker_problem(files: dict[Any, Any], algorithm: Any) -> str | None:
     """Why a marker's manifest cannot be checked as it stands (a damaged or foreign marker), else None:
     the checks would otherwise trip over its values, or plan pieces for sizes no file has."""
-    import hashlib
-
-    if algorithm != "crc32" and algorithm not in hashlib.algorithms_available:
-        return f"the marker names no known checksum ({str(algorithm)[:40]!r})"
+    problem = _digest_problem(algorithm)
+    if problem is not None:
+        return problem
+    planned = 0
     for name, entry in files.items():
-        if entry is None:
-            continue
-        ok = (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int
-              and 0 <= entry[0] <= MAX_RECORDED_BYTES)  # fmt: skip
-        digests = entry[1] if ok else None
-        if ok and not (isinstance(digests, str) or (isinstance(digests, list) and len(digests) == segments(entry[0])
-                                                      and all(isinstance(d, str) for d in digests))):  # fmt: skip
-            ok = False
-        if not ok:
+        # A NUL cannot be in a file name, and other control characters would reach the log as written.
+        if entry is not None and (not isinstance(name, str) or control_problem(name)):
+            return f"the marker names a file with a control character ({str(name)[:80]!r})"
+        count = 1 if entry is None else _recorded_pieces(entry)
+        if count is None:
             return f"the marker's entry for {str(name)[:80]!r} is not [size, checksum]"
+        planned += count
+        if planned > MAX_PIECES:
+            return f"the marker lists more than {MAX_PIECES:,} files and segments, more than ctrain writes"
     return None
 
 
@@ -397,13 +447,37 @@ def check_files(directory: Path, files: dict[str, Any], algorithm: str, rank: in
     values :func:`marker_problem` accepted; every rank of ``world`` calls it and checks a share."""
     started = time.perf_counter() if started is None else started
     sizes = {name: (entry[0] if entry else 0) for name, entry in files.items()}
-    work = share(pieces(sizes), rank, world)
+    # Sizes first, read once by rank 0 for all: a file whose size is not the one recorded is damaged
+    # whatever its checksums, so it is planned as one piece (check_piece then reports the size, cheaply)
+    # instead of one per segment of a size no file on disk has.
+    if world > 1:
+        wrong = _from_rank0(_wrong_sizes(directory, files) if rank == 0 else None)
+    else:  # one process checking alone (prepared data on rank 0 while the others wait): no collective
+        wrong = _wrong_sizes(directory, files)
+    planned = {name: 0 if name in wrong else size for name, size in sizes.items()}
+    work = share(pieces(planned), rank, world)
     mine = _each(work, lambda piece: check_piece(directory, piece, files[piece[0]], algorithm))
     found = _gather(mine) if world > 1 else [mine]  # one process checking alone: no collective
     damages = sorted((d for part in found for d in part if d is not None), key=lambda d: d.file)
     checksummed = all(entry is not None for entry in files.values())
     total = sum(sizes.values()) if checksummed else sum(_listing(directory).values())
     return Verdict(damages[0] if damages else None, len(files), total, time.perf_counter() - started, checksummed)
+
+
+def _wrong_sizes(directory: Path, files: dict[str, Any]) -> set[str]:
+    """The files of a manifest whose size on disk is not the recorded one (missing, not a regular file,
+    outside the directory: any the check reports without reading)."""
+    wrong = set()
+    for name, entry in files.items():
+        if entry is None:
+            continue
+        try:
+            status = None if Path(name).is_absolute() or ".." in Path(name).parts else (directory / name).stat()
+        except (OSError, ValueError):
+            status = None
+        if status is None or not stat.S_ISREG(status.st_mode) or status.st_size != entry[0]:
+            wrong.add(name)
+    return wrong
 
 
 def quarantine(directory: Path, reason: str) -> Path:

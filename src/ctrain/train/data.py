@@ -239,6 +239,33 @@ def _training_template(tokenizer: Any, recipe: Recipe) -> str | None:
         ) from exc
 
 
+def check_chat_template(dataset: Any, tokenizer: Any, recipe: Recipe, kind: str) -> None:
+    """Render the chat template on the first example in a child process with a time and memory limit
+    before the data set is mapped: a template that loops for hours or builds gigabytes is one error here,
+    not a hung or killed tokenization (see :func:`ctrain.train.preflight.check_render`)."""
+    import datasets
+
+    from ctrain.train.preflight import chat_size, check_render, first_chat, template_origin
+
+    if isinstance(dataset, datasets.IterableDataset):
+        example = next(iter(dataset.take(1)), None)
+    else:
+        example = dataset[0] if len(dataset) else None
+    chat = first_chat(example, kind, recipe)
+    if chat is None:
+        return
+    if not tokenizer.chat_template:
+        raise ConfigError(
+            f"the tokenizer {recipe.tokenizer.path or recipe.model.path} has no chat template to render the chats of "
+            f"data.source with: set tokenizer.chat_template to a .jinja file"
+        )
+
+    def render() -> str:
+        return tokenizer.apply_chat_template(chat, tokenize=False)
+
+    check_render(render, chat_size(chat), template_origin(recipe))
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -358,6 +385,7 @@ def tokenize(dataset: Any, tokenizer: Any, recipe: Recipe, name: str) -> Any:
             **desc(f"Grouping into blocks of {data.max_length} tokens:"),
         )
     kind = example_kind(columns, recipe)
+    check_chat_template(dataset, tokenizer, recipe, kind)
     template = _training_template(tokenizer, recipe) if kind == "messages" else None
     names = {
         "messages": data.messages_column,
@@ -559,11 +587,14 @@ def usable_prepared(recipe: Recipe, directory: Path) -> dict[str, Any] | None:
 
 def _set_aside_if_damaged(directory: Path, info: dict[str, Any]) -> bool:
     """Whether the prepared data in ``directory`` was damaged, and so moved to ``DIR.damaged-REASON``.
-    A marker from before checksums were recorded (no manifest) is taken as it is."""
+    A marker from before checksums were recorded (no manifest) is taken as it is; an empty manifest, which
+    prepare never writes, checks nothing and is damaged."""
     files, algorithm = info.get("manifest"), info.get("digest", DIGEST)
     if files is None:
         return False
     problem = marker_problem(files, algorithm) if isinstance(files, dict) else "the marker's manifest is not a mapping"
+    if files == {}:  # prepare always writes train/ and the tokenizer: nothing would be checked
+        problem = "the marker's manifest lists no files"
     if problem is None:
         verdict = check_files(directory, files, algorithm)
         damage = verdict.damage
@@ -589,6 +620,11 @@ def _read_marker(marker: Path) -> dict[str, Any]:
         raise ConfigError(
             f"{marker} is damaged (not a JSON object): run `ctrain prepare --force` to prepare the data again"
         )
+    if not isinstance(info.get("settings", {}), dict):  # compared key by key with the recipe's settings
+        raise ConfigError(
+            f"{marker} is damaged (its settings are not a JSON object): run `ctrain prepare --force` to prepare the "
+            "data again"
+        )
     return info
 
 
@@ -603,9 +639,20 @@ def load_prepared(recipe: Recipe, directory: Path) -> Prepared:
             f"no prepared data in {directory}: run `ctrain prepare` first, or check that the directory is on "
             "storage every node can read"
         )
-    train = datasets.load_from_disk(str(directory / "train"))
-    evaluation = datasets.load_from_disk(str(directory / "eval")) if (directory / "eval").is_dir() else None
-    tokenizer = AutoTokenizer.from_pretrained(str(directory / "tokenizer"))
+    # A marker with a manifest had its files checked on rank 0 (usable_prepared); one without (an older
+    # ctrain's) did not, and a damaged file then fails in the loaders. Every rank loads, so nothing is
+    # moved aside here: the error says how to rebuild it.
+    try:
+        train = datasets.load_from_disk(str(directory / "train"))
+        evaluation = datasets.load_from_disk(str(directory / "eval")) if (directory / "eval").is_dir() else None
+        tokenizer = AutoTokenizer.from_pretrained(str(directory / "tokenizer"))
+    except (ConfigError, MemoryError):
+        raise
+    except Exception as exc:  # the loaders' errors have no common type: OSError, KeyError, tokenizers' Exception
+        raise ConfigError(
+            f"the prepared data in {directory} is damaged or incomplete ({_first_line(exc)[:200]}): run "
+            f"`ctrain prepare --force {recipe.path or 'RECIPE'}` (with the same overrides) to prepare it again"
+        ) from exc
     return Prepared(train, evaluation, tokenizer, directory, info)
 
 

@@ -108,10 +108,10 @@ def evaluate(recipe: Recipe, model_dir: Path | None = None, max_examples: int | 
     model_dir = model_dir or recipe.output_dir / FINAL_DIR
     check(recipe, model_dir)  # before torch is imported: a refusal takes no time
     import torch
-    from transformers import AutoTokenizer
 
     from ctrain.train.data import load_raw
     from ctrain.train.model import load_trained
+    from ctrain.train.tokenizer import read_tokenizer
 
     _, held_out = load_raw(recipe, streaming=False)
     if held_out is None:
@@ -119,7 +119,7 @@ def evaluate(recipe: Recipe, model_dir: Path | None = None, max_examples: int | 
     limit = max_examples or recipe.eval.max_examples
     pairs = _pairs(held_out, recipe)[:limit]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = read_tokenizer(str(model_dir))
     tokenizer.padding_side = "left"
     model = load_trained(model_dir, recipe).to(device).eval()
     started = time.perf_counter()

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
-from ctrain.files import read_bounded
+from ctrain.files import read_bounded, shorten
 from ctrain.settings import MAX_SETTINGS_BYTES, to_mapping
 from ctrain.train.recipe import Recipe, expand_path
 from ctrain.train.sources import resolve_source
@@ -85,5 +86,54 @@ def settings_differences(old: dict[str, Any], new: dict[str, Any], prefix: str =
         if isinstance(a, dict) and isinstance(b, dict):
             out.extend(settings_differences(a, b, f"{name}."))
         elif a != b:
-            out.append(f"{name}: prepared {json.dumps(a)[:80]}, recipe {json.dumps(b)[:80]}")
+            files = _file_differences(a, b)  # two file lists cut short look alike: name the files instead
+            out.append(f"{name}: {files or f'prepared {json.dumps(a)[:80]}, recipe {json.dumps(b)[:80]}'}")
     return out
+
+
+#: How many changed files a difference names before it counts the rest.
+MAX_FILES_NAMED = 5
+
+
+def _is_file_list(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(entry, dict) and isinstance(entry.get("path"), str) for entry in value
+    )
+
+
+def _file_differences(old: Any, new: Any) -> str | None:
+    """Which files of two :func:`_file_identity` lists differ (added, removed, another size or time), or
+    None when they are no such lists: both cut at 80 characters would look the same."""
+    if not (_is_file_list(old) and _is_file_list(new)):
+        return None
+    before, after = {e["path"]: e for e in old}, {e["path"]: e for e in new}
+    paths = sorted(set(before) | set(after))
+    try:
+        base = os.path.commonpath(paths) if len(paths) > 1 else os.path.dirname(paths[0])
+    except (ValueError, IndexError):  # absolute and relative paths mixed, or no path at all
+        base = ""
+    if base in paths:  # one path the parent of the others: name it by its last part too
+        base = os.path.dirname(base)
+
+    def label(path: str) -> str:
+        return shorten(os.path.relpath(path, base) if base else path, 80)
+
+    changes = []
+    for path in paths:
+        a, b = before.get(path), after.get(path)
+        if a is None:
+            changes.append(f"{label(path)} added")
+        elif b is None:
+            changes.append(f"{label(path)} removed")
+        elif a.get("size") != b.get("size"):
+            changes.append(f"{label(path)} is {_size(b.get('size'))}, was {_size(a.get('size'))}")
+        elif a != b:
+            changes.append(f"{label(path)} was modified (same size, another mtime)")
+    if not changes:  # the same files in another order
+        return None
+    more = len(changes) - MAX_FILES_NAMED
+    return "; ".join(changes[:MAX_FILES_NAMED]) + (f"; and {more} more" if more > 0 else "")
+
+
+def _size(value: Any) -> str:
+    return f"{value:,} bytes" if type(value) is int else json.dumps(value)[:20]

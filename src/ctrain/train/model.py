@@ -12,41 +12,120 @@ import importlib.util
 import logging
 import math
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError
-from ctrain.files import load_json_bounded
+from ctrain.files import load_json_bounded, shorten
 from ctrain.settings import MAX_SETTINGS_BYTES
-from ctrain.train.recipe import MAX_PARAMETERS, Recipe, check_max_length, check_rank, expand_path
+from ctrain.train.recipe import MAX_PARAMETERS, MAX_RANK, Recipe, check_max_length, check_rank, expand_path
 from ctrain.train.sources import BUILTIN_MODEL_TYPE
+from ctrain.train.tokenizer import read_tokenizer
 
 ADAPTER_CONFIG = "adapter_config.json"  # what PEFT writes beside an adapter's weights
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+# Weights transformers reads without safetensors: present, they are left to it.
+OTHER_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+# An index of a model's weight files is a name per tensor: megabytes at the most (DeepSeek-V3's is 9 MB).
+MAX_INDEX_BYTES = 64 * 2**20
+
+# Config fields that are sizes (widths, counts, lengths): where a config sets them, each is a whole
+# number from 1 to MAX_SIZE. Else transformers' validators raise a traceback, torch's allocator fails
+# after the data is tokenized, or (0 layers, a 0-wide MLP) a model of nothing trains without a word.
+SIZE_FIELDS = (
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "vocab_size", "max_position_embeddings", "n_embd", "n_inner", "n_layer", "n_head", "n_positions",
+)  # fmt: skip
+MAX_SIZE = 2**31
 
 log = logging.getLogger("ctrain.train")
 
 
-def load_config(recipe: Recipe) -> Any:
-    """The model's config with the recipe's overrides applied (cheap: no weights)."""
+def _config_errors() -> tuple[type[BaseException], ...]:
+    """What transformers raises for a config it cannot read or build: wrong types (its strict
+    dataclasses), missing keys, a zero head count it divides by, JSON nested too deep."""
     from huggingface_hub.errors import StrictDataclassError
+
+    return (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError, ArithmeticError,
+            StrictDataclassError)  # fmt: skip
+
+
+def _first_line(exc: BaseException) -> str:
+    """The error's first line of words (its cause's, where transformers wraps one), else its type's name;
+    of torch's state-dict errors, the first size mismatch they list."""
+    cause = exc.__cause__ or exc
+    lines = [line.strip() for line in str(cause).strip().splitlines() if line.strip()]
+    mismatch = [line for line in lines if line.startswith("size mismatch")]
+    return shorten((mismatch or lines or [type(cause).__name__])[0], 400)
+
+
+def check_size_fields(values: Mapping[str, Any], where: str, fix: str, whole: bool = True) -> None:
+    """Refuse a size field of ``values`` (a config's JSON, the overrides) that is no whole number in
+    range, and, when ``values`` is a whole config, key/value heads that do not divide the heads (the
+    overrides' are checked as the built config has them, after transformers' own rules); ``where``
+    starts each line (the file, ``model.config_overrides.``), ``fix`` ends it."""
+    for key in SIZE_FIELDS:
+        value = values.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE:
+            raise ConfigError(f"{where}{key} is {shorten(repr(value))}; a size must be a whole number from 1 to "
+                              f"{MAX_SIZE}: {fix}")  # fmt: skip
+    heads, groups = values.get("num_attention_heads"), values.get("num_key_value_heads")
+    if whole and isinstance(heads, int) and isinstance(groups, int) and heads % groups:
+        raise ConfigError(f"{where}num_key_value_heads is {groups}; it must divide num_attention_heads ({heads}): "
+                          f"{fix}")  # fmt: skip
+
+
+def _check_config_sizes(config: Any, reference: str) -> None:
+    """The sizes of a built config, as transformers derived them (head_dim from the width and heads)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    values = {key: getattr(text, key) for key in SIZE_FIELDS if hasattr(text, key)}
+    check_size_fields(values, f"the {config.model_type} config of {reference}: ",
+                      "fix the config or model.config_overrides")  # fmt: skip
+
+
+def _read_config(reference: str, **load: Any) -> Any:
+    """``AutoConfig.from_pretrained(reference)``; a local config.json is read bounded and its sizes
+    checked first, and one that transformers refuses is one ConfigError naming it."""
+    from transformers import AutoConfig
+
+    local = expand_path(reference)
+    file = local / "config.json" if local.is_dir() else local
+    if file.is_file():
+        raw = load_json_bounded(file, MAX_SETTINGS_BYTES, "the model's config")
+        if not isinstance(raw, dict):
+            raise ConfigError(f"the model's config {file} holds a {type(raw).__name__}, not a JSON object: "
+                              "copy the model again")  # fmt: skip
+        fix = "correct the file (or copy the model again)"
+        check_size_fields(raw, f"{file}: ", fix)
+        if isinstance(raw.get("text_config"), dict):
+            check_size_fields(raw["text_config"], f"{file}: text_config.", fix)
+    try:
+        return AutoConfig.from_pretrained(str(local) if local.exists() else reference, **load)
+    except _config_errors() as exc:
+        raise ConfigError(f"cannot load the model config {reference}: {_first_line(exc)}") from exc
+
+
+def load_config(recipe: Recipe) -> Any:
+    """The model's config with the recipe's overrides applied (cheap: no weights); its sizes checked."""
     from transformers import AutoConfig
 
     model = recipe.model
     reference = model.path or model.config
     assert reference is not None
+    check_size_fields(model.config_overrides, "model.config_overrides.", "fix it in the recipe", whole=False)
     by_type = bool(model.config and BUILTIN_MODEL_TYPE.match(model.config) and not expand_path(model.config).exists())
-    try:
-        if by_type:
+    if by_type:
+        try:
             config = AutoConfig.for_model(model.config)
-        else:
-            local = expand_path(reference)
-            config = AutoConfig.from_pretrained(
-                str(local) if local.exists() else reference,
-                revision=model.revision,
-                trust_remote_code=model.trust_remote_code,
-            )
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"cannot load the model config {reference}: {exc}") from exc
+        except (ValueError, KeyError) as exc:
+            raise ConfigError(f"cannot load the model config {reference}: {exc}") from exc
+    else:
+        config = _read_config(reference, revision=model.revision, trust_remote_code=model.trust_remote_code)
     valid = set(config.to_dict())
     unknown = sorted(set(model.config_overrides) - valid)
     if unknown:
@@ -58,14 +137,16 @@ def load_config(recipe: Recipe) -> Any:
         if by_type:
             # Through the constructor, so fields derived from others (head_dim from hidden_size and the
             # head count) follow the overrides.
-            return AutoConfig.for_model(model.config, **model.config_overrides)
-        for key, value in model.config_overrides.items():
-            setattr(config, key, value)
-        return config
-    except (ValueError, TypeError, StrictDataclassError) as exc:  # how transformers' configs refuse values
-        cause = exc.__cause__ or exc
-        detail = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        raise ConfigError(f"model.config_overrides do not make a valid {config.model_type} config: {detail}") from exc
+            config = AutoConfig.for_model(model.config, **model.config_overrides)
+        else:
+            for key, value in model.config_overrides.items():
+                setattr(config, key, value)
+    except _config_errors() as exc:  # how transformers' configs refuse values
+        raise ConfigError(
+            f"model.config_overrides do not make a valid {config.model_type} config: {_first_line(exc)}"
+        ) from exc
+    _check_config_sizes(config, reference)
+    return config
 
 
 def max_positions(config: Any) -> int | None:
@@ -106,6 +187,76 @@ def check_sizes(recipe: Recipe, config: Any) -> None:
             f"{where} describes about {count:.1e} parameters (hidden_size, num_hidden_layers, vocab_size ...): "
             f"more than {MAX_PARAMETERS:.0e}, beyond any model; check model.config_overrides"
         )
+    if recipe.model.path and expand_path(recipe.model.path).is_dir():
+        check_weights(recipe, config, expand_path(recipe.model.path))
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    """The safetensors files of the model in ``directory`` (none where it has only PyTorch's); a
+    directory without weights, or an index naming files it lacks, is refused."""
+    if (directory / WEIGHTS).exists():
+        return [directory / WEIGHTS]
+    index = directory / WEIGHTS_INDEX
+    if not index.exists():
+        if any((directory / name).exists() for name in OTHER_WEIGHTS):
+            return []
+        raise ConfigError(f"{directory} has a config.json but no weights ({WEIGHTS} or {WEIGHTS_INDEX}): copy the "
+                          "whole model directory")  # fmt: skip
+    data = load_json_bounded(index, MAX_INDEX_BYTES, "the weights index")
+    mapping = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(mapping, dict) or not all(isinstance(name, str) for name in mapping.values()):
+        raise ConfigError(f"the weights index {index} has no weight_map of tensor names to files: copy the model again")
+    files = []
+    for name in sorted(set(mapping.values())):
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise ConfigError(f"the weights index {index} names {shorten(repr(name))}, not a file beside it")
+        if not (directory / name).exists():
+            raise ConfigError(f"the weights index {index} names {name}, which {directory} lacks: copy the whole "
+                              "model directory")  # fmt: skip
+        files.append(directory / name)
+    return files
+
+
+def tensor_shapes(path: Path) -> dict[str, list[int]]:
+    """The shape of each tensor in the safetensors file ``path``, from its header alone (memory-mapped,
+    nothing read); a file that is no safetensors file (cut short, empty, a header length of 2^63, a
+    header that is not one) is one ConfigError naming it, where transformers raises SafetensorError."""
+    from safetensors import SafetensorError, safe_open
+
+    if not path.is_file():
+        raise ConfigError(f"{path} is not a regular file (a directory, device or pipe): it should hold weights")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return {key: list(handle.get_slice(key).get_shape()) for key in handle.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is not a readable safetensors file ({_first_line(exc)}): it is damaged or was "
+                          "not copied whole; copy it again") from exc  # fmt: skip
+
+
+def check_weights(recipe: Recipe, config: Any, directory: Path) -> None:
+    """The weight files of the local model in ``directory`` are whole safetensors files whose tensors
+    have the shapes ``config`` makes, checked from their headers before the data is tokenized: a
+    damaged file or a config that is not the weights' (a width edited, another model's) is refused
+    before transformers allocates the model and then fails to read them."""
+    import itertools
+
+    shapes = {key: (path, shape) for path in _weight_files(directory) for key, shape in tensor_shapes(path).items()}
+    if not shapes or getattr(config, "quantization_config", None) is not None:  # packed: other shapes
+        return
+    model = _meta_model(recipe, config)
+    if model is None:
+        return
+    made = itertools.chain(model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False))
+    expected = {name: list(tensor.shape) for name, tensor in made}
+    prefix = getattr(model, "base_model_prefix", "")
+    source = "config.json with model.config_overrides" if recipe.model.config_overrides else "config.json"
+    for key, (path, shape) in shapes.items():
+        want = expected.get(key, expected.get(f"{prefix}.{key}"))
+        if want is not None and want != shape:
+            raise ConfigError(
+                f"{path} does not fit the model's config: its {key} is {shape}, the config ({source}) makes it "
+                f"{want}; the config is another model's or was edited: correct it or copy the model again"
+            )
 
 
 # Optimizers whose state is two moments per weight in the weights' dtype (torch's AdamW): with the
@@ -291,8 +442,10 @@ def build_model(
                 trust_remote_code=model_settings.trust_remote_code,
                 **extra,
             )
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot load the model {model_settings.path}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - narrowed by _load_error
+            if not _load_error(exc):
+                raise
+            raise ConfigError(f"cannot load the model {model_settings.path}: {_first_line(exc)}") from exc
         if read_as != dtype:
             model.to(dtype)  # widening is exact (_read_dtype)
             model.config.dtype = dtype
@@ -319,6 +472,18 @@ def build_model(
         if tokenizer.eos_token_id is not None:
             generation.eos_token_id = tokenizer.eos_token_id
     return model
+
+
+def _load_error(exc: BaseException) -> bool:
+    """Whether ``exc``, raised reading a model or an adapter, is about its files (a ConfigError line
+    then), not the machine: what configs raise, a damaged safetensors file, PEFT's refusals, and
+    torch's shape mismatch; out of memory and other runtime errors stay what they are."""
+    from peft.utils.error import PeftError
+    from safetensors import SafetensorError
+
+    if isinstance(exc, (*_config_errors(), SafetensorError, PeftError)):
+        return True
+    return isinstance(exc, RuntimeError) and ("size mismatch" in str(exc) or "ignore_mismatched_sizes" in str(exc))
 
 
 def _four_bits() -> Any:
@@ -412,29 +577,100 @@ def add_adapters(recipe: Recipe, model: Any) -> Any:
     return model
 
 
+def check_adapter_config(adapter: Any, path: Path) -> int:
+    """Refuse an adapter_config.json PEFT would fail on with a traceback, or allocate memory for
+    without end: not a LoRA one, ranks that are no whole number from 1 to ``MAX_RANK``, an alpha that
+    is no positive number, target modules that are not names. Returns the largest rank it asks."""
+    if not isinstance(adapter, dict):
+        raise ConfigError(f"{path} holds a {type(adapter).__name__}, not the JSON object PEFT writes: save the "
+                          "adapter again")  # fmt: skip
+    kind = adapter.get("peft_type")
+    if kind != "LORA":
+        raise ConfigError(f"{path}: peft_type is {shorten(repr(kind))}; ctrain loads LoRA adapters (peft_type: LORA)")
+    ranks: dict[str, Any] = {"r": adapter.get("r")}
+    alphas: dict[str, Any] = {"lora_alpha": adapter.get("lora_alpha")}
+    for key, into in (("rank_pattern", ranks), ("alpha_pattern", alphas)):
+        pattern = adapter.get(key)
+        if pattern is not None and not isinstance(pattern, dict):
+            raise ConfigError(f"{path}: {key} is {shorten(repr(pattern))}; it maps module names to numbers")
+        into.update({f"{key}.{name}": value for name, value in (pattern or {}).items()})
+    for name, value in ranks.items():
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RANK:
+            raise ConfigError(f"{path}: {name} is {shorten(repr(value))}; an adapter's rank is a whole number from 1 "
+                              f"to {MAX_RANK}: save the adapter again")  # fmt: skip
+    for name, value in alphas.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ConfigError(f"{path}: {name} is {shorten(repr(value))}; LoRA's alpha is a positive number: save "
+                              "the adapter again")  # fmt: skip
+    targets = adapter.get("target_modules")
+    names = [targets] if isinstance(targets, str) else targets
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"{path}: target_modules is {shorten(repr(targets))}; it names the adapted modules, a "
+                          "string or a list of strings: save the adapter again")  # fmt: skip
+    return max(ranks.values())
+
+
+def _pretrained_config(recipe: Recipe, reference: str) -> Any:
+    """The config of the pretrained model ``reference``, its sizes checked and, when it is a local
+    directory, its weight files against it (:func:`check_weights`)."""
+    config = _read_config(reference, revision=recipe.model.revision, trust_remote_code=recipe.model.trust_remote_code)
+    _check_config_sizes(config, reference)
+    if expand_path(reference).is_dir():
+        check_weights(recipe, config, expand_path(reference))
+    return config
+
+
+def _from_pretrained(reference: str, **load: Any) -> Any:
+    """``AutoModelForCausalLM.from_pretrained``; a model whose files it cannot read is one ConfigError."""
+    from transformers import AutoModelForCausalLM
+
+    local = expand_path(reference)
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(local) if local.exists() else reference, **load)
+    except Exception as exc:  # noqa: BLE001 - narrowed by _load_error
+        if not _load_error(exc):
+            raise
+        raise ConfigError(f"cannot load the model {reference}: {_first_line(exc)}") from exc
+
+
 def _with_adapter(recipe: Recipe, adapter_dir: Path, **load: Any) -> Any:
     """The base model (the recipe's ``model.path``, else the one the adapter names), sized to the
-    adapter's tokenizer as training sized it, with the adapter in ``adapter_dir`` on it (a PeftModel)."""
+    adapter's tokenizer as training sized it, with the adapter in ``adapter_dir`` on it (a PeftModel).
+    The adapter's config and files are checked before the base loads."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    adapter = load_json_bounded(adapter_dir / ADAPTER_CONFIG, MAX_SETTINGS_BYTES, "the adapter's config")
-    reference = recipe.model.path or (adapter.get("base_model_name_or_path") if isinstance(adapter, dict) else None)
+    settings = adapter_dir / ADAPTER_CONFIG
+    adapter = load_json_bounded(settings, MAX_SETTINGS_BYTES, "the adapter's config")
+    rank = check_adapter_config(adapter, settings)
+    if (adapter_dir / ADAPTER_WEIGHTS).exists():
+        tensor_shapes(adapter_dir / ADAPTER_WEIGHTS)
+    elif not (adapter_dir / "adapter_model.bin").exists():
+        raise ConfigError(f"{adapter_dir} has {ADAPTER_CONFIG} but no {ADAPTER_WEIGHTS}: the adapter was not saved "
+                          "whole; save or copy it again")  # fmt: skip
+    named = adapter.get("base_model_name_or_path")
+    reference = recipe.model.path or (named if isinstance(named, str) else None)
     if not reference:
         raise ConfigError(f"{adapter_dir} holds a LoRA adapter and neither it nor the recipe names its base model")
-    local = expand_path(reference)
-    base = AutoModelForCausalLM.from_pretrained(
-        str(local) if local.exists() else reference,
-        revision=recipe.model.revision,
-        trust_remote_code=recipe.model.trust_remote_code,
-        **load,
-    )
-    size = len(AutoTokenizer.from_pretrained(str(adapter_dir)))
+    config = _pretrained_config(recipe, reference)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden = getattr(text, "hidden_size", None)
+    if isinstance(hidden, int) and rank > hidden:
+        raise ConfigError(f"{settings} asks rank {rank}, more than the base model's hidden size ({hidden}, "
+                          f"{reference}): is the adapter for another model?")  # fmt: skip
+    base = _from_pretrained(reference, config=config, revision=recipe.model.revision,
+                            trust_remote_code=recipe.model.trust_remote_code, **load)  # fmt: skip
+    size = len(read_tokenizer(str(adapter_dir)))
     if size > base.get_input_embeddings().weight.shape[0]:
         base.resize_token_embeddings(size)
-    with warnings.catch_warnings():  # transformers' deprecation notices, raised from inside PEFT
-        warnings.simplefilter("ignore", FutureWarning)
-        return PeftModel.from_pretrained(base, str(adapter_dir))
+    try:
+        with warnings.catch_warnings():  # transformers' deprecation notices, raised from inside PEFT
+            warnings.simplefilter("ignore", FutureWarning)
+            return PeftModel.from_pretrained(base, str(adapter_dir))
+    except Exception as exc:  # noqa: BLE001 - narrowed by _load_error
+        if not _load_error(exc):
+            raise
+        raise ConfigError(f"cannot put the adapter in {adapter_dir} on its base model {reference}: "
+                          f"{_first_line(exc)}") from exc  # fmt: skip
 
 
 def merge_adapters(recipe: Recipe, adapter_dir: Path, target: Path, dtype: Any) -> None:
@@ -444,21 +680,19 @@ def merge_adapters(recipe: Recipe, adapter_dir: Path, target: Path, dtype: Any) 
     The base is loaded again on the CPU, not taken from training: merging into QLoRA's 4-bit weights
     would round the result, and the training model may be wrapped or sharded.
     """
-    from transformers import AutoTokenizer
-
     adapted = _with_adapter(recipe, adapter_dir, dtype=dtype)
     with warnings.catch_warnings():  # transformers' deprecation notices, raised from inside PEFT
         warnings.simplefilter("ignore", FutureWarning)
         adapted.merge_and_unload().save_pretrained(str(target))
-    AutoTokenizer.from_pretrained(str(adapter_dir)).save_pretrained(str(target))
+    read_tokenizer(str(adapter_dir)).save_pretrained(str(target))
 
 
 def load_trained(model_dir: Path, recipe: Recipe) -> Any:
-    """A trained model for inference: a full model, or the recipe's base with the adapter in ``model_dir``."""
-    from transformers import AutoModelForCausalLM
-
+    """A trained model for inference: a full model, or the recipe's base with the adapter in ``model_dir``.
+    A damaged one is one ConfigError naming it, before its weights are read where that can be told."""
     if not (model_dir / ADAPTER_CONFIG).is_file():
-        return AutoModelForCausalLM.from_pretrained(str(model_dir))
+        config = _pretrained_config(recipe, str(model_dir))
+        return _from_pretrained(str(model_dir), config=config)
     return _with_adapter(recipe, model_dir)
 
 

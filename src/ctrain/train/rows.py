@@ -12,7 +12,7 @@ format, before tokenizing.
 from __future__ import annotations
 
 import csv
-import io
+import functools
 import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -159,6 +159,14 @@ def _not_utf8(path: Path) -> ConfigError:
 Rows = Iterator[tuple[str, Any, int]]  # (where, row, bytes read)
 
 
+def _too_long(place: str, limit: int) -> ConfigError:
+    """A row longer than :func:`row_limit`; ``place`` names its file and row."""
+    return ConfigError(
+        f"data.source: {place} is longer than {limit / 2**20:.0f} MiB, far more text than one row "
+        "of data.max_length tokens holds: split it into rows, or drop it"
+    )
+
+
 def _json_lines(path: Path, limit: int) -> Rows:
     with path.open("rb") as handle:
         row = 0
@@ -168,10 +176,7 @@ def _json_lines(path: Path, limit: int) -> Rows:
             row += 1
             where = f"line {number} (row {row})"
             if len(raw) > limit:
-                raise ConfigError(
-                    f"data.source: {path} {where} is longer than {limit / 2**20:.0f} MiB, far more text than one row "
-                    "of data.max_length tokens holds: split it into rows, or drop it"
-                )
+                raise _too_long(f"{path} {where}", limit)
             try:
                 text = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as exc:
@@ -220,21 +225,52 @@ def _json_array(path: Path) -> Rows:
         yield f"row {number}", row, size if number == 1 else 0
 
 
+# Blank space read at most to find a JSON file's first character (whether it is an array or JSON Lines).
+MAX_LEADING_BLANK = 64 * 2**20
+
+
+def _first_byte(path: Path) -> bytes:
+    """The first byte of ``path`` after a BOM and blank space (b"" when it is all blank), read in chunks:
+    JSON Lines may start with many blank lines. Past MAX_LEADING_BLANK it is taken as JSON Lines."""
+    with path.open("rb") as handle:
+        chunk = handle.read(65536).removeprefix(b"\xef\xbb\xbf")
+        read = 0
+        while chunk:
+            head = chunk.lstrip(b" \t\r\n")
+            if head:
+                return head[:1]
+            read += len(chunk)
+            if read > MAX_LEADING_BLANK:
+                return b"{"
+            chunk = handle.read(65536)
+    return b""
+
+
 def json_rows(path: Path, limit: int = 64 * MIN_ROW_BYTES) -> Rows:
     """Rows of a JSON file: one array of objects, or JSON Lines (what datasets' json loader reads),
     none longer than ``limit`` bytes."""
-    with path.open("rb") as handle:
-        head = handle.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    head = _first_byte(path)
     if not head:
         raise ConfigError(f"data.source: {path} is empty")
-    return _json_array(path) if head.startswith(b"[") else _json_lines(path, limit)
+    return _json_array(path) if head == b"[" else _json_lines(path, limit)
 
 
-def csv_rows(path: Path) -> Rows:
-    """Rows of a CSV file as dicts, with pandas' missing-value cells as None (datasets reads CSV with pandas)."""
+def _csv_lines(path: Path, handle: Any, limit: int) -> Iterator[str]:
+    """The lines of a CSV file as text, each read in at most ``limit`` + 1 bytes: csv.reader would read
+    a line of gigabytes whole before it saw its field was too long."""
+    for number, raw in _lines(handle, limit):
+        if len(raw) > limit:
+            raise _too_long(f"{path} line {number}", limit)
+        yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
+
+
+def csv_rows(path: Path, limit: int = 64 * MIN_ROW_BYTES) -> Rows:
+    """Rows of a CSV file as dicts, with pandas' missing-value cells as None (datasets reads CSV with pandas);
+    no line or field longer than ``limit`` bytes."""
+    # Fields as long as a row may be (pandas, which datasets reads with, has no limit); csv's own is 128 KiB.
+    csv.field_size_limit(max(limit, csv.field_size_limit()))
     with path.open("rb") as binary:
-        text = io.TextIOWrapper(binary, encoding="utf-8-sig", newline="")
-        reader = csv.reader(text)
+        reader = csv.reader(_csv_lines(path, binary, limit))
         try:
             header = next(reader, None)
             if not header:
@@ -271,51 +307,187 @@ def header_columns(path: Path, fmt: str) -> list[str]:
     raise ConfigError(f"data.source: {path} holds no rows")
 
 
-def _arrow_file(path: Path, fmt: str, kind: str, recipe: Recipe) -> None:
-    """Check the columns the task reads of one parquet or Arrow file, as :func:`check_loaded` does."""
+def _value_sizes(array: Any) -> Any:
+    """Bytes of each value of an Arrow array (strings and binaries by length, lists and structs summed)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = array.type
+    if pa.types.is_dictionary(kind):  # sized through its dictionary: decoding may repeat one value a million times
+        values = _value_sizes(array.dictionary)
+        indices = array.indices.fill_null(0).to_numpy(zero_copy_only=False)
+        return np.where(array.is_null().to_numpy(zero_copy_only=False), 0, values[indices]) if len(values) else (
+            np.zeros(len(array), np.int64))
+    if isinstance(kind, pa.BaseExtensionType):
+        array = array.storage
+        kind = array.type
+    if any(test(kind) for test in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                                   pa.types.is_large_binary)):  # fmt: skip
+        return pc.binary_length(array).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        inner = _value_sizes(pc.list_flatten(array))
+        parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+        return np.bincount(parents, weights=inner, minlength=len(array)).astype(np.int64)
+    if pa.types.is_struct(kind):
+        total = np.zeros(len(array), dtype=np.int64)
+        for i in range(kind.num_fields):
+            total += _value_sizes(pc.struct_field(array, [i]))
+        return total
+    width = kind.bit_width // 8 if hasattr(kind, "bit_width") and kind.bit_width else 8
+    return np.full(len(array), max(width, 1), dtype=np.int64)
+
+
+def _check_row_sizes(table: Any, names: list[str], limit: int, where: Callable[[int], str]) -> int:
+    """The bytes of ``table``'s columns ``names``; a ConfigError at the first row that takes more than
+    ``limit`` bytes, as for JSON lines."""
+    import numpy as np
+
+    sizes = np.zeros(len(table), np.int64)
+    for name in names:
+        sizes += _value_sizes(table.column(name).combine_chunks())
+    over = np.flatnonzero(sizes > limit)
+    if len(over):
+        raise _too_long(where(int(over[0])), limit)
+    return int(sizes.sum())
+
+
+def _parquet_groups(path: Path, names: list[str], limit: int, budget: int | None) -> tuple[list[int], int]:
+    """(the row groups of a parquet file to read within ``budget`` bytes, their bytes), from the uncompressed
+    sizes its footer declares: a few kilobytes on disk may hold gigabytes of repeated text."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    groups, used, first_row = [], 0, 0
+    for index in range(meta.num_row_groups):
+        group = meta.row_group(index)
+        size = sum(
+            group.column(c).total_uncompressed_size
+            for c in range(group.num_columns)
+            if group.column(c).path_in_schema.split(".")[0] in names
+        )
+        if size > max(group.num_rows, 1) * limit:
+            raise ConfigError(
+                f"data.source: {path} rows {first_row + 1} to {first_row + group.num_rows} take {size / 2**20:.0f} "
+                f"MiB uncompressed, more than {limit / 2**20:.0f} MiB a row, far more text than one row of "
+                "data.max_length tokens holds: split the long rows, or drop them"
+            )
+        if budget is not None and used + size > budget:
+            break
+        groups.append(index)
+        used += size
+        first_row += group.num_rows
+    return groups, used
+
+
+def _arrow_file(path: Path, fmt: str, kind: str, recipe: Recipe, budget: int | None = None) -> int | None:
+    """Check the columns the task reads of one parquet or Arrow file, as :func:`check_loaded` does, and that
+    no row is longer than :func:`row_limit`; the bytes read, or None when ``budget`` ran out first."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     names = columns_read(kind, recipe)
+    limit = row_limit(recipe)
     try:
         if fmt == "parquet":
-            present = list(pq.read_schema(path).names)
-            table = pq.read_table(path, columns=[n for n in names if n in present])
+            schema = pq.read_schema(path)
+            present = list(schema.names)
+            wanted = [n for n in names if n in present]
+            groups, used = _parquet_groups(path, wanted, limit, budget)
+            # Strings stay dictionary-encoded until their rows are measured: a dictionary of one long value
+            # repeated by every row decodes into gigabytes.
+            leaves = pq.ParquetFile(path).schema
+            strings = [leaves.column(i).path for i in range(len(leaves)) if leaves.column(i).physical_type ==
+                       "BYTE_ARRAY" and leaves.column(i).path.split(".")[0] in wanted]  # fmt: skip
+            parquet = pq.ParquetFile(path, read_dictionary=strings)
+            batches = parquet.iter_batches(batch_size=1024, row_groups=groups, columns=wanted)
+            used = 0
         else:
-            with pa.memory_map(str(path)) as source:
-                try:
-                    table = pa.ipc.open_stream(source).read_all()
-                except pa.ArrowInvalid:
-                    table = pa.ipc.open_file(source).read_all()
-            present = list(table.column_names)
-    except (pa.ArrowException, ValueError, KeyError) as exc:
+            source = pa.memory_map(str(path))
+            try:
+                reader: Any = pa.ipc.open_stream(source)
+                batches = iter(reader)
+            except pa.ArrowInvalid:
+                reader = pa.ipc.open_file(source)
+                batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+            present, used = list(reader.schema.names), 0
+        missing = [n for n in names if n not in present]
+        if missing:
+            raise ConfigError(
+                f"data.source: {path} has no column {missing[0]!r} (its columns: {', '.join(present)}; "
+                f"every file needs {' and '.join(map(repr, names))}, as the first one has)"
+            )
+        offset = 0
+        for batch in batches:
+            table = pa.Table.from_batches([batch]).select(names)
+            where = functools.partial(_row_name, path, offset)
+            used += _check_row_sizes(table, names, limit, where)
+            if budget is not None and used > budget:
+                return None
+            if fmt == "parquet":
+                table = table.cast(pa.schema([schema.field(n) for n in names]))
+            _check_table(table, names, kind, recipe, where)
+            offset += len(table)
+    except (pa.ArrowException, ValueError, KeyError, OSError) as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"data.source: {path} is not a readable {fmt} file ({detail})") from None
-    missing = [n for n in names if n not in present]
-    if missing:
-        raise ConfigError(
-            f"data.source: {path} has no column {missing[0]!r} (its columns: {', '.join(present)}; "
-            f"every file needs {' and '.join(map(repr, names))}, as the first one has)"
-        )
-    _check_table(table, names, kind, recipe, lambda i: f"{path} row {i + 1}")
+    if fmt == "parquet" and len(groups) < pq.ParquetFile(path).metadata.num_row_groups:
+        return None
+    return used
+
+
+def _row_name(path: Path, offset: int, index: int) -> str:
+    return f"{path} row {offset + index + 1}"
+
+
+class _ContentKinds:
+    """Whether chats' message contents are all strings or all lists of parts: datasets cannot give one
+    column both (it loads them as JSON text), so a row of the other kind is named here."""
+
+    def __init__(self, kind: str, recipe: Recipe) -> None:
+        self.column = recipe.data.messages_column if kind == "messages" else None
+        self.first: type | None = None
+
+    def problem(self, row: Any) -> str | None:
+        chat = row.get(self.column) if self.column and isinstance(row, dict) else None
+        for message in chat if isinstance(chat, list) else ():
+            content = message.get("content") if isinstance(message, dict) else None
+            if not isinstance(content, (str, list)):
+                continue
+            if self.first is None:
+                self.first = type(content)
+            elif type(content) is not self.first:
+                return _mixed_contents(self.column or "", self.first is str)
+        return None
+
+
+def _mixed_contents(name: str, strings_first: bool) -> str:
+    first, other = ("strings", "a list of parts") if strings_first else ("lists of parts", "a string")
+    return (
+        f"has {other} as a message content in '{name}', where the rows before have {first}: the data mixes "
+        "strings and lists, which one column cannot hold; make every content one kind"
+    )
 
 
 def scan_files(source: Source, kind: str, recipe: Recipe, budget: int | None = SCAN_BYTES) -> bool:
     """Check each row of local files (ConfigError at the first bad one); False when the byte budget
     ran out first (the rest is checked once the data set loads)."""
     read = 0
+    contents = _ContentKinds(kind, recipe)
     for path in source.files:
         if source.format in ("parquet", "arrow"):
-            read += path.stat().st_size
-            if budget is not None and read > budget:
+            left = None if budget is None else budget - read
+            used = _arrow_file(path, source.format, kind, recipe, left)
+            if used is None:
                 return False
-            _arrow_file(path, source.format, kind, recipe)
+            read += used
             continue
         if source.format not in ("json", "csv"):
             return True
-        rows = json_rows(path, row_limit(recipe)) if source.format == "json" else csv_rows(path)
+        limit = row_limit(recipe)
+        rows = json_rows(path, limit) if source.format == "json" else csv_rows(path, limit)
         for where, row, size in rows:
-            problem = row_problem(row, kind, recipe)
+            problem = row_problem(row, kind, recipe) or contents.problem(row)
             if problem:
                 raise ConfigError(f"data.source: {path} {where} {problem}")
             read += size
@@ -353,6 +525,10 @@ def _column_problem(column: Any, name: str, kind: str, recipe: Recipe) -> tuple[
     if not pa.types.is_struct(item) or {"role", "content"} - {item.field(i).name for i in range(item.num_fields)}:
         return 0, f"has {item} messages in '{name}', not {{role, content}} objects"
     content = item.field("content").type
+    if getattr(content, "extension_name", None) == "arrow.json":
+        mixed = _mixed_json_contents(column, name)
+        if mixed is not None:
+            return mixed
     if not (pa.types.is_string(content) or pa.types.is_large_string(content) or pa.types.is_list(content)):
         return 0, f"has {content} message contents in '{name}', not strings"
     if kind == "messages":
@@ -381,6 +557,25 @@ def _column_problem(column: Any, name: str, kind: str, recipe: Recipe) -> tuple[
                 "nothing to learn from it (remove the row, or set data.assistant_only_loss: false)"
             )
     return None
+
+
+def _mixed_json_contents(column: Any, name: str) -> tuple[int, str] | None:
+    """(row, problem) of the first chat whose message content is a string where earlier ones are lists of
+    parts, or the other way round: datasets loads such a column as JSON text (extension<arrow.json>)."""
+    import pyarrow.compute as pc
+
+    contents = pc.struct_field(pc.list_flatten(column), "content")
+    storage = contents.storage if hasattr(contents, "storage") else contents
+    starts = pc.utf8_slice_codeunits(pc.utf8_trim_whitespace(storage), 0, 1)
+    kinds = pc.if_else(pc.equal(starts, '"'), "string", pc.if_else(pc.equal(starts, "["), "list", "other"))
+    known = pc.filter(kinds, pc.not_equal(kinds, "other"))
+    if len(known) == 0:
+        return None
+    first = known[0].as_py()
+    at = _first(pc.and_(pc.not_equal(kinds, first), pc.not_equal(kinds, "other")).fill_null(False))
+    if at is None:
+        return None
+    return pc.list_parent_indices(column)[at].as_py(), _mixed_contents(name, first == "string")
 
 
 def check_loaded(dataset: Any, kind: str, recipe: Recipe, where: Callable[[int], str]) -> None:

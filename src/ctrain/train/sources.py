@@ -4,7 +4,7 @@ shape of its examples, and whether a model or tokenizer reference is a local pat
 
 from __future__ import annotations
 
-import glob
+import fnmatch
 import os
 import re
 import stat
@@ -50,7 +50,7 @@ def resolve_source(data: DataSettings) -> Source:
         return Source("hub", raw)
     path = expand_path(raw)
     if _GLOB.search(str(path)):
-        files = _once(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        files = _once(_glob_files(path, raw))
         if not files:
             raise ConfigError(f"data.source: no files match {raw} (relative paths are relative to {Path.cwd()})")
         return Source("files", raw, _file_format(files, data), files)
@@ -103,6 +103,55 @@ def _data_files(directory: Path, raw: str) -> tuple[Path, ...]:
             )
         found += [Path(root, n) for n in names if Path(n).suffix.lower() in FILE_FORMATS]
     return _once(p for p in found if p.is_file())
+
+
+def _component_matches(parts: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    """Whether path components match glob components (``**``: any number of directories), as glob
+    does: a name starting with a dot matches only a pattern that starts with one."""
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_component_matches(parts[i:], pattern[1:]) for i in range(len(parts) + 1)
+                   if not any(p.startswith(".") for p in parts[:i]))  # fmt: skip
+    if not parts or (parts[0].startswith(".") and not pattern[0].startswith(".")):
+        return False
+    return fnmatch.fnmatchcase(parts[0], pattern[0]) and _component_matches(parts[1:], pattern[1:])
+
+
+def _glob_files(pattern: Path, raw: str) -> list[Path]:
+    """Files matching a glob, found by walking from its first wildcard's directory with each directory
+    visited once (a link back up would repeat the tree without end) and at most MAX_SOURCE_ENTRIES
+    entries looked at (``/**`` would search the whole machine)."""
+    parts = pattern.parts
+    fixed = next(i for i, part in enumerate(parts) if _GLOB.search(part))
+    base = Path(*parts[:fixed]) if fixed else Path(".")
+    wanted = parts[fixed:]
+    depth = None if "**" in wanted else len(wanted) - 1
+    found: list[Path] = []
+    visited: set[tuple[int, int]] = set()
+    seen = 0
+    for root, dirs, names in os.walk(base, followlinks=True):
+        relative = Path(root).relative_to(base).parts
+        try:
+            st = os.stat(root)
+        except OSError:
+            dirs.clear()
+            continue
+        if (st.st_dev, st.st_ino) in visited:
+            dirs.clear()
+            continue
+        visited.add((st.st_dev, st.st_ino))
+        seen += len(dirs) + len(names)
+        if seen > MAX_SOURCE_ENTRIES:
+            raise ConfigError(
+                f"data.source: {raw} looks through more than {MAX_SOURCE_ENTRIES} files and directories: point it at "
+                f"the data (a file, or a glob that names fewer directories such as data/*.jsonl)"
+            )
+        if depth is not None and len(relative) >= depth:
+            dirs.clear()
+        dirs.sort()
+        found += [Path(root, n) for n in names if _component_matches((*relative, n), wanted)]
+    return [p for p in found if p.is_file()]
 
 
 def _once(paths: Iterable[Path]) -> tuple[Path, ...]:
@@ -220,9 +269,19 @@ def _json_object(path: Path) -> dict[str, Any]:
 def _disk_columns(directory: Path, split: str) -> list[str] | None:
     if (directory / "dataset_dict.json").is_file():
         splits = _json_object(directory / "dataset_dict.json").get("splits") or []
+        if not isinstance(splits, list) or not all(isinstance(name, str) for name in splits):
+            raise ConfigError(
+                f"data.source: {directory / 'dataset_dict.json'} has 'splits' {str(splits)[:80]}, not a list of split "
+                "names: save the data set again"
+            )
         if split not in splits:
-            raise ConfigError(f"data.split: {directory} has no split '{split}'; splits: {', '.join(map(str, splits))}")
+            raise ConfigError(f"data.split: {directory} has no split '{split}'; splits: {', '.join(splits)}")
         directory = directory / split
+        if not directory.is_dir():
+            raise ConfigError(
+                f"data.source: {directory.parent} lists split '{split}' but has no folder {directory}: save the data "
+                "set again"
+            )
     info = directory / "dataset_info.json"
     if not info.is_file():
         return None

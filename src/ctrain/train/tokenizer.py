@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from ctrain.errors import ConfigError
-from ctrain.files import read_text_bounded
+from ctrain.files import load_json_bounded, read_text_bounded
 from ctrain.settings import MAX_SETTINGS_BYTES
 from ctrain.train.recipe import Recipe, TokenizerTraining, expand_path
 
@@ -85,21 +86,50 @@ def train_tokenizer(texts: Iterable[str], settings: TokenizerTraining) -> Any:
 
 def load_tokenizer(recipe: Recipe) -> Any:
     """The tokenizer named by ``tokenizer.path`` (else the model's), with a pad token."""
-    from transformers import AutoTokenizer
-
     reference = recipe.tokenizer.path or recipe.model.path
     assert reference is not None, "recipe validation guarantees a tokenizer source"
-    local = expand_path(reference)
     revision = recipe.model.revision if not recipe.tokenizer.path else None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            str(local) if local.exists() else reference,
-            revision=revision,
-            trust_remote_code=recipe.model.trust_remote_code,
-        )
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot load the tokenizer {reference}: {exc}") from exc
+    tokenizer = read_tokenizer(reference, revision=revision, trust_remote_code=recipe.model.trust_remote_code)
     return finish_tokenizer(tokenizer, recipe)
+
+
+# A tokenizer_config.json is read whole before transformers reads it: its settings and added tokens
+# are kilobytes; more is not a tokenizer's config.
+MAX_TOKENIZER_CONFIG_BYTES = 64 * 2**20
+# What transformers and the tokenizers library raise for a damaged tokenizer file: a tokenizer.json
+# without its keys (KeyError), of the wrong shape (TypeError, AttributeError), nested too deep to
+# parse (RecursionError), or one the Rust parser refuses (a plain Exception, matched by its type).
+TOKENIZER_ERRORS = (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError)
+
+
+def read_tokenizer(reference: str, **load: Any) -> Any:
+    """``AutoTokenizer.from_pretrained(reference)``; a tokenizer that cannot load, local or from the
+    hub, is one ConfigError naming it and what is wrong (never the parser's traceback)."""
+    from transformers import AutoTokenizer
+
+    local = expand_path(reference)
+    settings = local / "tokenizer_config.json"
+    if settings.is_file():
+        data = load_json_bounded(settings, MAX_TOKENIZER_CONFIG_BYTES, "the tokenizer's config")
+        if not isinstance(data, dict):
+            raise ConfigError(f"the tokenizer's config {settings} holds a {type(data).__name__}, not a JSON object "
+                              "of settings: copy the tokenizer files again")  # fmt: skip
+    try:
+        return AutoTokenizer.from_pretrained(str(local) if local.exists() else reference, **load)
+    except Exception as exc:  # noqa: BLE001 - narrowed just below
+        if not isinstance(exc, TOKENIZER_ERRORS) and type(exc) is not Exception:
+            raise
+        raise ConfigError(f"cannot load the tokenizer {reference}: {_detail(exc, local)}") from exc
+
+
+def _detail(exc: BaseException, local: Path) -> str:
+    """What is wrong, in one line: the error's own words, or what a bare KeyError or RecursionError means."""
+    if isinstance(exc, RecursionError):
+        return "a file of it nests too deep to read (tokenizer.json or tokenizer_config.json is damaged)"
+    if isinstance(exc, KeyError):
+        return f"a file of it lacks the key {exc} (is {local / 'tokenizer.json'} a tokenizer's file?)"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def finish_tokenizer(tokenizer: Any, recipe: Recipe) -> Any:
