@@ -17,7 +17,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,9 +36,9 @@ class Case:
     setup: Setup | None = None
     exit_code: int | None = None
     env: dict[str, str] = field(default_factory=dict)
-    # The training stack's import alone (transformers' Trainer, with peft) took 9.8 s on the 2-core CI
-    # machine (2026-11-27), so an error found after it lands at 10-12 s: still seconds, not the queue.
-    max_seconds: float = 15.0
+    # A command still running after this long is taken as hung, the failure these cases can show in
+    # time; how fast an error comes is a figure for the benchmarks, not an assertion here.
+    hang_seconds: float = 120.0
     # Paths (relative to the case's directory) the command may create, such as a lock it removes.
     may_leave: Sequence[str] = ()
     # Text the output must not contain anywhere (a password given in a URL, say).
@@ -54,6 +53,13 @@ class Case:
 
 
 _LEFTOVER = "badinput-leftover: "
+
+
+def _text(output: bytes | str | None) -> str:
+    """What a timed-out process printed (bytes there, whatever ``text=`` said)."""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
 _SOURCE = str(Path(ctrain.__file__).resolve().parents[1])
 
 
@@ -102,17 +108,19 @@ def run_case(case: Case, workdir: Path, python: str = sys.executable) -> subproc
     # PYTHONPATH (PYTHONPATH=src) would not reach it from the case's directory.
     env["PYTHONPATH"] = os.pathsep.join([_SOURCE, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
     env.pop("CTRAIN_CONFIG", None)
-    started = time.monotonic()
-    result = subprocess.run(
-        _namespaced(case, workdir, [python, "-m", "ctrain", *case.args]),
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=max(60.0, case.max_seconds * 6),
-    )
-    elapsed = time.monotonic() - started
+    try:
+        result = subprocess.run(
+            _namespaced(case, workdir, [python, "-m", "ctrain", *case.args]),
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=case.hang_seconds,
+        )
+    except subprocess.TimeoutExpired as hung:
+        raise AssertionError(f"ctrain {' '.join(case.args)} hung: still running after {case.hang_seconds:.0f} s\n"
+                             f"--- output ---\n{_text(hung.stdout)}{_text(hung.stderr)}") from None
     output = result.stdout + result.stderr
     where = f"ctrain {' '.join(case.args)}\n--- output ---\n{output}"
     assert result.returncode != 99 or not (case.read_only or case.full_disk), f"mounts failed (root?): {where}"
@@ -127,7 +135,6 @@ def run_case(case: Case, workdir: Path, python: str = sys.executable) -> subproc
         assert text.lower() in message.lower(), f"the error does not say {text!r}: {where}"
     for text in case.never_says:
         assert text not in output, f"the output shows {text!r}: {where}"
-    assert elapsed < case.max_seconds, f"took {elapsed:.1f} s (limit {case.max_seconds} s): {where}"
     leftovers = [line.removeprefix(_LEFTOVER) for line in output.splitlines() if line.startswith(_LEFTOVER)]
     assert not leftovers, f"left behind on the full disk {leftovers}: {where}"
     after = _snapshot(workdir)

@@ -16,7 +16,7 @@ batch: FSDP averages their (equal) gradients, which is the single batch's gradie
 compares its model with an unsharded copy (eager layers) that took the same steps. Then, as a control,
 rank 1 takes another batch: the comparison must fail for every group of parameters.
 
-Eager decoder layers in CI; compiled ones (``fast.compile: layers``) by hand (``pytest -m by_hand``).
+Eager decoder layers in the CI tier; compiled ones (``fast.compile: layers``) in the full tier.
 This file is also the workers' script: ``python -m torch.distributed.run ... THIS_FILE COMPILE OUT``.
 """
 
@@ -266,13 +266,16 @@ def torchrun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return result
 
 
-# Compiled layers (inductor, as on GPUs) take 2 min here (1 min 50 s of it compiling, on 2 busy cores): by hand.
-COMPILE = ["off", pytest.param("layers", marks=pytest.mark.by_hand)]
+# Compiled layers (inductor, as on GPUs) take 2 min here (1 min 50 s of it compiling, on 2 busy cores): the
+# full tier.
+COMPILE = ["off", pytest.param("layers", marks=pytest.mark.full)]
 
 
 @pytest.fixture(scope="module", params=COMPILE, ids=["eager", "compiled"])
 def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The 2-process run, once per compile setting; what rank 0 recorded."""
+    """The 2-process run, once per compile setting; what rank 0 recorded. The compiled run is in the full
+    tier alone; CI tier: test_compiled_layers_share_one_graph_and_do_not_recompile (compiled layers, one
+    process) and these tests' eager run."""
     work = tmp_path_factory.mktemp(f"fsdp-{request.param}")
     started = time.perf_counter()
     torchrun(request.param, str(work / "result.json"), cwd=work)

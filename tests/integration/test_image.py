@@ -163,7 +163,10 @@ def test_second_conversion_of_the_same_image_does_no_work(cpu_sif: Path, cpu_sqs
     assert {p: p.stat().st_mtime_ns for p in (cpu_sif, cpu_sqsh)} == before
 
 
+@pytest.mark.full
 def test_killed_conversion_leaves_no_file(cpu_image: BuiltImage, tmp_path: Path) -> None:
+    """Full tier alone; CI tier: test_clean_stale_removes_only_leftovers_of_dead_processes (what a killed
+    conversion leaves is removed)."""
     output = tmp_path / "killed.sqsh"
     log = tmp_path / "convert.log"
     with open(log, "w") as err:
@@ -238,10 +241,13 @@ def test_build_and_push_with_no_flags_over_ssh(cpu_image: BuiltImage, cpu_sqsh: 
     assert "nothing to send" in again.stderr
 
 
+@pytest.mark.full
 def test_standalone_definition_builds_the_same_packages(cpu_image: BuiltImage, cpu_sif: Path, image_user: str,
                                                          test_wheelhouse: Path, user_tmp: Path) -> None:
     """containers/ctrain-standalone.def, built by Apptainer (unprivileged) from the same base and
-    wheelhouse, holds the same packages at the same versions as the Dockerfile's image."""
+    wheelhouse, holds the same packages at the same versions as the Dockerfile's image.
+    Full tier alone; CI tier: test_apptainer_build_with_an_index_password_leaves_it_nowhere (the standalone
+    definition built by Apptainer)."""
     work = user_tmp
     base = store.inspect(base_mod.DEFAULT_REF, "containers")
     assert base is not None

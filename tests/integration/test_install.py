@@ -197,10 +197,14 @@ def test_cluster_init_and_validate_from_the_project(new_project: Path, installed
     assert result.stdout.strip().endswith("pcluster.yaml: valid (ParallelCluster schema and offline validators, ctrain rules)")
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_submit_from_the_project_runs_on_the_testbed(installed: Installed, testbed, cpu_sif: Path) -> None:
     """A real 2-node job from a project ``ctrain init`` wrote on the shared filesystem; ctrain (as
-    root, the login node) writes the script, the testbed's user queues it."""
+    root, the login node) writes the script, the testbed's user queues it.
+    Full tier alone; CI tier: test_dry_run_uses_the_projects_sbatch_library (the installed wheel's project
+    renders its job) and test_quickstart_trains_the_demo_on_two_nodes_and_passes_the_bar (a project's job on the
+    testbed)."""
     path = Path(testbed.shared_dir) / "installed-project"
     shutil.rmtree(path, ignore_errors=True)
     installed.run("init", path, cwd=Path(testbed.shared_dir))

@@ -182,9 +182,13 @@ def test_lora_refuses_what_cannot_work_before_any_data(base: Path, tmp_path: Pat
     assert not (tmp_path / "outputs/lora/prepared").exists()
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_demo_model_learns_subtraction_through_adapters(demo_run: Path, tmp_path: Path) -> None:
-    """The LoRA demo as the README runs it: recipes/demo-lora.yaml on the addition model."""
+    """The LoRA demo as the README runs it: recipes/demo-lora.yaml on the addition model.
+    Full tier alone (the LoRA demo to its accuracy); CI tier:
+    test_lora_preempted_and_resumed_matches_an_uninterrupted_run and
+    test_lora_on_two_processes_merges_and_evaluates_either_form (adapters trained, resumed, merged)."""
     (tmp_path / "outputs").mkdir()
     (tmp_path / "outputs/demo-addition").symlink_to(demo_run / "outputs/demo-addition")
     base = demo_run / "outputs/demo-addition/final"

@@ -28,8 +28,12 @@ def _job(project: Project, job_id: str) -> str:
     return project.testbed.slurm.run(["scontrol", "show", "job", "-o", job_id]).stdout
 
 
+@pytest.mark.full
 def test_a_node_with_a_full_local_disk_is_left_out_and_the_job_finishes(sbatch_project: Project,
                                                                         cpu_sif: Path) -> None:  # fmt: skip
+    """Full tier alone; CI tier:
+    test_an_unfit_node_is_recorded_for_the_batch_script_and_its_ranks_exit_to_be_requeued and
+    test_ctrain_preflight_inside_an_allocation_checks_every_node_and_trains_nothing."""
     project = sbatch_project
     testbed = project.testbed
     scratch = testbed.local_disk("node1", 16)
@@ -60,7 +64,11 @@ def test_a_node_with_a_full_local_disk_is_left_out_and_the_job_finishes(sbatch_p
     report("node checks of a fit node (one srun on the host)", f"{seconds} s")
 
 
+@pytest.mark.full
 def test_a_slow_node_is_named_by_its_rate_and_not_trained_on(sbatch_project: Project, cpu_sif: Path) -> None:
+    """Full tier alone; CI tier: test_a_rank_below_half_its_peers_median_is_named (the rule) and
+    test_ctrain_preflight_inside_an_allocation_checks_every_node_and_trains_nothing (the rates measured on the
+    testbed)."""
     project = sbatch_project
     testbed = project.testbed
     # 15%: with 2 ranks the median is their mean, so the held rank is named only below a third of

@@ -22,6 +22,9 @@ def test_quickstart_trains_the_demo_on_two_nodes_and_passes_the_bar(quickstart: 
     accuracy = re.findall(r"^accuracy: ([0-9.]+) \((\d+)/(\d+) exact\)", result.stdout, re.MULTILINE)
     assert accuracy, output[-3000:]
     assert float(accuracy[-1][0]) >= 0.9
-    assert "node1" in output and "node2" in output, "the job's log shows both nodes"
+    # The job's own log (`ctrain logs --follow`): its four ranks, two on each node, each naming its host.
+    ranks = set(re.findall(r"\[rank (\d+) host (node\d)\]", result.stdout))
+    assert ranks == {("0", "node1"), ("1", "node1"), ("2", "node2"), ("3", "node2")}, ranks
+    assert "on 4 process(es)" in result.stdout
     assert quickstart.testbed_up, "the quickstart leaves the testbed running"
     assert (quickstart.work / "outputs/demo-addition/final/model.safetensors").is_file()

@@ -195,8 +195,10 @@ def test_single_node_apptainer(project: Project, cpu_sif: Path) -> None:
 # --- accelerate and DeepSpeed, one multi-node job each ------------------------------------------------
 
 
-@pytest.mark.parametrize("launcher", ["accelerate", "deepspeed"])
+@pytest.mark.parametrize("launcher", ["accelerate", pytest.param("deepspeed", marks=pytest.mark.full)])
 def test_launcher_on_two_nodes(launcher: str, project: Project, cpu_sif: Path) -> None:
+    """DeepSpeed's job is in the full tier alone (its start is the slowest); CI tier:
+    test_launcher_on_two_nodes (accelerate) and test_srun_command_golden (every launcher's line)."""
     # One process per node: what is under test is the launcher's rendezvous across nodes, and each
     # process's start (the training stack, DeepSpeed) is what these jobs spend their time on.
     job_id = submit(project, DEMO, *SHORT, f"training.output_dir=/outputs/{launcher}", image=cpu_sif, nodes=2,
@@ -232,9 +234,12 @@ def warn_and_release(project: Project, job_id: str) -> None:
     project.testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"])
 
 
+@pytest.mark.full
 def test_time_limit_warning_requeues_and_resumes(project: Project, cpu_sif: Path) -> None:
     # Long enough (under a minute on 2 cores) to be warned mid-run; saves only when warned. One
     # process per node: the warning goes to each node's launcher, however many processes it runs.
+    """Full tier alone; CI tier: test_faults_in_turn_each_checkpoint_resume_or_end_the_run (the warning
+    checkpoints, requeues and resumes)."""
     steps = ("training.max_steps=150", "training.logging_steps=10", "training.save_steps=1000",
              "training.output_dir=/outputs/requeue")  # fmt: skip
     job_id = project.sbatch("--ntasks-per-node=1", "--job-name=requeue", "sbatch/apptainer_multinode.sbatch", DEMO,
@@ -266,11 +271,15 @@ def _losses(log: str) -> dict[str, float]:
     return json.loads(found[1])
 
 
+@pytest.mark.full
 def test_own_trainer_script_checkpoints_at_the_warning_and_resumes_to_the_same_losses(project: Project,
                                                                                       cpu_sif: Path) -> None:  # fmt: skip
     """examples/train_clm.py (transformers' Trainer with ctrain's one-line callback), 2 nodes x 2
     processes through `ctrain submit -- SCRIPT`: the time-limit warning makes every rank save the same
-    step and exit 75, the job is requeued, and the resumed run logs the losses of a run never warned."""
+    step and exit 75, the job is requeued, and the resumed run logs the losses of a run never warned.
+    Full tier alone (on the testbed); CI tier:
+    test_a_signalled_script_checkpoints_exits_75_and_resumes_to_the_same_losses (the same script and callback,
+    two processes)."""
     command = ("--", "examples/train_clm.py", "--max_steps", "80")
     whole = submit(project, *command, "--output_dir", "/outputs/clm-whole", image=cpu_sif, nodes=2,
                    job_name="clm-whole")  # fmt: skip
@@ -305,9 +314,12 @@ def test_own_trainer_script_checkpoints_at_the_warning_and_resumes_to_the_same_l
 # --- pyxis: the squashfs through real pyxis and enroot (the testbed runs both) ----------------------
 
 
+@pytest.mark.full
 def test_pyxis_multinode_trains_in_the_squashfs(project: Project, cpu_sqsh: Path) -> None:
     """`sbatch sbatch/pyxis_multinode.sbatch` as a user types it, with the squashfs `ctrain convert
-    --to sqsh` made: pyxis unpacks it with enroot on both nodes, and the demo trains as 4 processes."""
+    --to sqsh` made: pyxis unpacks it with enroot on both nodes, and the demo trains as 4 processes.
+    Full tier alone; CI tier: test_through_pyxis_faults_behave_as_under_apptainer (a job through pyxis and
+    enroot that trains, from `ctrain submit`)."""
     job_id = project.sbatch("--ntasks-per-node=2", "--job-name=pyxis", "sbatch/pyxis_multinode.sbatch", DEMO, *SHORT,
                             "training.output_dir=/outputs/pyxis", env={"IMAGE": str(cpu_sqsh)})  # fmt: skip
     log = finish(project, job_id)

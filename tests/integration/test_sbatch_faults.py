@@ -83,10 +83,132 @@ def submit(project: Project, image: Path, name: str, *overrides: str, env: dict[
                           env={"IMAGE": str(image), **(env or {})})  # fmt: skip
 
 
+SILENCE_CHECK = 10  # CTRAIN_NODE_CHECK in the CI tier's fault job: its steps are well under a second
+
+
+def test_faults_in_turn_each_checkpoint_resume_or_end_the_run(sbatch_project: Project, cpu_sif: Path) -> None:
+    """One 2-node Apptainer job, a fault in each of its four runs, each answered as its own test does:
+    1. Slurm's TERM (``scontrol requeue``, as preemption sends it): a complete checkpoint of the step
+       the ranks were at, and Slurm's requeue;
+    2. the time-limit warning (USR1 to the batch shell, as ``--signal=B:USR1@N`` sends it): a complete
+       checkpoint of the warned step, and the batch script's requeue; that checkpoint is then damaged
+       (its weights cut short, as an interrupted copy or a failing disk leaves them);
+    3. the damaged checkpoint moved aside and the run resumed from the TERM's; a rank SIGKILLed on a
+       live node: the step ends, the job is retried once;
+    4. node2 cut off the network (no connection closed, every process running): the watchdog's silence
+       check asks every node after CTRAIN_NODE_CHECK seconds, names node2 lost, and, no node being
+       spare, ends the job instead of requeueing it onto node2.
+    ``ctrain report`` then tells the four runs and their causes. The full tier also runs each fault as a
+    job of its own (e.g. ``test_slurm_term_twice_checkpoints_at_the_signalled_step_and_resumes``)."""
+    project = sbatch_project
+    testbed = project.testbed
+    name, steps = "faults", 5000
+    output = f"/outputs/{name}"
+    job_id = submit(project, cpu_sif, name, f"training.max_steps={steps}", "training.logging_steps=5",
+                    "training.save_steps=100000", env={"CTRAIN_NODE_CHECK": str(SILENCE_CHECK)})  # fmt: skip
+    seen: frozenset[int] = frozenset()
+
+    def run(restart: int, past: int) -> dict[int, tuple[int, str, int]]:
+        """Let the job's ``restart``-th run start, and wait until its ranks are past step ``past``."""
+        nonlocal seen
+        if restart:
+            wait_until("Slurm's requeue", lambda: restarts(project, job_id) == restart, 120, every=1)
+            testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"],
+                              check=False)  # fmt: skip
+        beats = training(project, job_id, past=past, earlier=seen)
+        seen = seen | {pid for _, _, pid in beats.values()}
+        return beats
+
+    def checkpoints() -> list[int]:
+        return [int(n) for n in re.findall(rf"checkpoint {output}/checkpoint-(\d+) complete", project.log(job_id))]
+
+    run(0, past=10)
+    sent = time.monotonic()
+    testbed.slurm.run(["scontrol", "requeue", job_id])
+    report("faults job: TERM: to checkpoint complete",
+           f"{wait_until('the TERM checkpoint', lambda: len(checkpoints()) == 1, 120) - sent:.1f} s")  # fmt: skip
+    term = checkpoints()[0]
+
+    run(1, past=term + 5)
+    sent = time.monotonic()
+    testbed.slurm.run(["scancel", "--batch", "--signal=USR1", job_id])
+    report("faults job: USR1 warning: to checkpoint complete",
+           f"{wait_until('the warned checkpoint', lambda: len(checkpoints()) == 2, 120) - sent:.1f} s")  # fmt: skip
+    warned = checkpoints()[1]
+    weights = project.path / "outputs" / name / f"checkpoint-{warned}" / "model.safetensors"
+    with weights.open("r+b") as handle:  # cut short before the next run looks at it
+        handle.truncate(weights.stat().st_size // 2)
+
+    beats = run(2, past=term + 5)
+    _, node, pid = beats[LAST]
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    ended = wait_until("the step's end", lambda: project.log(job_id).count("step exited with") == 3, 60)
+    report(f"faults job: SIGKILL of rank {LAST} on {node}: to the step's end", f"{ended - killed:.1f} s")
+
+    run(3, past=term + 5)
+    try:
+        testbed.cut_node("node2")
+        cut = time.monotonic()
+        silent = wait_until("the silence check", lambda: "does not answer, asked twice (frozen" in project.log(job_id),
+                            SILENCE_CHECK + 60)  # fmt: skip
+        decided = wait_until("the decision", lambda: project.log(job_id).count("not requeueing") == 1, 60)
+        report("faults job: node2 cut off: to every node asked and node2 silent", f"{silent - cut:.1f} s")
+        report("faults job: node2 cut off: to the batch script's decision", f"{decided - cut:.1f} s")
+    finally:
+        testbed.reconnect_node("node2")
+    state = testbed.wait(job_id, timeout=120)
+    log = project.log(job_id)
+    assert state in ("FAILED", "NODE_FAIL"), f"job {job_id} ended {state}:\n{log[-6000:]}"
+    runs = log.split("ctrain: job ")[1:]
+    assert len(runs) == 4, log[-6000:]
+    assert "Bus error" not in log  # the image stayed readable through every fault
+    pattern = rf"step (\d+)/{steps}, loss"
+
+    term_run, warned_run, rank_run, silent_run = runs
+    assert f"preemption (SIGTERM): saving a complete checkpoint at step {term}" in term_run
+    assert "after SIGTERM" in term_run and "Slurm decides whether the job runs again" in term_run
+    assert max(int(n) for n in re.findall(pattern, term_run)) <= term
+
+    assert f"resuming from {output}/checkpoint-{term} " in warned_run
+    assert min(int(n) for n in re.findall(pattern, warned_run)) > term
+    assert f"preemption (SIGUSR1): saving a complete checkpoint at step {warned}" in warned_run
+    assert "after SIGUSR1" in warned_run and f"ctrain: requeueing job {job_id}" in warned_run
+    assert warned > term
+
+    damaged = [line for line in rank_run.splitlines() if " is damaged (" in line]
+    assert len(damaged) == 1, rank_run[-6000:]  # from rank 0 alone
+    assert f"{output}/checkpoint-{warned} is damaged (model.safetensors: " in damaged[0]
+    assert damaged[0].endswith(f"moved it to checkpoint-{warned}.damaged-size and falling back to checkpoint-{term}")
+    assert f"resuming from {output}/checkpoint-{term} " in rank_run
+    assert (project.path / "outputs" / name / f"checkpoint-{warned}.damaged-size").is_dir()
+    assert "ctrain: failure: a rank failed on a live node: " in rank_run and "node lost" not in rank_run
+    assert f"ctrain: requeueing job {job_id} once (restart 3)" in rank_run
+
+    assert f"resuming from {output}/checkpoint-{term} " in silent_run
+    assert re.search(r"^ctrain: no finished step for (\d+)s, and node2 does not answer, asked twice "
+                     r"\(frozen, or cut off the network\): ending the step$", silent_run, re.MULTILINE), silent_run[-6000:]  # fmt: skip
+    assert "ctrain: hang:" not in log
+    not_requeued(silent_run, "node2")
+    assert restarts(project, job_id) == 3
+    assert silent - cut <= SILENCE_CHECK + 40, silent - cut  # the check's time, a poll and two 10 s probes
+
+    told = CliRunner().invoke(main, ["report", job_id, "--json", "--timeline",
+                                     str(project.path / ".ctrain" / f"{job_id}.timeline")])  # fmt: skip
+    assert told.exit_code == 0, told.output
+    account = json.loads(told.output)
+    assert [r["cause"] for r in account["runs"]] == ["TERM", "USR1", "rank-failed", "node-lost"], account["runs"]
+    # Nothing lost to the TERM; the warned run's steps after the TERM's checkpoint, lost with its damaged one.
+    assert [r["lost_steps"] for r in account["runs"]][:2] == [0, warned - term], account["runs"]
+
+
+@pytest.mark.full
 def test_slurm_term_twice_checkpoints_at_the_signalled_step_and_resumes(sbatch_project: Project,
                                                                         cpu_sif: Path) -> None:  # fmt: skip
     """`scontrol requeue` mid-run, and again in the requeued run: each TERM ends in a complete checkpoint
-    of the current step (not the last periodic one: there is none), and each run resumes from it."""
+    of the current step (not the last periodic one: there is none), and each run resumes from it.
+    Full tier alone (TERM twice in one job, and its goodput); CI tier:
+    test_faults_in_turn_each_checkpoint_resume_or_end_the_run (a TERM, a warning, and the report)."""
     project = sbatch_project
     steps = 120
     job_id = submit(project, cpu_sif, "term", f"training.max_steps={steps}", "training.logging_steps=5",
@@ -235,9 +357,12 @@ def alive(pid: int) -> bool:
     return info is not None and info.state not in ("Z", "X")
 
 
+@pytest.mark.full
 def test_killed_rank_on_a_live_node_is_retried_once(sbatch_project: Project, cpu_sif: Path) -> None:
     """SIGKILL one worker (its node stays up), in the first run and again in the retry: the step ends
-    within seconds, the log says a rank failed on a live node, the job is requeued once, then not again."""
+    within seconds, the log says a rank failed on a live node, the job is requeued once, then not again.
+    Full tier alone; CI tier: test_faults_in_turn_each_checkpoint_resume_or_end_the_run (a rank killed, retried
+    once) and test_a_failed_rank_is_retried_once_per_job (not twice)."""
     project = sbatch_project
     job_id = submit(project, cpu_sif, "rank", "training.max_steps=5000", "training.logging_steps=5",
                     "training.save_steps=100000")  # fmt: skip
@@ -302,10 +427,13 @@ def test_a_nan_loss_ends_the_job_at_once_with_the_ranks_own_error(sbatch_project
     report("NaN loss at step 5 (2 nodes): submit to the job's end, no retry", f"{ended - started:.1f} s")
 
 
+@pytest.mark.full
 def test_lost_node_ends_the_step_within_a_minute(sbatch_project: Project, cpu_sif: Path) -> None:
     """Kill node2 as a power cut would (its slurmd and every process on it): the batch script on node1
     ends the step within 60 s (srun would wait for Slurm to declare node2 dead), names node2 as lost,
-    and, the testbed having no other node, ends the job saying so instead of requeueing it onto node2."""
+    and, the testbed having no other node, ends the job saying so instead of requeueing it onto node2.
+    Full tier alone; CI tier: test_through_pyxis_faults_behave_as_under_apptainer (node2 killed under the same
+    batch script)."""
     project = sbatch_project
     testbed = project.testbed
     job_id = submit(project, cpu_sif, "lost", "training.max_steps=5000", "training.logging_steps=5",
@@ -341,6 +469,7 @@ def test_lost_node_ends_the_step_within_a_minute(sbatch_project: Project, cpu_si
 SILENT = {"cut off the network": ("cut_node", "reconnect_node"), "frozen": ("freeze_node", "thaw_node")}
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("fault", SILENT)
 def test_a_silent_node_ends_the_step_within_a_minute(sbatch_project: Project, cpu_sif: Path, fault: str) -> None:
     """node2 cut off the network (``Testbed.cut_node``: its link down, its processes running) or frozen
@@ -348,7 +477,9 @@ def test_a_silent_node_ends_the_step_within_a_minute(sbatch_project: Project, cp
     either way: no launcher fails and every rank just waits in its collective, which would last until
     torch.distributed's 30 min timeout, or the hang watchdog's 600 s. The watchdog's silence check sees
     it instead: CTRAIN_NODE_CHECK (30 s) after the last finished step every node is asked, node2 does
-    not answer, twice, and the step ends as for a killed node, in about a minute, with node2 named lost."""
+    not answer, twice, and the step ends as for a killed node, in about a minute, with node2 named lost.
+    Full tier alone (both ways, at the default CTRAIN_NODE_CHECK); CI tier:
+    test_faults_in_turn_each_checkpoint_resume_or_end_the_run (node2 cut off)."""
     project = sbatch_project
     testbed = project.testbed
     inject, undo = (getattr(testbed, name) for name in SILENT[fault])
@@ -386,10 +517,13 @@ def test_a_silent_node_ends_the_step_within_a_minute(sbatch_project: Project, cp
     assert ended - silenced <= 65, log[-6000:]
 
 
+@pytest.mark.full
 def test_a_lost_node_ends_a_plain_ddp_loop_of_your_own_within_a_minute(sbatch_project: Project,
                                                                       cpu_sif: Path) -> None:  # fmt: skip
     """examples/ddp_loop.py imports nothing of ctrain and writes no heartbeat: node2's loss is still
-    seen by the batch script (node1's launcher fails, node2 does not answer) and the step ends."""
+    seen by the batch script (node1's launcher fails, node2 does not answer) and the step ends.
+    Full tier alone; CI tier: test_through_pyxis_faults_behave_as_under_apptainer (the guard, which reads no
+    heartbeat, ends a killed node's step)."""
     project = sbatch_project
     testbed = project.testbed
     job_id = project.sbatch(f"--ntasks-per-node={PER_NODE}", "--job-name=ddp", "sbatch/apptainer_multinode.sbatch",
@@ -411,11 +545,14 @@ def test_a_lost_node_ends_a_plain_ddp_loop_of_your_own_within_a_minute(sbatch_pr
     assert state in ("FAILED", "NODE_FAIL"), f"job {job_id} ended {state}:\n{log[-6000:]}"
 
 
+@pytest.mark.full
 def test_lost_batch_host_is_decided_from_another_node(sbatch_project: Project, cpu_sif: Path) -> None:
     """Kill node1, the batch host and rendezvous node: the batch script dies with it, so the sentinel
     on node2 sees its heartbeat stop, confirms node1 does not answer, and decides within 60 s what the
     batch script would have (no other node: not requeued), then ends the job instead of leaving it
-    RUNNING with no trainer until Slurm declares node1 dead, or requeued and waiting for node1."""
+    RUNNING with no trainer until Slurm declares node1 dead, or requeued and waiting for node1.
+    Full tier alone; CI tier: test_the_sentinel_decides_a_job_slurm_ended_before_its_batch_script_decided (the
+    sentinel's decision, Slurm's commands faked)."""
     project = sbatch_project
     testbed = project.testbed
     job_id = submit(project, cpu_sif, "batchhost", "training.max_steps=5000", "training.logging_steps=5",
@@ -455,6 +592,7 @@ def test_lost_batch_host_is_decided_from_another_node(sbatch_project: Project, c
     assert f"job {job_id}: not requeueing: partition debug has 1 node(s)" in status.output, status.output
 
 
+@pytest.mark.full
 def test_batch_host_dying_slowly_is_decided_whatever_dies_first(sbatch_project: Project, cpu_sif: Path) -> None:
     """node1 (the batch host) dies over 2 s, its processes SIGKILLed one by one in random order,
     slurmd among them (an out-of-memory cascade looks like this): srun, the guard, the heartbeat and
@@ -462,7 +600,9 @@ def test_batch_host_dying_slowly_is_decided_whatever_dies_first(sbatch_project: 
     then ends the job with nothing decided). Whichever way, within 60 s the job has left RUNNING,
     one failure line names node1, and the decision is the documented one (no other node: not
     requeued), never PENDING for the dead node. Before that, slurmctld is restarted mid-job (5 s
-    without a controller): the run trains on and nothing is decided."""
+    without a controller): the run trains on and nothing is decided.
+    Full tier alone; CI tier: test_a_probe_killed_under_it_names_the_dying_batch_host_not_the_node_it_asked
+    (Slurm's commands faked)."""
     project = sbatch_project
     testbed = project.testbed
     job_id = submit(project, cpu_sif, "slowdeath", "training.max_steps=5000", "training.logging_steps=5",
@@ -497,12 +637,14 @@ def test_batch_host_dying_slowly_is_decided_whatever_dies_first(sbatch_project: 
     assert restarts(project, job_id) == 0
 
 
-@pytest.mark.by_hand  # a 3-node testbed for one test costs CI about a minute: run with -m by_hand
+@pytest.mark.full  # a 3-node testbed for one test: about a minute more
 def test_the_first_two_nodes_lost_together_are_decided_by_the_last_nodes_sentinel(sbatch_project: Project,
                                                                                    cpu_sif: Path) -> None:  # fmt: skip
     """A 3-node job (a 3-node testbed for this test only) loses node1, the batch host, and node2,
     which runs the first sentinel, at once (one switch, one power feed): the sentinel on node3
-    names both within 60 s and, with no other node to run on, ends the job."""
+    names both within 60 s and, with no other node to run on, ends the job.
+    Full tier alone; CI tier: test_the_last_nodes_sentinel_decides_when_the_first_two_nodes_are_lost (Slurm's
+    commands faked)."""
     project = sbatch_project
     testbed = project.testbed
     testbed.down()
@@ -539,10 +681,13 @@ def test_the_first_two_nodes_lost_together_are_decided_by_the_last_nodes_sentine
         testbed.up(2)
 
 
+@pytest.mark.full
 def test_the_steps_srun_killed_alone_is_named_and_retried_once(sbatch_project: Project, cpu_sif: Path) -> None:
     """SIGKILL of the training step's srun on the batch host, nothing else: the batch script sees the
     step end with 137 while every launcher still runs and no rank recorded anything. It waits
-    CTRAIN_SETTLE, finds every node answering, says so in one failure line and retries once."""
+    CTRAIN_SETTLE, finds every node answering, says so in one failure line and retries once.
+    Full tier alone; CI tier: test_a_step_that_failed_with_no_cause_on_live_nodes_is_retried_once (Slurm's
+    commands faked)."""
     project = sbatch_project
     testbed = project.testbed
     job_id = submit(project, cpu_sif, "srunkill", "training.max_steps=5000", "training.logging_steps=5",
@@ -598,11 +743,11 @@ echo "run ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME"
     assert f"ExcNodeList={first} " in record, record
 
 
-# Through pyxis, a fault in each run of one job. CI runs the TERM and the lost node (each run through
-# pyxis unpacks the image again, about 45 s); by hand (pytest -m by_hand) all four.
+# Through pyxis, a fault in each run of one job. The CI tier runs the TERM and the lost node (each run
+# through pyxis unpacks the image again, about 45 s); the full tier all four.
 PYXIS_FAULTS = [
     pytest.param(("term", "node"), id="term-node"),
-    pytest.param(("term", "rank", "warn", "node"), id="all", marks=pytest.mark.by_hand),
+    pytest.param(("term", "rank", "warn", "node"), id="all", marks=pytest.mark.full),
 ]
 
 
@@ -613,7 +758,10 @@ def test_through_pyxis_faults_behave_as_under_apptainer(sbatch_project: Project,
     TERM reaches the ranks in their containers, which checkpoint the signalled step; a SIGKILLed rank
     is retried once; the time-limit warning (USR1 to the batch shell) checkpoints and requeues; a lost
     node is named and, with no node to spare, ends the job. Each run resumes from the last checkpoint;
-    each starts from the squashfs, which pyxis unpacks on every node at every start."""
+    each starts from the squashfs, which pyxis unpacks on every node at every start. The case with all
+    four faults is in the full tier alone; CI tier: test_through_pyxis_faults_behave_as_under_apptainer
+    (TERM, then a lost node) and test_faults_in_turn_each_checkpoint_resume_or_end_the_run (each fault
+    under Apptainer)."""
     project = sbatch_project
     testbed = project.testbed
     steps = 400

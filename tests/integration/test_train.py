@@ -248,7 +248,11 @@ def test_a_save_that_fills_the_disk_ends_the_run_in_one_error_and_it_resumes_onc
     assert took < 120, f"the two runs took {took:.0f} s"
 
 
+@pytest.mark.full
 def test_preempted_run_checkpoints_exits_75_and_resumes(tiny_recipe: Path, ctrain) -> None:
+    """Full tier alone; CI tier: test_faults_in_turn_each_checkpoint_resume_or_end_the_run (TERM and USR1: a
+    complete checkpoint, exit 75, resumed) and
+    test_a_signalled_script_checkpoints_exits_75_and_resumes_to_the_same_losses."""
     work = tiny_recipe.parent
     output = work / "outputs/tiny"
     args = ["train", tiny_recipe.name, "training.max_steps=300", "training.save_steps=5000"]
@@ -283,7 +287,10 @@ def _worker(launcher: subprocess.Popen[bytes], rank: int) -> int:
     raise AssertionError(f"no worker with RANK={rank} under torchrun")
 
 
+@pytest.mark.full
 def test_torchrun_two_processes_agree_on_preemption_and_save_once(tiny_recipe: Path, ctrain) -> None:
+    """Full tier alone; CI tier: test_faults_in_turn_each_checkpoint_resume_or_end_the_run (two ranks on two
+    nodes told to stop, one checkpoint of the step they agreed on)."""
     work = tiny_recipe.parent
     output = work / "outputs/tiny"
     args = ["train", tiny_recipe.name, "training.max_steps=150", "training.save_steps=5000"]
@@ -420,6 +427,7 @@ def test_a_trial_run_does_not_swallow_the_real_one(tiny_recipe: Path, ctrain) ->
     assert again.returncode == 0 and "this run already finished" in again.stderr
 
 
+@pytest.mark.full
 def test_a_second_run_loads_the_compiled_layers_from_the_compile_cache(tiny_recipe: Path) -> None:
     """torch.compile's caches in one directory (what the sbatch library points TORCHINDUCTOR_CACHE_DIR
     at: the project's .cache, on storage every node mounts) serve the next run's compiled layers,
@@ -427,7 +435,8 @@ def test_a_second_run_loads_the_compiled_layers_from_the_compile_cache(tiny_reci
 
     A second output directory stands for a requeue on another node or the next job of the recipe:
     a new process with nothing of the first in memory. On CPU, inductor compiles C++ (g++).
-    """
+    Only the full tier loads compiled layers from the cache; CI tier:
+    test_compiled_layers_share_one_graph_and_do_not_recompile (one graph, compiled once)."""
     work = tiny_recipe.parent
     env = {**train_env(work), "TORCHINDUCTOR_CACHE_DIR": str(work / "compile-cache")}
     lines = []

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,14 +78,16 @@ class Quickstart:
 
 
 @pytest.fixture(scope="session")
-def quickstart(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Quickstart:
+def quickstart(testbed: Testbed, cpu_image: Any, tmp_path_factory: pytest.TempPathFactory) -> Quickstart:
     """The README's first command, run once as a user runs it: the demo trained to its bar on 2
     nodes x 2 processes of the testbed. The tests that need a trained demo model read a copy of
     it (the testbed's shared directory belongs to its job user), so the demo trains once.
 
     The suite's longest item (about 4.5 minutes on 2 cores, more than 5 on a slower machine): it
     builds its own image from its own wheelhouse, as a new user's machine does, and trains the
-    800 steps the accuracy bar needs; what it proves is the whole path, so it is not cut."""
+    800 steps the accuracy bar needs; what it proves is the whole path, so it is not cut. It starts
+    once the suite's own image (``cpu_image``, the same Dockerfile and base) is built: its build then
+    finds every layer in buildah's cache instead of building the same layers beside it at once."""
     result = subprocess.run(
         [REPO / "scripts" / "quickstart.sh"], capture_output=True, text=True, timeout=2400, check=False
     )

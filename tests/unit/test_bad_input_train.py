@@ -343,7 +343,7 @@ CASES = [
          ["override 'training.max_steps=lots'", "integer"], setup()),
     Case("override-without-key", ["train", "r.yaml", "=5"], ["key=value"], setup()),
     Case("optimizer-unknown", ["train", "r.yaml", "training.optim=adamw_fast"], ["training.optim", "adamw_torch"],
-         setup(), max_seconds=30),
+         setup()),
     Case("override-without-equals", ["train", "r.yaml", "training.max_steps"], ["key=value"], setup()),
     Case("override-section-value", ["train", "--check", "r.yaml", "training=5"], ["override 'training=5'", "mapping"],
          setup()),

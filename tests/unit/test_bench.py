@@ -15,11 +15,12 @@ from ctrain.bench.spec import FULL, PEAK_FLOPS, TINY
 from ctrain.bench.suite import add_scaling, compare_losses, pick_cases, render
 from ctrain.cli import main
 from ctrain.errors import ConfigError
+from tests.conftest import require
 
 
 @pytest.mark.parametrize("spec", [FULL, TINY], ids=["full", "tiny"])
 def test_parameter_count_matches_the_model(spec):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from transformers import LlamaForCausalLM
 
     with torch.device("meta"):
@@ -122,7 +123,7 @@ def test_gpus_sweep_needs_cuda():
 
 def test_tiny_cpu_smoke(tmp_path, monkeypatch):
     """The whole bench on a CPU: seeds vs ctrain, same-batch loss check, table and JSON."""
-    pytest.importorskip("trl")
+    require("trl")
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "bench.json"
     args = ["bench", "--device", "cpu", "--tiny", "--warmup", "1", "--steps", "2", "--json", str(out)]
@@ -164,10 +165,13 @@ def test_lora_cases_are_the_8b_shape_with_one_adapter_setting():
     assert shipped.peft.target_modules == "all-linear" and len(LORA_TARGETS) == 7
 
 
+@pytest.mark.full
 def test_lora_cases_train_on_a_cpu(tmp_path):
-    """Each LoRA case builds its trainer and trains a tiny model: only the adapters change."""
-    pytest.importorskip("trl")
-    pytest.importorskip("peft")
+    """Each LoRA case builds its trainer and trains a tiny model: only the adapters change.
+    Full tier alone; CI tier: test_tiny_cpu_smoke (the bench end to end on a CPU) and
+    test_lora_on_the_fast_engine_with_checkpointing (ctrain's LoRA engine)."""
+    require("trl")
+    require("peft")
     out = tmp_path / "bench.json"
     args = ["bench", "--device", "cpu", "--tiny", "--warmup", "1", "--steps", "1", "--json", str(out)]
     cases = "lora-seeds,lora-trl-best,lora-trl-checkpointed,lora-ctrain,lora-ctrain-ungrouped,lora-ctrain-hf,qlora-trl,qlora-ctrain"

@@ -8,8 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("trl")
+from tests.conftest import require
+
+torch = require("torch")
+require("trl")
 
 from transformers import LlamaConfig, LlamaForCausalLM
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
@@ -212,7 +214,7 @@ def test_checkpointed_layers_keep_less_and_compute_the_same(backend):
 def test_checkpointed_adapters_get_the_same_gradients():
     """LoRA on a frozen base, adapter dropout on: checkpointing redraws the same dropout mask and
     gives the adapters the gradients they get without it."""
-    peft = pytest.importorskip("peft")
+    peft = require("peft")
     batch = packed_batch(random_examples(7, (21, 9, 30)))
     config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.2, target_modules="all-linear")
     grads = []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+
+from tests.conftest import require
 import torch
 
 from ctrain.fast import FastSettings, compile_layers, decoder_layers, prepare_model
@@ -10,7 +12,7 @@ from ctrain.fast import adapters
 from ctrain.fast.adapters import group_adapters
 from tests.unit.test_fast import explain_on_the_kernel_path, packed_batch, random_examples, tiny_llama
 
-peft = pytest.importorskip("peft")
+peft = require("peft")
 
 
 def adapted(dropout: float = 0.0, seed: int = 0):
@@ -48,10 +50,12 @@ def test_the_fast_engine_groups_adapters_unless_told_not_to():
     assert not any(hasattr(m, "_ctrain_groups") for m in plain.modules())
 
 
-@pytest.mark.parametrize("backend", [None, "aot_eager"])
+@pytest.mark.parametrize("backend", [None, pytest.param("aot_eager", marks=pytest.mark.full)])
 def test_grouped_adapters_compute_what_peft_computes(backend, monkeypatch):
     """Without dropout the groups are PEFT's arithmetic: the same loss and adapter gradients, compiled
-    or not; and no group holds a tensor once the forward is done."""
+    or not; and no group holds a tensor once the forward is done. Compiled (aot_eager) in the full tier
+    alone; CI tier: test_grouped_adapters_compute_what_peft_computes (eager) and
+    test_compiled_layers_share_one_graph_and_do_not_recompile (compiled layers)."""
     batch = packed_batch(random_examples(8, (23, 11, 30)))
     reference, grouped = adapted(), adapted()
     prepare_model(reference, FastSettings(compile="off", group_adapters=False), "cpu")

@@ -12,7 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.conftest import require
+
+torch = require("torch")
 
 from accelerate.utils import FullyShardedDataParallelPlugin
 

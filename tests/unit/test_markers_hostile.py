@@ -14,6 +14,7 @@ from ctrain.train import checkpoint, data
 from ctrain.train.artifacts import COMPLETE_MARKER, PREPARED_MARKER
 from ctrain.train.fingerprint import prepared_settings, settings_differences
 from ctrain.train.recipe import Recipe, load_recipe
+from tests.conftest import require
 from tests.plugins.train import TINY_RECIPE
 
 
@@ -182,7 +183,7 @@ def _truncate_arrow(directory: Path) -> None:
     ids=["missing-state", "truncated-arrow", "garbage-tokenizer"],
 )
 def test_damaged_prepared_data_without_a_manifest_is_one_error(tmp_path: Path, damage) -> None:
-    pytest.importorskip("transformers")
+    require("transformers")
     recipe = _recipe(tmp_path)
     directory = _unchecked_prepared(tmp_path, recipe)
     assert data.load_prepared(recipe, directory).tokenizer is not None

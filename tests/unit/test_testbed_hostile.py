@@ -59,20 +59,20 @@ DAMAGED = [
     ("state-file-a-directory", _directory, ["testbed.json is a directory"]),
 ]  # fmt: skip
 CASES = [
-    *(Case(f"status-{name}", ["testbed", "status", "--state-dir", "tb"], says, setup, max_seconds=8)
+    *(Case(f"status-{name}", ["testbed", "status", "--state-dir", "tb"], says, setup)
       for name, setup, says in DAMAGED),
-    *(Case(f"exec-{name}", ["testbed", "exec", "--state-dir", "tb", "--", "true"], says, setup, max_seconds=8)
+    *(Case(f"exec-{name}", ["testbed", "exec", "--state-dir", "tb", "--", "true"], says, setup)
       for name, setup, says in DAMAGED),
     Case("status-state-dir-not-a-directory", ["testbed", "status", "--state-dir", "/dev/null"],
-         ["state directory /dev/null is not a directory"], max_seconds=8),
+         ["state directory /dev/null is not a directory"]),
     Case("exec-state-dir-not-a-directory", ["testbed", "exec", "--state-dir", "/dev/null", "--", "true"],
-         ["state directory /dev/null is not a directory"], max_seconds=8),
+         ["state directory /dev/null is not a directory"]),
     Case("exec-without-shared-dir", ["testbed", "exec", "--state-dir", "tb", "--", "true"],
          ["shared directory", "/tb/shared is missing", "ctrain testbed up --state-dir"],
-         lambda w: _state(w, GOOD), max_seconds=8),
+         lambda w: _state(w, GOOD)),
     Case("exec-without-the-job-user", ["testbed", "exec", "--state-dir", "tb", "--", "true"],
          ["job user 'no-such-user-ctrain' does not exist"],
-         lambda w: _state(w, {**GOOD, "user": "no-such-user-ctrain"}, shared=True), max_seconds=8),
+         lambda w: _state(w, {**GOOD, "user": "no-such-user-ctrain"}, shared=True)),
 ]  # fmt: skip
 
 

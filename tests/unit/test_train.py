@@ -17,6 +17,7 @@ from ctrain.train import checkpoint
 from ctrain.train.demo import addition_chat, builtin_rows
 from ctrain.train.logs import PrefixedWriter
 from ctrain.train.artifacts import COMPLETE_MARKER
+from tests.conftest import require
 
 
 def test_every_line_gets_the_rank_prefix() -> None:
@@ -245,7 +246,7 @@ class _Control:
 
 
 def test_a_nan_loss_or_gradient_norm_stops_the_run_naming_the_step() -> None:
-    pytest.importorskip("transformers")
+    require("transformers")
     from ctrain.errors import NonFiniteTraining
     from ctrain.train.callbacks import FiniteGuard
     from ctrain.train.artifacts import NONFINITE_EXIT_CODE, PREEMPTED_EXIT_CODE
@@ -271,7 +272,7 @@ def test_a_nan_loss_or_gradient_norm_stops_the_run_naming_the_step() -> None:
 
 
 def test_a_checkpoint_at_max_steps_trains_no_step() -> None:
-    pytest.importorskip("transformers")
+    require("transformers")
     from ctrain.train.callbacks import AlreadyTrained, StopAtMaxSteps
 
     with pytest.raises(AlreadyTrained):
@@ -324,7 +325,7 @@ def test_a_heartbeat_on_a_full_file_system_renews_its_time_stamp(tmp_path: Path)
 
 def test_heartbeat_names_step_host_and_pid_and_changes_at_each_beat(tmp_path: Path) -> None:
     """What the job's hang watchdog reads: one line per rank, rewritten whole, its mtime moving on."""
-    pytest.importorskip("transformers")
+    require("transformers")
     import os
     import socket
 
@@ -466,7 +467,7 @@ def test_preemption_handler_survives_a_library_replacing_or_blocking_it(caplog) 
     import os
     import signal
 
-    pytest.importorskip("transformers")
+    require("transformers")
     from ctrain.train.callbacks import Preemption
 
     class State:
@@ -500,7 +501,7 @@ def test_preemption_handler_survives_a_native_library_taking_the_signal() -> Non
     import signal
     import time
 
-    pytest.importorskip("transformers")
+    require("transformers")
     from ctrain.train.callbacks import Preemption
 
     class State:
@@ -573,7 +574,7 @@ def test_shutdown_work_that_hangs_ends_the_process_with_the_outcome_and_says_whe
     started = time.monotonic()
     result = python_program(program)
     assert result.returncode == 75, result.stderr
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 120  # a hang guard: the wait never ends by itself
     assert result.stdout == "past the quick block\n"
     assert "ctrain: closing the process group has not finished after 1 s; " in result.stderr
     assert "(most recent call first)" in result.stderr and "line 7" in result.stderr, result.stderr

@@ -759,7 +759,6 @@ def run_case(
 
     seconds = clock.t1 - clock.t0
     tokens = clock.tokens1 - clock.tokens0
-    rate = tokens / seconds if seconds > 0 else 0.0
     context = data.attention_context(data.lengths(spec))
     dense, with_attention = spec.flops_per_token(context, frozen=case.adapters)
     return {
@@ -775,12 +774,7 @@ def run_case(
         "measured_steps": steps,
         "measured_tokens": tokens,
         "measured_seconds": seconds,
-        "tokens_per_s": rate,
-        "tokens_per_s_per_device": rate / world,
-        "step_ms": 1000 * seconds / steps if steps else 0.0,
-        # 6N FLOPs per token; 4N for a frozen base (BenchSpec.flops_per_token).
-        "mfu_6n": rate / world * dense / PEAK_FLOPS,
-        "mfu_with_attention": rate / world * with_attention / PEAK_FLOPS,
+        **figures(tokens, seconds, steps, world, dense, with_attention),
         "peak_memory_gib": clock.peak_bytes / 2**30,
         "wall_seconds": total,
         "first_step_seconds": clock.first_step,
@@ -788,6 +782,21 @@ def run_case(
         "process": os.getpid(),  # each case its own (ctrain.bench.suite)
         "losses": losses,
         "versions": _versions(),
+    }
+
+
+def figures(tokens: int, seconds: float, steps: int, world: int, dense: float, with_attention: float,
+            peak: float = PEAK_FLOPS) -> dict[str, float]:
+    """What a case reports from what it measured: tokens/s (in all, and per device), the step's time,
+    and MFU per device against ``peak`` FLOP/s, from ``dense`` FLOPs per token (6N; 4N for a frozen
+    base: BenchSpec.flops_per_token) and ``with_attention`` (the same plus causal attention)."""
+    rate = tokens / seconds if seconds > 0 else 0.0
+    return {
+        "tokens_per_s": rate,
+        "tokens_per_s_per_device": rate / world,
+        "step_ms": 1000 * seconds / steps if steps else 0.0,
+        "mfu_6n": rate / world * dense / peak,
+        "mfu_with_attention": rate / world * with_attention / peak,
     }
 
 
