@@ -199,7 +199,7 @@ def test_what_goes_wrong_reaching_a_cluster_is_said_in_one_line(clusters: Path, 
     assert code != 0 and "Traceback" not in out, out
     assert re.search(r"^error: (cluster \S+: )?(\S+ )?" + said, out), out
     assert len(out.strip().splitlines()) == 1, out
-    assert seconds < 15, seconds  # never a prompt, never a hang
+    assert seconds < 60, seconds  # a hang guard: never a prompt that waits for an answer
 
 
 def test_logs_of_a_forgotten_job_without_a_project_dir_say_where_to_set_it(clusters: Path) -> None:
@@ -320,10 +320,10 @@ def test_a_full_disk_on_the_cluster_is_found_before_the_image_is_sent(
     clusters: Path, cpu_sif: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(_laptop_project(tmp_path))
-    code, out, seconds = _ctrain("push", "--cluster", "full", "--file", str(cpu_sif))
+    code, out, _ = _ctrain("push", "--cluster", "full", "--file", str(cpu_sif))
     size = f"{cpu_sif.stat().st_size / 1e6:.0f}"  # the image's own size, as the message rounds it
     assert code == 1 and re.search(rf"^error: not enough free space in \S+/full for {size} MB \(1 MB free\)", out), out
-    assert seconds < 10 and not any(Path(remote.resolve("full").images_dir).iterdir())
+    assert not any(Path(remote.resolve("full").images_dir).iterdir())  # refused before anything was sent
 
 
 def test_a_login_node_without_slurm_is_named(clusters: Path) -> None:

@@ -195,10 +195,12 @@ def test_single_node_apptainer(project: Project, cpu_sif: Path) -> None:
 # --- accelerate and DeepSpeed, one multi-node job each ------------------------------------------------
 
 
-@pytest.mark.parametrize("launcher", ["accelerate", pytest.param("deepspeed", marks=pytest.mark.full)])
+@pytest.mark.full
+@pytest.mark.parametrize("launcher", ["accelerate", "deepspeed"])
 def test_launcher_on_two_nodes(launcher: str, project: Project, cpu_sif: Path) -> None:
-    """DeepSpeed's job is in the full tier alone (its start is the slowest); CI tier:
-    test_launcher_on_two_nodes (accelerate) and test_srun_command_golden (every launcher's line)."""
+    """Full tier alone; CI tier: test_srun_command_golden (every launcher's line, golden) and
+    test_accelerate_machine_rank_per_node (each node's rank), with torchrun's rendezvous across two
+    nodes in test_faults_in_turn_each_checkpoint_resume_or_end_the_run."""
     # One process per node: what is under test is the launcher's rendezvous across nodes, and each
     # process's start (the training stack, DeepSpeed) is what these jobs spend their time on.
     job_id = submit(project, DEMO, *SHORT, f"training.output_dir=/outputs/{launcher}", image=cpu_sif, nodes=2,

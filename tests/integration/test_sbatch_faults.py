@@ -83,6 +83,25 @@ def submit(project: Project, image: Path, name: str, *overrides: str, env: dict[
                           env={"IMAGE": str(image), **(env or {})})  # fmt: skip
 
 
+class Runs:
+    """The runs of one job that a test ends with a fault each: the next one let start once Slurm has
+    requeued the job (as soon as the old run's credential has expired), then waited for until it trains."""
+
+    def __init__(self, project: Project, job_id: str) -> None:
+        self.project, self.job_id = project, job_id
+        self.seen: frozenset[int] = frozenset()  # the earlier runs' ranks
+
+    def start(self, restart: int, past: int) -> dict[int, tuple[int, str, int]]:
+        """Let the job's ``restart``-th run start; its ranks' heartbeats once all are past step ``past``."""
+        if restart:
+            wait_until("Slurm's requeue", lambda: restarts(self.project, self.job_id) == restart, 120, every=1)
+            self.project.testbed.slurm.run(["scontrol", "update", f"JobId={self.job_id}",
+                                            f"StartTime=now+{CRED_EXPIRE_S + 2}"], check=False)  # fmt: skip
+        beats = training(self.project, self.job_id, past=past, earlier=self.seen)
+        self.seen |= {pid for _, _, pid in beats.values()}
+        return beats
+
+
 SILENCE_CHECK = 10  # CTRAIN_NODE_CHECK in the CI tier's fault job: its steps are well under a second
 
 
@@ -106,18 +125,7 @@ def test_faults_in_turn_each_checkpoint_resume_or_end_the_run(sbatch_project: Pr
     output = f"/outputs/{name}"
     job_id = submit(project, cpu_sif, name, f"training.max_steps={steps}", "training.logging_steps=5",
                     "training.save_steps=100000", env={"CTRAIN_NODE_CHECK": str(SILENCE_CHECK)})  # fmt: skip
-    seen: frozenset[int] = frozenset()
-
-    def run(restart: int, past: int) -> dict[int, tuple[int, str, int]]:
-        """Let the job's ``restart``-th run start, and wait until its ranks are past step ``past``."""
-        nonlocal seen
-        if restart:
-            wait_until("Slurm's requeue", lambda: restarts(project, job_id) == restart, 120, every=1)
-            testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"],
-                              check=False)  # fmt: skip
-        beats = training(project, job_id, past=past, earlier=seen)
-        seen = seen | {pid for _, _, pid in beats.values()}
-        return beats
+    run = Runs(project, job_id).start
 
     def checkpoints() -> list[int]:
         return [int(n) for n in re.findall(rf"checkpoint {output}/checkpoint-(\d+) complete", project.log(job_id))]
@@ -773,25 +781,14 @@ def test_through_pyxis_faults_behave_as_under_apptainer(sbatch_project: Project,
     assert result.exit_code == 0, result.output
     project.own(script)
     job_id = project.sbatch(str(script))
-    seen: frozenset[int] = frozenset()
     checkpoints = 0
-
-    def next_run(restart: int) -> dict[int, tuple[int, str, int]]:
-        """After the job's ``restart``-th requeue: let it start, and wait until this run trains."""
-        nonlocal seen
-        if restart:
-            wait_until("Slurm's requeue", lambda: restarts(project, job_id) == restart, 120, every=1)
-            testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"],
-                              check=False)  # fmt: skip
-        beats = training(project, job_id, past=3, earlier=seen)
-        seen = seen | {pid for _, _, pid in beats.values()}
-        return beats
+    starts = Runs(project, job_id)
 
     def saved() -> bool:
         return project.log(job_id).count("checkpoint /outputs/pyxis-faults/checkpoint-") == checkpoints
 
     for restart, fault in enumerate(faults):
-        beats = next_run(restart)
+        beats = starts.start(restart, past=3)
         sent = time.monotonic()
         if fault == "term":
             testbed.slurm.run(["scontrol", "requeue", job_id])

@@ -16,9 +16,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("runtime", ["apptainer", "pyxis"])
+@pytest.mark.parametrize("runtime", ["apptainer", pytest.param("pyxis", marks=pytest.mark.full)])
 def test_hello_nodes_runs_a_two_node_job_inside_the_image(testbed: Testbed, runtime: str) -> None:
-    """Apptainer with a SIF; pyxis (built from the sources the testbed fixture used) with a squashfs."""
+    """Apptainer with a SIF; pyxis (built from the sources the testbed fixture used) with a squashfs. The
+    pyxis run is in the full tier alone; CI tier: test_through_pyxis_faults_behave_as_under_apptainer (a
+    2-node job through pyxis and enroot)."""
     pyxis = ["--pyxis", str(PYXIS_SOURCES)] if runtime == "pyxis" else []
     result = subprocess.run(
         [REPO / "scripts" / "hello-nodes.sh", *pyxis], capture_output=True, text=True, timeout=1800, check=False

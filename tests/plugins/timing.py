@@ -27,7 +27,7 @@ IMAGE_FIXTURES = ("test_wheelhouse", "cpu_image", "cpu_sif", "cpu_sqsh")
 GROUP_SUFFIX = "@testbed"  # pytest-xdist's suffix for the testbed's group (tests/conftest.py)
 SLOWEST = 20
 
-_fixtures: dict[str, float] = {}  # session fixture -> its set-up seconds, in this process
+_fixtures: dict[str, float] = {}  # session fixture -> its set-up seconds (the longest process's)
 _tests: dict[str, dict[str, float]] = {}  # test id -> start, stop, seconds (controller or single process)
 _started = time.time()
 
@@ -37,7 +37,7 @@ def pytest_fixture_setup(fixturedef: Any, request: Any) -> Iterator[None]:
     started = time.monotonic()
     yield
     if fixturedef.scope == "session":
-        _fixtures[fixturedef.argname] = _fixtures.get(fixturedef.argname, 0.0) + time.monotonic() - started
+        _fixtures[fixturedef.argname] = time.monotonic() - started
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -54,9 +54,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    """A worker ended: its session fixtures' set-up seconds join the controller's."""
+    """A worker ended: its session fixtures' set-up seconds join the controller's. Both workers ask for
+    the image; one builds it while the other waits for its lock, so the longer of the two is its cost."""
     for name, seconds in json.loads(getattr(node, "workeroutput", {}).get("ctrain_fixtures", "{}")).items():
-        _fixtures[name] = _fixtures.get(name, 0.0) + seconds
+        _fixtures[name] = max(_fixtures.get(name, 0.0), seconds)
 
 
 def parts() -> dict[str, Any]:
@@ -81,6 +82,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if getattr(config, "workeroutput", None) is not None or not _tests:
         return
     found = parts()
+    if not (os.environ.get(TIMES_ENV) or found["parts"]["testbed chain"] or found["parts"]["image fixtures"]):
+        return  # a run of unit tests alone: nothing to tell apart
+    for name in IMAGE_FIXTURES:
+        if name in found["fixtures"]:
+            terminalreporter.write_line(f"suite fixture | {name} | {found['fixtures'][name]:.0f} s")
     for name, seconds in found["parts"].items():
         terminalreporter.write_line(f"suite part | {name} | {seconds:.0f} s")
     if os.environ.get(TIMES_ENV):

@@ -77,8 +77,23 @@ class Quickstart:
     work: Path
 
 
+def _seed_wheelhouse(wheels: Path, directory: Path) -> None:
+    """Give ``directory`` (the quickstart's wheelhouse) the suite's wheels of the same pins, linked, if it
+    holds none: ``ctrain wheelhouse`` then keeps them, as on a user's second run, instead of downloading
+    the same 335 MB again (the slowest and least steady step of a CI run)."""
+    if any(directory.glob("*.whl")):
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    for wheel in wheels.glob("*.whl"):
+        try:
+            os.link(wheel, directory / wheel.name)
+        except OSError:  # another file system
+            shutil.copy2(wheel, directory / wheel.name)
+
+
 @pytest.fixture(scope="session")
-def quickstart(testbed: Testbed, cpu_image: Any, tmp_path_factory: pytest.TempPathFactory) -> Quickstart:
+def quickstart(testbed: Testbed, cpu_image: Any, test_wheelhouse: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> Quickstart:  # fmt: skip
     """The README's first command, run once as a user runs it: the demo trained to its bar on 2
     nodes x 2 processes of the testbed. The tests that need a trained demo model read a copy of
     it (the testbed's shared directory belongs to its job user), so the demo trains once.
@@ -87,7 +102,9 @@ def quickstart(testbed: Testbed, cpu_image: Any, tmp_path_factory: pytest.TempPa
     builds its own image from its own wheelhouse, as a new user's machine does, and trains the
     800 steps the accuracy bar needs; what it proves is the whole path, so it is not cut. It starts
     once the suite's own image (``cpu_image``, the same Dockerfile and base) is built: its build then
-    finds every layer in buildah's cache instead of building the same layers beside it at once."""
+    finds every layer in buildah's cache instead of building the same layers beside it at once; and its
+    wheelhouse holds the suite's wheels (``test_wheelhouse``, made by the same ``ctrain wheelhouse``)."""
+    _seed_wheelhouse(test_wheelhouse, REPO / ".ctrain" / "wheels")
     result = subprocess.run(
         [REPO / "scripts" / "quickstart.sh"], capture_output=True, text=True, timeout=2400, check=False
     )

@@ -121,8 +121,11 @@ def test_gpus_sweep_needs_cuda():
     assert result.exit_code != 0 and "needs CUDA" in result.output
 
 
+@pytest.mark.full
 def test_tiny_cpu_smoke(tmp_path, monkeypatch):
-    """The whole bench on a CPU: seeds vs ctrain, same-batch loss check, table and JSON."""
+    """The whole bench on a CPU: seeds vs ctrain, same-batch loss check, table and JSON.
+    Full tier alone; CI tier: test_the_benchs_figures_from_what_a_case_measured (the figures it reports) and
+    test_parameter_count_matches_the_model (the FLOPs it counts)."""
     require("trl")
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "bench.json"
@@ -168,8 +171,8 @@ def test_lora_cases_are_the_8b_shape_with_one_adapter_setting():
 @pytest.mark.full
 def test_lora_cases_train_on_a_cpu(tmp_path):
     """Each LoRA case builds its trainer and trains a tiny model: only the adapters change.
-    Full tier alone; CI tier: test_tiny_cpu_smoke (the bench end to end on a CPU) and
-    test_lora_on_the_fast_engine_with_checkpointing (ctrain's LoRA engine)."""
+    Only the full tier runs the bench's cases on a CPU; CI tier: test_lora_on_the_fast_engine_with_checkpointing
+    (ctrain's LoRA engine) and test_the_benchs_figures_from_what_a_case_measured (the figures)."""
     require("trl")
     require("peft")
     out = tmp_path / "bench.json"

@@ -68,8 +68,10 @@ def _download(
     env: dict[str, str] | None,
 ) -> None:  # fmt: skip
     ui.info(f"wheelhouse: building deepspeed into {directory}")
+    # --find-links: a wheel of the pinned deepspeed already there is kept, not built again.
     proc.stream(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-c", constraints, "-w", directory, "deepspeed"],
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--find-links", directory, "-c", constraints, "-w",
+         directory, "deepspeed"],  # fmt: skip
         prefix="wheelhouse: ",
         env=env,
     )
