@@ -68,7 +68,7 @@ def need(condition: bool, what: str) -> None:
         return
     if STRICT:
         pytest.fail(f"prerequisite missing: {what} (CTRAIN_STRICT/CI set, so this fails instead of skipping)")
-    pytest.skip(f"prerequisite missing: {what}")
+    pytest.skip(f"prerequisite missing: {what}", allow_module_level=True)
 
 
 def need_root() -> None:
@@ -81,7 +81,5 @@ def require(module: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        if STRICT:
-            pytest.fail(f"prerequisite missing: the Python module {module} ({error}; CTRAIN_STRICT/CI set, so this "
-                        "fails instead of skipping)", pytrace=False)
-        pytest.skip(f"prerequisite missing: the Python module {module}", allow_module_level=True)
+        need(False, f"the Python module {module} ({error})")
+        raise  # not reached: need fails or skips

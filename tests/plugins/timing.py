@@ -24,6 +24,7 @@ import pytest
 
 TIMES_ENV = "CTRAIN_SUITE_TIMES"
 IMAGE_FIXTURES = ("test_wheelhouse", "cpu_image", "cpu_sif", "cpu_sqsh")
+SHOWN = (*IMAGE_FIXTURES, "quickstart")  # the session fixtures whose seconds are shown one by one
 GROUP_SUFFIX = "@testbed"  # pytest-xdist's suffix for the testbed's group (tests/conftest.py)
 SLOWEST = 20
 
@@ -73,6 +74,7 @@ def parts() -> dict[str, Any]:
             "pytest": time.time() - _started,
         },
         "fixtures": dict(sorted(_fixtures.items(), key=lambda item: -item[1])),
+        "shown": [name for name in SHOWN if name in _fixtures],
         "slowest": [{"seconds": seconds, "test": nodeid} for seconds, nodeid in slowest],
         "tests": len(_tests),
     }
@@ -84,9 +86,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     found = parts()
     if not (os.environ.get(TIMES_ENV) or found["parts"]["testbed chain"] or found["parts"]["image fixtures"]):
         return  # a run of unit tests alone: nothing to tell apart
-    for name in IMAGE_FIXTURES:
-        if name in found["fixtures"]:
-            terminalreporter.write_line(f"suite fixture | {name} | {found['fixtures'][name]:.0f} s")
+    for name in found["shown"]:
+        terminalreporter.write_line(f"suite fixture | {name} | {found['fixtures'][name]:.0f} s")
     for name, seconds in found["parts"].items():
         terminalreporter.write_line(f"suite part | {name} | {seconds:.0f} s")
     if os.environ.get(TIMES_ENV):
