@@ -29,14 +29,13 @@ from ctrain.config import (CPU_OPTIONS, MEMORY_OPTIONS, ProjectConfig, SlurmConf
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.files import atomic_write_text, control_problem, read_text_bounded, shorten
 from ctrain.image import reference
+from ctrain.jobs.library import (LIB, MAX_SCRIPT_BYTES, SOURCE_LINE, assemble, library_notes,  # noqa: F401
+                                 library_version, read_script)  # fmt: skip
 from ctrain.settings import override
 
 if TYPE_CHECKING:
     from ctrain.train.recipe import Recipe
 
-LIB = Path("sbatch/lib/ctrain.sh")
-# How every script in sbatch/ loads the library (the line `ctrain submit` replaces by the library).
-SOURCE_LINE = 'source "${CTRAIN_SBATCH_LIB:-$SLURM_SUBMIT_DIR/sbatch/lib/ctrain.sh}" || exit 2'
 # A line only scripts `ctrain submit` rendered hold: the one kind of file --write-script may replace.
 RENDERED_MARK = "# --- settings from ctrain.yaml and the command line (ctrain submit) ---"
 _MAIN_LINE = re.compile(r"^ctrain_main (\w+) \"\$@\"$", re.MULTILINE)
@@ -164,15 +163,6 @@ def node_gpus(options: dict[str, str | None]) -> int | None:
             "runs one process per GPU): ask per node instead, slurm.gpus_per_node (--gpus-per-node)"
         )
     return total // int(match[1])
-
-
-# The most a script or the library may hold: ctrain's own are a few dozen KiB.
-MAX_SCRIPT_BYTES = 4 * 2**20
-
-
-def read_script(path: Path, what: str) -> str:
-    """A script's text, bounded and UTF-8 (``--script`` may name any file, a copy may have been damaged)."""
-    return read_text_bounded(path, MAX_SCRIPT_BYTES, what)
 
 
 def scripts_dir(project: Path) -> Path:
@@ -504,40 +494,6 @@ def render(template: Path, lib_text: str, header_pairs: list[tuple[str, str | No
     return "\n".join(header + settings + body) + "\n", options
 
 
-_LIB_VERSION = re.compile(r"^CTRAIN_LIB_VERSION=(\d+)$", re.MULTILINE)
-_LIB_HISTORY = re.compile(r"^#\s+version (\d+): (.*(?:\n#\s{6,}\S.*)*)", re.MULTILINE)
-
-
-def library_version(text: str) -> int:
-    """A library's CTRAIN_LIB_VERSION; 1 for a copy from before the library said it."""
-    found = _LIB_VERSION.search(text)
-    return int(found[1]) if found else 1
-
-
-def library_notes(lib: Path) -> list[str]:
-    """What a project's copy of the library (``ctrain init`` copied it) misses against the installed
-    one, with the fix; a ConfigError for a copy from a newer ctrain, which this one cannot drive."""
-    installed = resources.path(*LIB.parts)
-    if lib.resolve() == installed.resolve():
-        return []
-    ours = read_script(installed, "the sbatch library")
-    theirs, current = library_version(read_script(lib, "the sbatch library")), library_version(ours)
-    if theirs > current:
-        raise ConfigError(
-            f"{lib} is version {theirs} of the sbatch library, from a newer ctrain than this one (which knows "
-            f"up to {current}): upgrade ctrain ({install_hint()} --upgrade), or run `ctrain init --force` to "
-            "go back to this ctrain's scripts"
-        )
-    if theirs == current:
-        return []
-    missed = [" ".join(" ".join(m[2].split()).split("# ")) for m in _LIB_HISTORY.finditer(ours) if int(m[1]) > theirs]
-    return [
-        f"warning: the project's sbatch/ is version {theirs} of ctrain's sbatch library and this ctrain has "
-        f"version {current}; it misses: {'; '.join(missed)}. `ctrain init --upgrade` lists what differs, "
-        "`ctrain init --force` refreshes the copies (an edited one is kept as NAME.edited)"
-    ]
-
-
 #: Fewer CPUs than this per GPU starve a GPU job's data loaders and launcher: a warning.
 MIN_CPUS_PER_GPU = 4
 
@@ -622,7 +578,7 @@ def prepare(
         arguments = command_arguments(command, recipe, overrides)
     else:
         arguments = recipe_arguments(c, recipe, overrides)
-    text, options = render(template, read_script(lib, "the sbatch library"), sbatch_options(c), env, arguments)
+    text, options = render(template, assemble(lib), sbatch_options(c), env, arguments)
     settings = resolve_settings(lib, runtime, arguments, env, project)
     check_mount_sources(settings)
     job = Job(template, runtime, text, project, settings, arguments, options, notes)
