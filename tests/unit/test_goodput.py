@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from ctrain.cli import main
 from ctrain.errors import ConfigError
+from ctrain.jobs.library import assemble
 from ctrain.train import goodput
 from tests.unit.test_settings import within
 
@@ -128,7 +129,7 @@ def test_ranks_mark_only_where_the_job_says_and_never_fail_for_it(tmp_path: Path
 
 def test_the_librarys_events_are_the_ones_the_report_reads() -> None:
     """The batch script's ctrain_mark calls and BATCH_EVENTS name the same events."""
-    library = (REPO / "sbatch" / "lib" / "ctrain.sh").read_text()
+    library = assemble(REPO / "sbatch" / "lib" / "ctrain.sh")
     marked = set(re.findall(r"\bctrain_mark (\w+)", library)) - {"EVENT"}
     assert marked == set(goodput.BATCH_EVENTS)
     assert "CTRAIN_TIMELINE=.ctrain/$SLURM_JOB_ID.timeline" in library

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from ctrain.jobs.library import assemble
 from tests import golden_files
 from tests.conftest import need
 from tests.golden_files import assert_golden
@@ -372,7 +373,7 @@ def test_single_and_multinode_differ_only_in_nodes_and_text() -> None:
 def lib_defaults() -> dict[str, list[str]]:
     """CTRAIN_* variables the library defaults with `: "${NAME:=default}"` (some per runtime)."""
     found: dict[str, list[str]] = {}
-    for name, default in re.findall(r': "\$\{(CTRAIN_[A-Z_]+):=(.*?)\}"[\s;]', LIB.read_text()):
+    for name, default in re.findall(r': "\$\{(CTRAIN_[A-Z_]+):=(.*?)\}"[\s;]', assemble(LIB)):
         found.setdefault(name, []).append(default)
     return found
 

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from ctrain import slurm
-from ctrain.jobs import submit
+from ctrain.jobs import library, submit
 from ctrain.cli import main
 from ctrain.config import SlurmConfig, load_config
 from ctrain.errors import ConfigError, CtrainError, ParseError
@@ -240,7 +240,7 @@ def test_rendered_script_runs_as_the_library_says(tmp_path: Path) -> None:
     assert job.settings["CTRAIN_EFA"] == "1" and job.settings["CTRAIN_CONTAINER_ENV"] == "NCCL_DEBUG"
     assert job.settings["CTRAIN_PROJECT_DIR"] == str(tmp_path)
     assert "source " not in job.text and 'ctrain_main pyxis "$@"' in job.text
-    lib = (REPO / "sbatch/lib/ctrain.sh").read_text()
+    lib = library.assemble(REPO / "sbatch/lib/ctrain.sh")
     assert lib.strip() in job.text
 
 

@@ -29,9 +29,35 @@ def read_script(path: Path, what: str) -> str:
     return read_text_bounded(path, MAX_SCRIPT_BYTES, what)
 
 
+# The lines of the library's entry point that load its other files (sbatch/lib/ctrain.sh), and the
+# here-document an inlined program becomes.
+_PART = re.compile(r'^source "\$CTRAIN_LIB_DIR/([\w.-]+\.sh)" \|\| exit 2$', re.MULTILINE)
+_PROGRAM = re.compile(r"^ctrain_program (\w+) ([\w.-]+)$", re.MULTILINE)
+PROGRAM_END = "CTRAIN_PROGRAM"
+
+
+def _program(directory: Path, name: str, file: str) -> str:
+    path = directory / "programs" / file
+    text = read_script(path, "a program of the sbatch library")
+    lines = text.rstrip("\n").splitlines()
+    while lines and lines[0].startswith("#"):  # what it is, for its readers (ctrain_program drops it too)
+        lines.pop(0)
+    if PROGRAM_END in lines:
+        raise ConfigError(f"{path} has a line {PROGRAM_END}, which would end its here-document: rename it")
+    return "\n".join([f"ctrain_program {name} - <<'{PROGRAM_END}'", *lines, PROGRAM_END])
+
+
+def _inline(directory: Path, text: str) -> str:
+    text = _PROGRAM.sub(lambda m: _program(directory, m[1], m[2]), text)
+    return _PART.sub(lambda m: _inline(directory, read_script(directory / m[1], "a part of the sbatch library"))
+                     .rstrip("\n"), text)  # fmt: skip
+
+
 def assemble(lib: Path) -> str:
-    """The library whose entry point is ``lib``, as one self-contained text."""
-    return read_script(lib, "the sbatch library")
+    """The library whose entry point is ``lib``, as one self-contained text: each part it sources and
+    each program it loads written in place of its line. A copy of one file (a project's version 5 or
+    older) is its own assembly."""
+    return _inline(lib.parent, read_script(lib, "the sbatch library"))
 
 
 _LIB_VERSION = re.compile(r"^CTRAIN_LIB_VERSION=(\d+)$", re.MULTILINE)

@@ -1,0 +1,6 @@
+[ -e "$1/complete" ] && command exec 9<"$1/complete" && flock -s 9 && [ -e "$1/complete" ] || {
+    echo "ctrain: $(uname -n): the cached image $1 is gone (removed while the job started); submit again" >&2
+    exit 1
+}
+shift
+exec "$@"

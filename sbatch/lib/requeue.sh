@@ -1,0 +1,79 @@
+# The run asked to come back: it was warned of the time limit, or the trainer exited with its
+# requeue code after saving a checkpoint. The requeued job resumes from that checkpoint.
+ctrain_requeue_if_asked() {
+    local rc=$1 restarts=${SLURM_RESTART_COUNT:-0}
+    if [[ $CTRAIN_SIGNAL == TERM ]]; then
+        # Slurm itself requeues a job it preempted or was told to requeue; scancel means stop.
+        echo "ctrain: SIGTERM came from Slurm (scancel, scontrol requeue or preemption): Slurm decides whether the job runs again"
+        return 0
+    fi
+    [[ $CTRAIN_SIGNAL == USR1 || $rc -eq $CTRAIN_REQUEUE_EXIT ]] || return 0
+    if ((restarts >= CTRAIN_MAX_REQUEUES)); then
+        echo "ctrain: not requeueing: already restarted $restarts times (CTRAIN_MAX_REQUEUES=$CTRAIN_MAX_REQUEUES)"
+        return 0
+    fi
+    echo "ctrain: requeueing job $SLURM_JOB_ID (restart $((restarts + 1))); it resumes from the last checkpoint"
+    ctrain_requeue
+}
+
+# ctrain_requeue [EXCLUDED]: requeue the job (once Slurm has requeued it, as after a node failure, only
+# its excluded nodes change), with EXCLUDED as its ExcNodeList; sets CTRAIN_REQUEUED. A requeue TERMs
+# this shell, which from here on ignores TERM, so that the decision is recorded (the run's state and
+# the timeline) whenever Slurm's TERM arrives; Slurm's SIGKILL comes KillWait seconds later. (The
+# TERM used to be caught again right after the requeue, and a TERM that came late killed the shell
+# before it recorded the decision: seen in a chaos soak.) Only a pending job's ExcNodeList can
+# change, so it is set after the requeue.
+ctrain_requeue() {
+    trap '' TERM
+    if ctrain_job_is PENDING || scontrol requeue "$SLURM_JOB_ID"; then
+        if [[ -z ${1-} ]] || scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$1"; then
+            CTRAIN_REQUEUED=1
+        fi
+    fi
+}
+
+# ctrain_retry_once: a rank failed or hung on a node that is still up (killed by the kernel for
+# memory, a transient device or network fault, or a bug in the training code, which fails the same
+# way again): requeue once per job, within CTRAIN_MAX_REQUEUES; the next run resumes from the last checkpoint.
+ctrain_retry_once() {
+    local restarts=${SLURM_RESTART_COUNT:-0} marker=$CTRAIN_PROJECT_DIR/.ctrain/$SLURM_JOB_ID.retried
+    if [[ -e $marker ]]; then
+        echo "ctrain: not requeueing: the job was already retried once after a failed or hung rank; the failure" \
+            "above repeats, so it is likely in the training code or the data"
+    elif ((restarts >= CTRAIN_MAX_REQUEUES)); then
+        echo "ctrain: not requeueing: already restarted $restarts times (CTRAIN_MAX_REQUEUES=$CTRAIN_MAX_REQUEUES)"
+    else
+        : >"$marker"
+        echo "ctrain: requeueing job $SLURM_JOB_ID once (restart $((restarts + 1))); it resumes from the last checkpoint"
+        ctrain_requeue
+    fi
+}
+
+# ctrain_requeue_without NODE...: requeue the job with the lost nodes excluded, where the partition
+# still has enough nodes in service without them (and without those excluded before); otherwise
+# end, naming the nodes. Requeued as it was, the job would wait for them: PENDING, with no end, on
+# nodes that are DOWN.
+ctrain_requeue_without() {
+    local restarts=${SLURM_RESTART_COUNT:-0} excluded before usable=0 node state
+    before=$(scontrol show job -o "$SLURM_JOB_ID" | grep -o 'ExcNodeList=[^ ]*')
+    before=${before#ExcNodeList=}
+    [[ $before != "(null)" ]] || before=
+    excluded=$({ [[ -z $before ]] || scontrol show hostnames "$before"; printf '%s\n' "$@"; } | sort -u | paste -sd,)
+    excluded=$(scontrol show hostlist "$excluded")
+    while read -r node state; do
+        [[ $state =~ ^(idle|mix|mixed|alloc|allocated|comp|completing)$ ]] || continue
+        scontrol show hostnames "$excluded" | grep -qx "$node" || usable=$((usable + 1))
+    done < <(sinfo -h -N -p "${SLURM_JOB_PARTITION:-}" -o '%N %t' | sort -u)
+    if ((restarts >= CTRAIN_MAX_REQUEUES)); then
+        echo "ctrain: not requeueing: already restarted $restarts times (CTRAIN_MAX_REQUEUES=$CTRAIN_MAX_REQUEUES)"
+    elif ((usable < CTRAIN_NNODES)); then
+        echo "ctrain: not requeueing: partition ${SLURM_JOB_PARTITION:-} has $usable node(s) in service besides" \
+            "$excluded, the job needs $CTRAIN_NNODES; submit it again once $* is back (sinfo -n $*)," \
+            "or on fewer nodes; it resumes from the last checkpoint"
+    else
+        echo "ctrain: requeueing job $SLURM_JOB_ID (restart $((restarts + 1))) without $excluded" \
+            "(ExcNodeList); it resumes from the last checkpoint once Slurm has let go of the lost node"
+        ctrain_requeue "$excluded"
+        [[ -n $CTRAIN_REQUEUED ]] || echo "ctrain: requeueing without $excluded failed (above)"
+    fi
+}
