@@ -23,7 +23,8 @@ PIECES = ["\n", "\r", "\0", "\t", "\x1b", "'", '"', "\\", f"$(touch {CANARY})", 
           f"; touch {CANARY}", f"\ntouch {CANARY}\n", "&&", "|", ">", "<", " ", "#", "${HOME}", "$HOME", "%j", "=",
           ",", ":", "*", "~", "--x=1", "a", "b1", "/x", "-", "ü"]  # fmt: skip
 SEED = 20261127
-BENIGN = {"time": "10", "image": "images/y.sif", "mem": "8G"}  # one value of each field that renders
+# One value of each field that renders (other fields: "gpu"); every sbatch option a field declares is here by itself.
+BENIGN = {"time": "10", "image": "images/y.sif", "mem": "8G", "dependency": "afterok:123", "mail_type": "END,FAIL"}
 CASES_PER_FIELD = 12
 
 

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from ctrain import slurm
-from ctrain.jobs import library, submit
+from ctrain.jobs import checks, library, submit
 from ctrain.cli import main
 from ctrain.config import SlurmConfig, load_config
 from ctrain.errors import ConfigError, CtrainError, ParseError
@@ -567,8 +567,8 @@ def test_a_command_after_the_dashes_is_the_jobs_payload(tmp_path: Path, monkeypa
     project(tmp_path, GPU_CLUSTER)
     (tmp_path / "run_clm.py").write_text("print('hi')\n")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(submit, "check_image", lambda *_: None)
-    monkeypatch.setattr(submit, "check_gpus", lambda *_: [])
+    monkeypatch.setattr(checks, "check_image", lambda *_: None)
+    monkeypatch.setattr(checks, "check_gpus", lambda *_: [])
     result = CliRunner().invoke(main, ["submit", "--dry-run", "--nodes", "2", "--", *COMMAND])
     assert result.exit_code == 0, result.output
     assert_golden("sbatch", "submit-command-2node.sbatch", result.stdout.split("\n", 2)[2].rsplit("CTRAIN_SCRIPT", 1)[0])
@@ -589,8 +589,8 @@ def test_a_command_after_the_dashes_is_the_jobs_payload(tmp_path: Path, monkeypa
 def test_a_command_is_checked_before_it_is_queued(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     project(tmp_path, GPU_CLUSTER)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(submit, "check_image", lambda *_: None)
-    monkeypatch.setattr(submit, "check_gpus", lambda *_: [])
+    monkeypatch.setattr(checks, "check_image", lambda *_: None)
+    monkeypatch.setattr(checks, "check_gpus", lambda *_: [])
     cases = {
         ("recipes/demo-addition.yaml", "--", "train.py"): "give a recipe or a command after --, not both",
         ("--",): "nothing after --: give the command to run",

@@ -7,12 +7,14 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from ctrain import slurm
 from ctrain.clicore import project
 from ctrain.errors import ConfigError, CtrainError, ToolNotFound
+from ctrain.jobs.flags import slurm_flags
 from ctrain.ui import info
 
 
@@ -63,30 +65,16 @@ class _CommandAfterDashes(click.Command):
 COMMAND = "ctrain.command"
 
 
+# What preflight's flags say differently from submit's.
+PREFLIGHT_HELPS = {"nodes": "Number of nodes (inside an allocation: all of its nodes).",
+                   "gpus_per_node": "GPUs per node; one checking process each.", "time": "Time limit of the job.",
+                   "runtime": "Container runtime (default: ctrain.yaml)."}  # fmt: skip
+
+
 @click.command(cls=_CommandAfterDashes, context_settings={"ignore_unknown_options": False})
 @click.argument("recipe", required=False)
 @click.argument("overrides", nargs=-1)
-@click.option("--script", help="Script in sbatch/ (apptainer, apptainer_multinode, pyxis, pyxis_multinode) "
-              "or a path (default: slurm.script, else RUNTIME for 1 node, RUNTIME_multinode for more).")  # fmt: skip
-@click.option(
-    "--runtime", type=click.Choice(["apptainer", "pyxis"]), help="Container runtime (default: slurm.runtime)."
-)
-@click.option("--nodes", "-N", type=int, help="Number of nodes.")
-@click.option("--time", "-t", "time_limit", help="Time limit, e.g. 04:00:00 or 2-00:00:00.")
-@click.option("--partition", "-p", help="Partition (queue).")
-@click.option("--account", "-A", help="Account to charge.")
-@click.option("--gpus-per-node", type=int, help="GPUs per node; one training process each.")
-@click.option("--ntasks-per-node", type=int, help="Processes per node on nodes without GPUs.")
-@click.option("--cpus-per-task", "-c", type=int,
-              help="CPUs of each node's task (one per node with GPUs; default for GPU jobs: the GPUs' share of "
-              "the node's CPUs, whole nodes when the job takes all their GPUs).")  # fmt: skip
-@click.option("--mem", help="Memory per node, e.g. 500G (0: all of it; default for GPU jobs: the GPUs' share).")
-@click.option("--exclusive/--no-exclusive", default=None, help="Whole nodes: every CPU, no other job beside it.")
-@click.option("--image", help="Image: a .sif/.sqsh path, or a registry reference (pyxis).")
-@click.option(
-    "--launcher", type=click.Choice(["torchrun", "accelerate", "deepspeed"]), help="Launcher (default: torchrun)."
-)
-@click.option("--job-name", "-J", help="Job name (names the log: logs/NAME-JOBID.out).")
+@slurm_flags("submit")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch command and the exact script; queue nothing.")
 @click.option("--write-script", type=click.Path(dir_okay=False, path_type=Path),
               help="Check, then write the script to this file instead of queueing it (run `sbatch FILE` "
@@ -94,12 +82,8 @@ COMMAND = "ctrain.command"
 @click.option("--wait", "wait_", is_flag=True, help="Follow the job's log until it ends; exit 1 unless it completed.")
 @_CLUSTER
 @click.pass_context
-def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], script: str | None, runtime: str | None,
-           nodes: int | None, time_limit: str | None, partition: str | None, account: str | None,
-           gpus_per_node: int | None, ntasks_per_node: int | None, cpus_per_task: int | None, mem: str | None,
-           exclusive: bool | None, image: str | None, launcher: str | None,
-           job_name: str | None, dry_run: bool, write_script: Path | None, wait_: bool,
-           cluster_name: str | None) -> None:  # fmt: skip
+def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_run: bool,
+           write_script: Path | None, wait_: bool, cluster_name: str | None, **flags: Any) -> None:  # fmt: skip
     """Train RECIPE on the cluster: render an sbatch/ script with ctrain.yaml's `slurm:` settings,
     check it, and queue it. Or, after `--`, run a training program of your own the same way.
 
@@ -129,11 +113,8 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
             raise click.UsageError("--write-script writes a file here; with --cluster, use --dry-run to see the script")
         sys.exit(_submit_there(ctx, cluster))
 
-    job = jobs.prepare(project(ctx), recipe=recipe, overrides=overrides, command=command, script=script,
-                       runtime=runtime, nodes=nodes,
-                       time=time_limit, partition=partition, account=account, gpus_per_node=gpus_per_node,
-                       ntasks_per_node=ntasks_per_node, cpus_per_task=cpus_per_task, mem=mem, exclusive=exclusive,
-                       image=image, launcher=launcher, job_name=job_name, client=slurm.Slurm())  # fmt: skip
+    job = jobs.prepare(project(ctx), recipe=recipe, overrides=overrides, command=command, client=slurm.Slurm(),
+                       **flags)  # the slurm: settings' flags (ctrain.jobs.flags)
     warnings = jobs.check(job, dry_run=dry_run)
     if dry_run:
         click.echo(job.describe(), nl=False)
@@ -155,17 +136,10 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], s
 
 
 @click.command()
-@click.option("--nodes", "-N", type=int, help="Number of nodes (inside an allocation: all of its nodes).")
-@click.option("--gpus-per-node", type=int, help="GPUs per node; one checking process each.")
-@click.option("--ntasks-per-node", type=int, help="Processes per node on nodes without GPUs.")
-@click.option("--partition", "-p", help="Partition (queue).")
-@click.option("--time", "-t", "time_limit", default="00:10:00", show_default=True, help="Time limit of the job.")
-@click.option("--runtime", type=click.Choice(["apptainer", "pyxis"]), help="Container runtime (default: ctrain.yaml).")
-@click.option("--image", help="Image: a .sif/.sqsh path, or a registry reference (pyxis).")
+@slurm_flags("preflight", helps=PREFLIGHT_HELPS, defaults={"time": "00:10:00"})
 @click.option("--quick", is_flag=True, help="The short checks every job runs first, instead of the longer ones.")
 @click.pass_context
-def preflight(ctx: click.Context, nodes: int | None, gpus_per_node: int | None, ntasks_per_node: int | None,
-              partition: str | None, time_limit: str, runtime: str | None, image: str | None, quick: bool) -> None:  # fmt: skip
+def preflight(ctx: click.Context, quick: bool, **flags: Any) -> None:
     """Check nodes and their network before a long run, without training: each node's scratch and
     image-cache space, the shared project directory and its GPUs (nvidia-smi), then in the image the
     driver against its CUDA, every GPU's memory and matmul rate against its peers', and an
@@ -185,9 +159,7 @@ def preflight(ctx: click.Context, nodes: int | None, gpus_per_node: int | None, 
     if allocation and not slurm.is_job_id(allocation, array=False, step=False):
         raise ConfigError(f"SLURM_JOB_ID is {allocation!r}, not a job id: run ctrain preflight inside salloc, "
                           "or outside any")
-    job = jobs.preflight_job(project(ctx), quick=quick, client=None if allocation else slurm.Slurm(),
-                             runtime=runtime, nodes=nodes, time=time_limit, partition=partition,
-                             gpus_per_node=gpus_per_node, ntasks_per_node=ntasks_per_node, image=image)  # fmt: skip
+    job = jobs.preflight_job(project(ctx), quick=quick, client=None if allocation else slurm.Slurm(), **flags)
     for warning in jobs.check(job, dry_run=False):
         info(f"warning: {warning}")
     if allocation:

@@ -1,0 +1,174 @@
+"""Everything that can be known wrong about a job before it waits in the queue: the time-limit
+warning against the limit, the image (:mod:`ctrain.image.checks`), the project files the job reads,
+the recipe as the job will run it (with its overrides, on its number of processes, without torch),
+its output directory, and the GPUs asked for against the partition's nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ctrain import slurm
+from ctrain.errors import ConfigError
+from ctrain.image.checks import MissingImage, check_image
+from ctrain.jobs.job import Job, node_gpus
+from ctrain.jobs.render import inside_project
+
+if TYPE_CHECKING:
+    from ctrain.train.recipe import Recipe
+
+
+def check(job: Job, client: slurm.Slurm | None = None, dry_run: bool = False) -> list[str]:
+    """Everything that can be known wrong before the job waits in the queue; returns warnings.
+
+    A dry run shows the script before an image exists (what ``ctrain init`` sends a new user to):
+    a missing image file is then a warning, not an error."""
+    warnings: list[str] = []
+    s = job.settings
+    check_signal(job.options)
+    try:
+        check_image(s["CTRAIN_IMAGE"], job.runtime, job.project)
+    except MissingImage as missing:
+        if not dry_run:
+            raise
+        warnings.append(f"{missing} (a job needs it; this dry run does not)")
+    if s["CTRAIN_LAUNCHER"] == "deepspeed":
+        project_file(job, s["CTRAIN_DEEPSPEED_CONFIG"], "the DeepSpeed config (CTRAIN_DEEPSPEED_CONFIG)")
+    if job.command is None:
+        warnings += check_job_recipe(job)
+    else:
+        script = command_script(job.command)
+        if script is not None and not script.startswith(_CONTAINER_TARGETS):
+            project_file(job, script, "the command's script")
+    if s.get("CTRAIN_ACCELERATE_CONFIG"):
+        project_file(job, s["CTRAIN_ACCELERATE_CONFIG"], "the accelerate config (CTRAIN_ACCELERATE_CONFIG)")
+    if s.get("CTRAIN_DATA") and not Path(s["CTRAIN_DATA"]).is_dir():
+        raise ConfigError(f"the data directory {s['CTRAIN_DATA']} (CTRAIN_DATA, slurm.data) does not exist")
+    warnings += check_gpus(job, client or slurm.Slurm())
+    return warnings
+
+
+def check_signal(options: dict[str, str | None]) -> None:
+    """The time-limit warning must come after the job starts, or every run would stop at once."""
+    limit = slurm.time_seconds(options["time"]) if options.get("time") else None
+    lead = (options.get("signal") or "").rpartition("@")[2]
+    if limit is not None and lead.isdigit() and int(lead) >= limit:
+        raise ConfigError(
+            f"the time-limit warning comes {lead}s before the end (--signal={options['signal']}), but the time "
+            f"limit is {options['time']} ({limit}s): raise the time limit or lower slurm.signal_lead"
+        )
+
+
+# Where the container sees the project and the mounts (containers/Dockerfile): paths there
+# cannot be checked from the login node.
+_CONTAINER_TARGETS = ("/workspace", "/data", "/hf_home", "/outputs")
+
+
+def check_job_recipe(job: Job) -> list[str]:
+    """The recipe exists inside the project and validates with the overrides, as the job will run it
+    (from the project directory, on nodes x processes per node), without torch; returns notes."""
+    from ctrain.train.preflight import preflight as check_paths
+    from ctrain.train.recipe import load_recipe
+
+    path = project_file(job, job.settings["CTRAIN_RECIPE"], "the recipe")
+    overrides = list(job.overrides)  # as the library took them from the arguments (ctrain_arguments)
+    # ctrain_launcher's rule, which needs the allocation to run: DeepSpeed's config reaches the recipe this way.
+    if job.settings["CTRAIN_LAUNCHER"] == "deepspeed":
+        overrides.append(f"training.deepspeed={job.settings['CTRAIN_DEEPSPEED_CONFIG']}")
+    recipe = load_recipe(path, overrides)
+    with _cwd(job.project):
+        try:
+            notes = check_paths(recipe, world_size=job.world_size)
+        except ConfigError as exc:
+            if not any(target in str(exc) for target in _CONTAINER_TARGETS):
+                raise
+            notes = [f"not checked from here (a path inside the container): {exc}"]
+        check_output_dir(job, recipe)
+    return notes
+
+
+def _on_host(path: Path, job: Job) -> Path | None:
+    """Where the job's ``path`` (as the container sees it) is on this machine: a relative path as it is (the job's
+    working directory is the project's, and so is ours: :func:`_cwd`), the project for /workspace, CTRAIN_OUTPUTS
+    for /outputs; None for the other mounts (/data, /hf_home), not checked here."""
+    if not path.is_absolute():
+        return path
+    for target, host in (("/workspace", str(job.project)), ("/outputs", job.settings.get("CTRAIN_OUTPUTS"))):
+        if path.is_relative_to(target):
+            return Path(host) / path.relative_to(target) if host else None
+    return None if any(path.is_relative_to(target) for target in _CONTAINER_TARGETS) else path
+
+
+def check_output_dir(job: Job, recipe: Recipe) -> None:
+    """Refuse at submit what the job would refuse as its training.output_dir once it starts: a file there (/dev/null),
+    or a directory that holds files no ctrain run wrote (/, the project's recipes/): :func:`rundir.check_owned`, with
+    the job's own message. A path with variables is the job's environment's to say, and is not checked."""
+    from ctrain.files import check_directory
+    from ctrain.train.artifacts import PREPARED_DIR
+    from ctrain.train.recipe import expand_path
+    from ctrain.train.rundir import check_owned
+
+    value, prepared_value = recipe.training.output_dir, recipe.data.prepared_dir
+    if not value or "$" in value or "$" in (prepared_value or ""):
+        return
+    output_dir = _on_host(recipe.output_dir, job)
+    if output_dir is None:
+        return
+    prepared = _on_host(expand_path(prepared_value), job) if prepared_value else None
+    if os.path.lexists(output_dir) and not output_dir.is_dir():
+        check_directory(output_dir, "training.output_dir", "set training.output_dir to a directory you can write")
+    with contextlib.suppress(OSError):  # a directory this user cannot list: the job's own checks say so
+        check_owned(output_dir, prepared or output_dir / PREPARED_DIR)
+
+
+@contextlib.contextmanager
+def _cwd(directory: Path) -> Iterator[None]:
+    before = Path.cwd()
+    os.chdir(directory)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def project_file(job: Job, name: str, what: str) -> Path:
+    path = Path(name) if Path(name).is_absolute() else job.project / name
+    if not path.is_file():
+        raise ConfigError(f"{what} {name} does not exist (paths are relative to the project directory {job.project})")
+    inside_project(path, job.project, what)
+    return path
+
+
+def check_gpus(job: Job, client: slurm.Slurm) -> list[str]:
+    """Requested GPUs per node against what the partition's nodes have (sinfo)."""
+    wanted = node_gpus(job.options)
+    partition = job.options.get("partition")
+    if not client.runner.has("sinfo"):
+        return []
+    have = client.partition_gpus(partition)
+    where = f"partition '{partition}'" if partition else "this cluster"
+    if wanted is not None:
+        if have is not None and wanted > have:
+            raise ConfigError(
+                f"{wanted} GPUs per node requested, but the nodes of {where} have at most {have}"
+                + ("; choose a GPU partition (slurm.partition, --partition)" if have == 0 else "")
+            )
+        return []
+    if have:
+        advice = "set slurm.gpus_per_node or --gpus-per-node"
+        return [f"no GPUs requested although {where} has nodes with {have}: training runs on CPU ({advice})"]
+    return []
+
+
+def command_script(command: list[str]) -> str | None:
+    """The Python file a command runs (``train.py ...``, ``python -u train.py ...``), None for ``-m``
+    and other programs: it must be in the project, which is the job's working directory."""
+    words = command[1:] if Path(command[0]).name.startswith("python") else command
+    for word in words:
+        if word == "-m" or not word.startswith("-"):
+            return word if word.endswith(".py") else None
+    return None
