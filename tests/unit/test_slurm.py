@@ -4,6 +4,7 @@ The texts below are what Slurm 22.05 prints for these commands (taken from the t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -15,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from ctrain import slurm
-from ctrain.jobs import checks, library, submit
+from ctrain.jobs import checks, library, render, submit
 from ctrain.cli import main
 from ctrain.config import SlurmConfig, load_config
 from ctrain.errors import ConfigError, CtrainError, ParseError
@@ -206,13 +207,25 @@ slurm:
 """
 
 
+def golden_text(text: str) -> str:
+    """A rendered script (or a dry run's output) as its golden holds it: the header, the settings block and the
+    script's own lines as rendered, and in place of the inlined library one line naming its sha256 and length;
+    that the library inlined is the assembled one is :func:`test_the_inlined_library_is_the_assembled_one`'s."""
+    inlined = render.inlined_library(text)
+    digest = hashlib.sha256(inlined.encode()).hexdigest()
+    start = text.index(render.INLINED + "\n")
+    end = text.index(render.INLINED_END + "\n") + len(render.INLINED_END) + 1
+    line = f"{render.INLINED.removesuffix(' ---')}: sha256 {digest}, {inlined.count(chr(10))} lines ---\n"
+    return text[:start] + line + text[end:]
+
+
 @pytest.mark.parametrize("nodes", NODE_COUNTS)
 def test_rendered_script_golden(tmp_path: Path, nodes: int) -> None:
     config = load_config(project(tmp_path, GPU_CLUSTER) / "ctrain.yaml")
     job = submit.prepare(
         config, recipe="recipes/demo-addition.yaml", overrides=("training.max_steps=100",), nodes=nodes
     )
-    golden(f"submit-pyxis-{nodes}node.sbatch", job.text)
+    golden(f"submit-pyxis-{nodes}node.sbatch", golden_text(job.text))
     assert job.template.name == ("pyxis.sbatch" if nodes == 1 else "pyxis_multinode.sbatch")
     assert job.options["nodes"] == str(nodes) and job.options["signal"] == "B:USR1@600"
 
@@ -242,6 +255,20 @@ def test_rendered_script_runs_as_the_library_says(tmp_path: Path) -> None:
     assert "source " not in job.text and 'ctrain_main pyxis "$@"' in job.text
     lib = library.assemble(REPO / "sbatch/lib/ctrain.sh")
     assert lib.strip() in job.text
+
+
+@pytest.mark.parametrize("script, image", [("pyxis", None), ("apptainer_multinode", "docker://ghcr.io/org/ctrain:1")])
+def test_the_inlined_library_is_the_assembled_one(tmp_path: Path, script: str, image: str | None) -> None:
+    """What the goldens name by its hash: the text between the inline markers is, line for line, the library the
+    job's script sources, assembled (ctrain.jobs.library.assemble), and nothing else of the script changed."""
+    config = load_config(project(tmp_path, GPU_CLUSTER) / "ctrain.yaml")
+    job = submit.prepare(config, script=script, image=image, nodes=2)
+    lib = render.library_path(job.template, job.project)
+    assert lib == REPO / "sbatch/lib/ctrain.sh"
+    assert render.inlined_library(job.text) == library.assemble(lib).rstrip("\n") + "\n"
+    before, after = job.text.split(render.INLINED + "\n")[0], job.text.split(render.INLINED_END + "\n")[1]
+    template = job.template.read_text()
+    assert after in template and library.SOURCE_LINE in template and library.SOURCE_LINE not in before + after
 
 
 def test_header_lines_replaced_not_duplicated(tmp_path: Path) -> None:
@@ -335,7 +362,8 @@ def test_dry_run_prints_the_exact_script_and_command(tmp_path: Path, monkeypatch
     )
     assert result.exit_code == 0, result.output
     expected = (REPO / "tests/golden/sbatch/submit-pyxis-16node.sbatch").read_text()
-    assert result.output == f"# in {tmp_path}:\nsbatch --parsable <<'CTRAIN_SCRIPT'\n{expected}CTRAIN_SCRIPT\n"
+    shown = f"# in {tmp_path}:\nsbatch --parsable <<'CTRAIN_SCRIPT'\n{expected}CTRAIN_SCRIPT\n"
+    assert golden_text(result.output) == shown
     assert not (tmp_path / "logs").exists()  # nothing written, nothing queued
 
 
@@ -571,7 +599,8 @@ def test_a_command_after_the_dashes_is_the_jobs_payload(tmp_path: Path, monkeypa
     monkeypatch.setattr(checks, "check_gpus", lambda *_: [])
     result = CliRunner().invoke(main, ["submit", "--dry-run", "--nodes", "2", "--", *COMMAND])
     assert result.exit_code == 0, result.output
-    assert_golden("sbatch", "submit-command-2node.sbatch", result.stdout.split("\n", 2)[2].rsplit("CTRAIN_SCRIPT", 1)[0])
+    assert_golden("sbatch", "submit-command-2node.sbatch",
+                  golden_text(result.stdout.split("\n", 2)[2].rsplit("CTRAIN_SCRIPT", 1)[0]))  # fmt: skip
     assert f"set -- -- {shlex.join(COMMAND)}\n" in result.stdout
     job = submit.prepare(load_config(tmp_path / "ctrain.yaml"), command=tuple(COMMAND), nodes=2)
     assert job.command == COMMAND
