@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from ctrain import proc
+from ctrain import proc, protocol
 from ctrain.errors import CommandError, ConfigError, CtrainError, ParseError
 from ctrain.files import NotRegularFile, read_regular
 
@@ -253,10 +253,10 @@ def status_table(jobs: list[Job]) -> str:
     return table(["job", "name", "state", "time", "limit", "nodes", "nodelist / reason", "exit"], rows)
 
 
-# What the batch script decided about a job (sbatch/lib/ctrain.sh): what went wrong, then what it
-# did about it. Only these lines, so a training log full of other text cannot be mistaken for them.
-_FAILURE = re.compile(r"^ctrain: (failure: .*|the step was ended because .*)$", re.MULTILINE)
-_DECISION = re.compile(r"^ctrain: ((?:not )?requeueing.*)$", re.MULTILINE)
+# What the batch script decided about a job: what went wrong, then what it did about it (the
+# protocol's status lines: only these, so a training log full of other text cannot be mistaken for them).
+_FAILURE = protocol.FAILURE_LINE
+_DECISION = protocol.DECISION_LINE
 _LOG_TAIL = 256 * 1024
 # The most one read of a log returns (Runner.read), and so what `ctrain logs` prints: its end.
 READ_LIMIT = 8 * 2**20
@@ -264,10 +264,7 @@ READ_LIMIT = 8 * 2**20
 
 def events(text: str) -> list[str]:
     """The job's last failure and the last requeue decision after it, as the batch script logged them."""
-    failures = list(_FAILURE.finditer(text))
-    start = failures[-1].end() if failures else 0
-    decisions = list(_DECISION.finditer(text, start))
-    return [m.group(1) for m in ([failures[-1]] if failures else []) + ([decisions[-1]] if decisions else [])]
+    return protocol.status_events(text)
 
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import shutil
 import stat
 import time
@@ -18,24 +17,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ctrain import protocol
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.files import NotRegularFile, control_problem, open_lock, read_bounded, shorten
 
-COMPLETE = "complete"
-USED = "used"
-LOCK = "lock"
-ROOTFS = "rootfs"
+# An entry's files and name, as the library's image program makes them (the protocol's names).
+COMPLETE = protocol.IMAGE_ENTRY_COMPLETE
+USED = protocol.IMAGE_ENTRY_USED
+LOCK = protocol.IMAGE_CACHE_LOCK
+ROOTFS = protocol.IMAGE_ENTRY_ROOTFS
 # An entry's name, as ctrain_image_key makes it: 16 hex digits of a sha256.
-KEY = re.compile(r"[0-9a-f]{16}")
+KEY = protocol.IMAGE_KEY
 # The files CTRAIN_IMAGE_PREPARE writes into an entry besides rootfs/, and nothing else: a directory
 # holding anything more is not an entry, and not ctrain's to remove.
-ENTRY_FILES = frozenset({COMPLETE, USED, "image", "size-kib", "unpack.log"})
+ENTRY_FILES = protocol.IMAGE_ENTRY_FILES
 
 
 def default_dir(env: os._Environ[str] | dict[str, str] = os.environ) -> Path:
     """Where the sbatch library puts the cache when CTRAIN_IMAGE_CACHE is not set (its default)."""
-    if env.get("CTRAIN_IMAGE_CACHE"):
-        return Path(env["CTRAIN_IMAGE_CACHE"])
+    if env.get(protocol.IMAGE_CACHE_ENV):
+        return Path(env[protocol.IMAGE_CACHE_ENV])
     tmp = env.get("APPTAINER_TMPDIR") or env.get("TMPDIR") or "/tmp"
     return Path(tmp) / f"ctrain-images-{os.getuid()}"
 
@@ -126,12 +127,12 @@ def entries(cache: Path) -> list[Entry]:
         if not is_entry(path):
             continue
         complete = path / COMPLETE
-        size = _read(path / "size-kib")
+        size = _read(path / protocol.IMAGE_ENTRY_SIZE)
         try:
             used: float | None = (path / USED).stat().st_mtime
         except OSError:
             used = None
-        image = _read(path / "image")
+        image = _read(path / protocol.IMAGE_ENTRY_IMAGE)
         image = repr(image) if control_problem(image) else image  # printed: no terminal escapes
         found.append(Entry(path, image, int(size) if size.isdigit() else 0, used,
                            complete.is_file(), complete.is_file() and _held(complete)))  # fmt: skip

@@ -257,9 +257,11 @@ def report(ctx: click.Context, job_id: str, timeline: Path | None, as_json: bool
 
     job_id = slurm.check_job_id(job_id, step=False)
     config = project(ctx)
-    path = timeline or config.root / ".ctrain" / f"{job_id}.timeline"
+    from ctrain import protocol
+
+    path = timeline or config.root / protocol.STATE_DIR / protocol.timeline_file(job_id)
     result, lines = goodput.report(path, job_id, gpu_hour_price=config.report.gpu_hour_price)
-    out = path.with_name(f"{job_id}.goodput.json")
+    out = path.with_name(protocol.report_file(job_id))
     try:
         atomic_write_json(out, result)
     except (OSError, CtrainError):

@@ -6,14 +6,15 @@ and ``ctrain prepare`` read them, and the sbatch library and ``ctrain submit`` a
 
 from __future__ import annotations
 
-from ctrain.errors import NonFiniteTraining
+from ctrain import protocol
 
 # Exit code of a run that stopped on a preemption signal after saving a complete checkpoint:
-# "checkpointed, requeue me" (EX_TEMPFAIL from sysexits.h). The sbatch scripts requeue on it.
-PREEMPTED_EXIT_CODE = 75
+# "checkpointed, requeue me" (EX_TEMPFAIL from sysexits.h). The sbatch scripts requeue on it
+# (CTRAIN_REQUEUE_EXIT; ctrain.protocol.EXIT_CODES lists every code).
+PREEMPTED_EXIT_CODE = protocol.EXIT_REQUEUE  # 75
 # Exit code of a run stopped because its loss or gradient norm was NaN or infinite, before that
 # state was saved: do not requeue (it would diverge again); lower the learning rate or fix the data.
-NONFINITE_EXIT_CODE = NonFiniteTraining.exit_code  # 65, EX_DATAERR
+NONFINITE_EXIT_CODE = protocol.EXIT_NONFINITE  # 65, EX_DATAERR (errors.NonFiniteTraining's)
 
 # Files ctrain writes into the output directory (documented in docs/training.md).
 COMPLETE_MARKER = "ctrain-complete.json"  # last file of a checkpoint or final model: it is whole

@@ -3,12 +3,13 @@
 torchrun reports every worker failure as exit 1, so the batch script cannot tell a NaN stop or a
 recipe error (the same again on every retry) from a rank killed by the kernel or a lost peer
 (worth a retry). Each rank therefore writes its own record when it ends through Python, and the
-batch script (``ctrain_rank_exit`` in sbatch/lib/ctrain.sh) decides from those records; the rule
-for what is worth retrying lives here, once, as the RETRY word of each record.
+batch script (``ctrain_rank_exit`` in sbatch/lib/) decides from those records; the rule for what
+is worth retrying lives here, once, as the RETRY word of each record.
 
-One file per rank, ``$CTRAIN_EXITS/rank-R``, one line: ``CODE CAUSE RETRY HOST MESSAGE``, where
-RETRY is ``retry`` or ``end`` and MESSAGE is the rank's own error line (printable, at most
-:data:`MESSAGE_CHARS` characters). A rank killed by a signal writes nothing; the batch script
+One file per rank, ``$CTRAIN_EXITS/rank-R``, one line: ``CODE CAUSE RETRY HOST MESSAGE``
+(:class:`ctrain.protocol.ExitRecord`, which writes and reads it), where RETRY is ``retry`` or
+``end`` and MESSAGE is the rank's own error line (printable, at most :data:`MESSAGE_CHARS`
+characters). A rank killed by a signal writes nothing; the batch script
 treats that as before: a killed rank, retried once. Stdlib only: it also runs for a failure while
 the recipe is being read, before the training stack is imported.
 """
@@ -22,10 +23,12 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from ctrain import protocol
 from ctrain.errors import ConfigError, CtrainError, DiskFull, NodeUnfit, NonFiniteTraining, ToolNotFound
+from ctrain.protocol import one_line
 
-EXITS_ENV = "CTRAIN_EXITS"
-MESSAGE_CHARS = 300
+EXITS_ENV = protocol.EXITS_ENV  # where the library wants each rank's record
+MESSAGE_CHARS = protocol.MESSAGE_CHARS  # the most of a rank's error line its record keeps
 
 #: cause -> whether a requeue can change the outcome (docs/training.md, "Exit codes", lists them).
 CAUSES: dict[str, bool] = {
@@ -41,7 +44,7 @@ CAUSES: dict[str, bool] = {
     "peer": True,  # a collective failed: another rank or node failed first, or the network did
     "io": True,  # a file-system or network error other than a full disk: often transient
     "interrupted": True,  # SIGINT
-    "unfit": True,  # a node failed the preflight: the batch script requeues without it (CTRAIN_PIDS/unfit)
+    "unfit": True,  # a node failed the rank checks: the batch script requeues without it (the run's unfit file)
 }
 
 # Messages of errors a collective raises when the other side went away (gloo, NCCL, the store).
@@ -63,14 +66,7 @@ class Exit:
 
     def line(self, host: str) -> str:
         """The record's one line."""
-        return f"{self.code} {self.cause} {'retry' if self.retry else 'end'} {host} {self.message}".rstrip() + "\n"
-
-
-def one_line(text: str) -> str:
-    """TEXT as one printable line of at most :data:`MESSAGE_CHARS` characters (the batch script prints it)."""
-    words = " ".join(text.split())
-    clean = "".join(c if c.isprintable() else "?" for c in words)
-    return clean if len(clean) <= MESSAGE_CHARS else clean[: MESSAGE_CHARS - 3] + "..."
+        return protocol.ExitRecord(self.code, self.cause, self.retry, host, self.message).line()
 
 
 def _in_collective(exc: BaseException) -> bool:
@@ -89,14 +85,14 @@ def _in_collective(exc: BaseException) -> bool:
 def classify(exc: BaseException | None, code: int) -> Exit:
     """The record of a rank that returned CODE (EXC None) or raised EXC."""
     if exc is None:
-        return Exit(code, "done" if code == 0 else "preempted" if code == 75 else "error")
+        return Exit(code, "done" if code == 0 else "preempted" if code == protocol.EXIT_REQUEUE else "error")
     if isinstance(exc, SystemExit):
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
         return Exit(code, "done" if code == 0 else "error", one_line("" if exc.code is None else str(exc.code)))
     name = type(exc).__name__
     message = one_line(f"{name}: {exc}" if not isinstance(exc, CtrainError) else str(exc))
     if isinstance(exc, KeyboardInterrupt):
-        return Exit(130, "interrupted", message)
+        return Exit(protocol.EXIT_INTERRUPTED, "interrupted", message)
     if isinstance(exc, CtrainError):
         cause = ("nonfinite" if isinstance(exc, NonFiniteTraining) else "config" if isinstance(exc, ConfigError)
                  else "environment" if isinstance(exc, ToolNotFound) else "unfit" if isinstance(exc, NodeUnfit)
@@ -115,12 +111,9 @@ def classify(exc: BaseException | None, code: int) -> Exit:
 
 def write(record: Exit, directory: Path, rank: int, host: str | None = None) -> Path:
     """Write RECORD as rank RANK's file in DIRECTORY, whole or not at all (the reader may be on another node)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"rank-{rank}"
-    partial = directory / f".rank-{rank}.{os.getpid()}"
-    partial.write_text(record.line(host or socket.gethostname()))
-    os.replace(partial, path)
-    return path
+    host = host or socket.gethostname()
+    return protocol.write_exit(directory, rank, protocol.ExitRecord(record.code, record.cause, record.retry, host,
+                                                                    record.message))  # fmt: skip
 
 
 def record(exc: BaseException | None, code: int = 0) -> Exit:
@@ -131,10 +124,10 @@ def record(exc: BaseException | None, code: int = 0) -> Exit:
     from ctrain.train.logs import rank_from_env
 
     result = classify(exc, code)
-    directory = os.environ.get(EXITS_ENV)
-    if directory:
+    directory = protocol.exits_dir()
+    if directory is not None:
         try:
-            write(result, Path(directory), rank_from_env())
+            write(result, directory, rank_from_env())
         except OSError:
             pass
     return result

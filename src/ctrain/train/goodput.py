@@ -1,9 +1,9 @@
 """Where a job's time went: the job's timeline and the account ``ctrain report JOB`` makes of it.
 
 The timeline (``.ctrain/JOBID.timeline`` in the project, kept across requeues) has one line per
-event, ``EPOCH RESTART EVENT ARG...``. The batch script writes the run's edges (``ctrain_mark`` in
-sbatch/lib/ctrain.sh: :data:`BATCH_EVENTS`); rank 0 writes what the trainer does (:func:`mark`:
-:data:`TRAINER_EVENTS`). Nothing here imports torch: the report runs on a login node.
+event, ``EPOCH RESTART EVENT ARG...`` (:class:`ctrain.protocol.Mark`, which also names every event).
+The batch script writes the run's edges (``ctrain_mark``: :data:`BATCH_EVENTS`); rank 0 writes what
+the trainer does (:func:`mark`: :data:`TRAINER_EVENTS`). Nothing here imports torch: the report runs on a login node.
 
 The account splits the job's wall time, from its submission to its last decision, into queue wait,
 start-up (the image made ready, the container and Python started), preparation (data, model),
@@ -15,39 +15,25 @@ counted over the whole.
 from __future__ import annotations
 
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctrain import protocol
 from ctrain.errors import ConfigError
 from ctrain.files import read_bounded
 
-# Event -> its arguments. The library's events (a test holds these names to ctrain_mark's calls).
-BATCH_EVENTS: dict[str, tuple[str, ...]] = {
-    "start": ("submitted", "nodes", "gpus_per_node"),
-    "preflight": ("seconds", "unfit"),
-    "launched": (),
-    "exited": ("rc",),
-    "decided": ("outcome", "cause"),
-}
-TRAINER_EVENTS: dict[str, tuple[str, ...]] = {
-    "process": (),
-    "checked": ("seconds",),
-    "data": (),
-    "train": ("step",),
-    "step": ("step", "tokens_per_second", "mfu"),
-    "save": ("step", "seconds"),
-    "eval": ("seconds",),
-    "end": ("step",),
-}
-EVENTS = {**BATCH_EVENTS, **TRAINER_EVENTS}
-TIMELINE_ENV = "CTRAIN_TIMELINE"
+# The events and their arguments (the protocol's; a test holds the library's to ctrain_mark's calls).
+BATCH_EVENTS = protocol.BATCH_EVENTS
+TRAINER_EVENTS = protocol.TRAINER_EVENTS
+EVENTS = protocol.EVENTS
+TIMELINE_ENV = protocol.TIMELINE_ENV
 MAX_BYTES = 8 * 1024 * 1024  # a 1-million-step run logging every step stays well below
 # The segments of a run, in the order they happen, with the letter the chart draws them in.
 SEGMENTS = {"queue": "q", "start_up": "s", "prepare": "p", "training": "T", "saves": "c", "evals": "e",
             "lost": "x", "end": "d"}  # fmt: skip
+# What each cause of a `decided` mark (protocol.DECISION_CAUSES) reads as in the report.
 CAUSES = {
     "TERM": "Slurm's TERM (preemption, requeue or scancel)",
     "USR1": "the time-limit warning",
@@ -63,15 +49,13 @@ CAUSES = {
 def mark(event: str, *args: object) -> None:
     """Append one event of this rank's run to the job's timeline (a no-op outside a ctrain job). A
     timeline that cannot be written costs the report, never the training."""
-    path = os.environ.get(TIMELINE_ENV)
-    if not path:
+    path = protocol.timeline_path()
+    if path is None:
         return
     assert event in TRAINER_EVENTS and len(args) <= len(TRAINER_EVENTS[event]), event
-    restart = os.environ.get("SLURM_RESTART_COUNT", "0")
-    words = " ".join(str(a) for a in args)
     try:
-        with open(path, "a") as handle:
-            handle.write(f"{time.time():.3f} {restart} {event}{' ' + words if words else ''}\n")
+        protocol.append_mark(path, protocol.Mark(time.time(), protocol.restart_count(), event,
+                                                 tuple(str(a) for a in args)))  # fmt: skip
     except OSError:
         pass
 
@@ -113,18 +97,9 @@ class Run:
         return max(steps) if steps else self.resumed_step
 
 
-# The largest number a timeline's event may carry (an epoch, a step, a rate, seconds): far above any
-# real one, and small enough that sums and products of a whole timeline of them stay finite.
-MAX_NUMBER = 1e15
-_RESTART = re.compile(r"[0-9]{1,9}")  # ASCII digits only: int() refuses "²", which str.isdigit takes
-
-
-def _number(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if abs(value) <= MAX_NUMBER else None  # NaN and inf too: a line nobody wrote by hand
+# The largest number a timeline's event may carry, and how one is read (the protocol's).
+MAX_NUMBER = protocol.MAX_NUMBER
+_number = protocol.number
 
 
 def read(path: Path) -> tuple[list[Run], int]:
@@ -142,12 +117,11 @@ def read(path: Path) -> tuple[list[Run], int]:
     runs: dict[int, Run] = {}
     skipped = 0
     for line in raw.decode(errors="replace").splitlines():
-        words = line.split()
-        when = _number(words[0]) if words else None
-        if len(words) < 3 or when is None or not _RESTART.fullmatch(words[1]) or words[2] not in EVENTS:
+        mark = protocol.Mark.parse(line)
+        if mark is None:
             skipped += 1
             continue
-        restart, event, args = int(words[1]), words[2], words[3:]
+        when, restart, event, args = mark.when, mark.restart, mark.event, list(mark.args)
         run = runs.setdefault(restart, Run(restart))
         numbers = [_number(a) for a in args]
         if event == "start":

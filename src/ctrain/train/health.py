@@ -1,6 +1,7 @@
-"""The job's preflight, rank side: is every GPU, and the network between the ranks, fit to train?
+"""The job's preflight, rank side (the rank checks): is every GPU, and the network between the ranks, fit to train?
 
-The preflight has two halves (docs/reliability.md, "Preflight", lists every check and its cost):
+The preflight has two halves (docs/reliability.md, "Preflight", lists every check and its cost;
+:mod:`ctrain.protocol` names them; neither is :mod:`ctrain.train.preflight`, the checks before a run):
 
 - the node checks, in the sbatch library (``ctrain_preflight``), on each node's host before the
   training step: node-local scratch and image-cache space, the shared project directory, the GPUs'
@@ -10,8 +11,9 @@ The preflight has two halves (docs/reliability.md, "Preflight", lists every chec
   torch is imported; then, with the process group, each GPU's memory and matmul rate against its
   peers', and an all-reduce across all ranks with its bandwidth and the transport NCCL chose.
 
-A node that fails a check is written to ``$CTRAIN_PIDS/unfit``, one line ``HOST CHECK MESSAGE``
-(the library's node checks write the same file); the batch script requeues the job without it, as
+A node that fails a check is written to the run's directory's ``unfit`` file (``$CTRAIN_RUN_DIR``,
+else ``$CTRAIN_PIDS``), one line ``HOST CHECK MESSAGE`` (:class:`ctrain.protocol.UnfitLine`; the
+library's node checks write the same file); the batch script requeues the job without it, as
 it does for a lost node. Warnings (NCCL on sockets where the node has InfiniBand or EFA, a bandwidth
 far below the fabric's) are logged and cost nothing else. Torch is imported only inside the
 functions that need it: the driver check runs before the training stack is loaded.
@@ -31,12 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctrain import protocol
 from ctrain.errors import NodeUnfit
 
-PREFLIGHT_ENV = "CTRAIN_PREFLIGHT"  # off | quick | full; the library sets it from slurm.preflight
-PIDS_ENV = "CTRAIN_PIDS"  # the run's shared directory (the library's CTRAIN_PIDS)
-UNFIT_FILE = "unfit"  # in CTRAIN_PIDS: "HOST CHECK MESSAGE" per failed check
-NCCL_LOG_PREFIX = "nccl-preflight"  # NCCL_DEBUG_FILE's name in CTRAIN_PIDS, when the preflight set it
+# The protocol's names, here as before: CTRAIN_PREFLIGHT (off | quick | full; the library sets it from
+# slurm.preflight), the run's directory's variable (CTRAIN_PIDS, read after CTRAIN_RUN_DIR), its
+# unfit file ("HOST CHECK MESSAGE" per failed check) and NCCL_DEBUG_FILE's name in it.
+PREFLIGHT_ENV = protocol.PREFLIGHT_ENV
+PIDS_ENV = protocol.RUN_DIR_OLD_ENV
+UNFIT_FILE = protocol.UNFIT_FILE
+NCCL_LOG_PREFIX = protocol.NCCL_LOG_PREFIX
 SLOW_FRACTION = 0.5  # a rank whose matmul rate is below this share of its peers' median is named
 FABRIC_FRACTION = 0.25  # an all-reduce bus bandwidth below this share of the fabric's rate is a warning
 MEMORY_SHARE = 0.9  # the share of a GPU's free memory that must be allocatable
@@ -264,16 +270,12 @@ def bus_bandwidth(nbytes: int, seconds: float, world: int) -> float:
 
 def record_unfit(directory: Path, host: str, check: str, message: str) -> None:
     """Append one failed check to the run's unfit file (the batch script requeues without HOST)."""
-    from ctrain.train.exits import one_line
-
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / UNFIT_FILE, "a") as handle:
-        handle.write(f"{one_line(host).replace(' ', '_')} {one_line(check).replace(' ', '_')} {one_line(message)}\n")
+    protocol.append_unfit(directory, protocol.UnfitLine(host, check, message))
 
 
 def pids_dir() -> Path | None:
-    value = os.environ.get(PIDS_ENV)
-    return Path(value) if value else None
+    """The run's directory under the library (``CTRAIN_RUN_DIR``, else ``CTRAIN_PIDS``), else None."""
+    return protocol.run_dir()
 
 
 def host_name() -> str:

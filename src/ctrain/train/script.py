@@ -32,19 +32,21 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ctrain import protocol
 from ctrain.train import exits
 from ctrain.train.artifacts import PREEMPTED_EXIT_CODE
 from ctrain.train.logs import deadline, exit_process
 
 log = logging.getLogger("ctrain.train")
 
-HEARTBEAT_ENV = "CTRAIN_HEARTBEATS"
+HEARTBEAT_ENV = protocol.HEARTBEATS_ENV  # where the library wants this rank's heartbeat
 SIGNALS = ("SIGUSR1", "SIGTERM")
 
 
 class HeartbeatFile:
-    """``DIRECTORY/rank-R`` ("STEP HOST PID"), rewritten as this rank makes progress, for the job's
-    watchdog (sbatch/lib/ctrain.sh), which ends the step when a rank goes silent.
+    """``DIRECTORY/rank-R`` ("STEP HOST PID", :class:`ctrain.protocol.HeartbeatLine`), rewritten as this
+    rank makes progress, for the job's watchdog (``ctrain_watchdog``), which ends the step when a rank
+    goes silent.
 
     Only the training loop beats, never a thread of its own, so a rank stuck in a collective goes
     silent too. Written to a hidden file and renamed, so the watchdog never reads half a line.
@@ -57,14 +59,14 @@ class HeartbeatFile:
 
     def __init__(self, directory: Path, rank: int) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"rank-{rank}"
-        self.partial = directory / f".rank-{rank}"
-        self.tail = f" {socket.gethostname()} {os.getpid()}\n"
+        self.path = directory / protocol.rank_file(rank)
+        self.partial = directory / f".{protocol.rank_file(rank)}"
+        self.host = socket.gethostname()
         self.last = -math.inf
         self.warned = False
 
     def beat(self, step: int) -> None:
-        self._write(str(step))
+        self._write(step)
         self.last = time.monotonic()
 
     def progress(self, step: int) -> None:
@@ -74,11 +76,11 @@ class HeartbeatFile:
 
     def done(self) -> None:
         """This rank has finished (the watchdog stops expecting steps from it)."""
-        self._write("done")
+        self._write(None)
 
-    def _write(self, first: str) -> None:
+    def _write(self, step: int | None) -> None:
         try:
-            self.partial.write_text(f"{first}{self.tail}")
+            self.partial.write_text(protocol.HeartbeatLine(step, self.host, os.getpid()).line())
             os.replace(self.partial, self.path)
         except OSError as exc:
             # A full file system (the project's: the outputs may be elsewhere, with room): a new file needs
@@ -98,8 +100,8 @@ def heartbeat_file() -> HeartbeatFile | None:
     """This rank's heartbeat file under the sbatch scripts (``$CTRAIN_HEARTBEATS``), else None."""
     from ctrain.train.logs import rank_from_env
 
-    directory = os.environ.get(HEARTBEAT_ENV)
-    return HeartbeatFile(Path(directory), rank_from_env()) if directory else None
+    directory = protocol.heartbeats_dir()
+    return HeartbeatFile(directory, rank_from_env()) if directory is not None else None
 
 
 def record_exits() -> None:

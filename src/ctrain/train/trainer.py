@@ -24,6 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ctrain import protocol
 from ctrain.errors import ConfigError, CtrainError, DiskFull
 from ctrain.files import atomic_write_json, atomic_write_text, check_tree, load_json_bounded
 from ctrain.settings import MAX_SETTINGS_BYTES
@@ -40,7 +41,7 @@ from ctrain.train.artifacts import (
 from ctrain.train.layout import batch_layout
 from ctrain.train.preflight import check_trainer_args, preflight, trainer_config_class
 from ctrain.train.recipe import RESUME_WORDS, Recipe, expand_path, signal_number, unset_variables
-from ctrain.train.script import HEARTBEAT_ENV, close_process_group
+from ctrain.train.script import close_process_group
 
 log = logging.getLogger("ctrain.train")
 
@@ -632,8 +633,9 @@ def run(recipe: Recipe) -> int:
         FiniteGuard(check_grad_norm=layout.precision != "fp16"),  # last: after every callback that asks to save
     ]
     heartbeat = None
-    if os.environ.get(HEARTBEAT_ENV):  # set by the sbatch scripts, whose watchdog reads it
-        heartbeat = Heartbeat(Path(os.environ[HEARTBEAT_ENV]), rank)
+    beats = protocol.heartbeats_dir()  # set by the sbatch scripts, whose watchdog reads it
+    if beats is not None:
+        heartbeat = Heartbeat(beats, rank)
         callbacks.append(heartbeat)
     trainer = build_trainer(recipe, layout, args, model, data, callbacks)
     logs.keep_until_exit(trainer)  # never freed: the process ends through os._exit (see keep_until_exit)
@@ -717,11 +719,11 @@ def run(recipe: Recipe) -> int:
 
 def _log_goodput() -> None:
     """At the end of a run that finished, the job's account so far (`ctrain report JOB` has it all)."""
-    timeline = os.environ.get(goodput.TIMELINE_ENV)
-    if not timeline:
+    timeline = protocol.timeline_path()
+    if timeline is None:
         return
     try:
-        _, lines = goodput.report(Path(timeline), os.environ.get("SLURM_JOB_ID", "?"), now=time.time())
+        _, lines = goodput.report(timeline, os.environ.get(protocol.JOB_ID_ENV, "?"), now=time.time())
     except (CtrainError, OSError) as exc:
         log.info("goodput: no account of the job's time (%s)", exc)
         return
