@@ -57,6 +57,8 @@ source "$CTRAIN_LIB_DIR/launch.sh" || exit 2
 source "$CTRAIN_LIB_DIR/run.sh" || exit 2
 source "$CTRAIN_LIB_DIR/preflight.sh" || exit 2
 source "$CTRAIN_LIB_DIR/life.sh" || exit 2
+source "$CTRAIN_LIB_DIR/probe.sh" || exit 2
+source "$CTRAIN_LIB_DIR/facts.sh" || exit 2
 source "$CTRAIN_LIB_DIR/decide.sh" || exit 2
 source "$CTRAIN_LIB_DIR/requeue.sh" || exit 2
 source "$CTRAIN_LIB_DIR/watch.sh" || exit 2

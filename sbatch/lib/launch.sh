@@ -209,12 +209,12 @@ ctrain_launcher() {
 # shell; the launcher's words follow as "$@"). Only here are the node's own values known.
 # - enroot's PyTorch hook (pyxis, images with PYTORCH_VERSION) sets RANK, WORLD_SIZE, MASTER_* from
 #   SLURM_* as if each task were one worker: unset, so only torchrun's own values reach the workers.
-# - The launcher's PID goes to CTRAIN_PIDS (in the project directory, the working directory), so
+# - The launcher's PID goes to CTRAIN_RUN_DIR (in the project directory, the working directory), so
 #   the time-limit warning can be handed to its workers and to nothing else (ctrain_forward).
 # - A stray USR1 must not kill the launcher: it ignores it (ignoring survives exec; the workers
 #   install their own handler). TERM, which Slurm sends to every process of the step, reaches the
 #   launcher and its workers; the task waits for them.
-# - When the launcher has ended, "EXIT-CODE HOSTNAME" goes to CTRAIN_PIDS/node-N.done: the batch
+# - When the launcher has ended, "EXIT-CODE HOSTNAME" goes to CTRAIN_RUN_DIR/node-N.done: the batch
 #   script learns from it that a node's launcher failed (ctrain_guard) and which nodes never ended.
 # - With CTRAIN_STORE=HOST:PORT the first node also hosts torchrun's rendezvous store, in a process
 #   of its own that outlives its launcher until every node's launcher has exited (their `.done`

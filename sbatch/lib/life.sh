@@ -1,6 +1,6 @@
 #
 # One run (one start of the job) moves through these states; ctrain_transition EVENT is the only
-# writer of CTRAIN_PIDS/state ("RESTART STATE"), and an event the table has no entry for, from the
+# writer of CTRAIN_RUN_DIR/state ("RESTART STATE"), and an event the table has no entry for, from the
 # current state, changes nothing and fails with a line saying so. Who sends each event:
 #   launched     ctrain_run, once the training step's srun started
 #   warned       ctrain_forward: Slurm's USR1 before the time limit, passed to the workers
@@ -46,7 +46,7 @@ CTRAIN_SETTLE=3
 # ctrain_state: this run's state (starting before any transition, or when the file is another run's).
 ctrain_state() {
     local run state
-    read -r run state 2>/dev/null <"$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/state" &&
+    read -r run state 2>/dev/null <"$CTRAIN_PROJECT_DIR/$CTRAIN_RUN_DIR/state" &&
         [[ $run == "${SLURM_RESTART_COUNT:-0}" && -n $state ]] || state=starting
     echo "$state"
 }
@@ -54,7 +54,7 @@ ctrain_state() {
 # ctrain_transition EVENT: move this run along CTRAIN_LIFE, or fail (nothing changed) where the
 # table has no entry for EVENT from the current state.
 ctrain_transition() {
-    local file=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/state state next
+    local file=$CTRAIN_PROJECT_DIR/$CTRAIN_RUN_DIR/state state next
     state=$(ctrain_state)
     next=${CTRAIN_LIFE[$state:$1]-}
     if [[ -z $next ]]; then

@@ -1,7 +1,7 @@
 # Before each run's training step, unless CTRAIN_PREFLIGHT=off, each node is checked on its host
 # (ctrain_preflight), and every rank of `ctrain train` checks its GPU and the network once the
 # process group is up (src/ctrain/train/health.py; CTRAIN_PREFLIGHT=full runs those longer). A node
-# that fails a check is written to CTRAIN_PIDS/unfit ("HOST CHECK MESSAGE"), and ctrain_decide
+# that fails a check is written to CTRAIN_RUN_DIR/unfit ("HOST CHECK MESSAGE"), and ctrain_decide
 # requeues the job without it, as it does a lost node. docs/reliability.md lists the checks.
 #
 # What runs on each node's host ($1 the project directory, $2 the batch host's token, $3 the MiB of
@@ -10,11 +10,11 @@
 ctrain_program CTRAIN_PREFLIGHT_NODE node-checks.sh
 
 # ctrain_preflight: the node checks above on every node of the job, at once; returns 1 when a node
-# is unfit (recorded in CTRAIN_PIDS/unfit) or gave no answer. The answers come back through srun,
+# is unfit (recorded in CTRAIN_RUN_DIR/unfit) or gave no answer. The answers come back through srun,
 # not through the shared file system that one of the checks doubts.
 ctrain_preflight() {
     [[ $CTRAIN_PREFLIGHT != off ]] || return 0
-    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS token=$RANDOM$RANDOM$RANDOM started=${EPOCHREALTIME/[^0-9]/.}
+    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_RUN_DIR token=$RANDOM$RANDOM$RANDOM started=${EPOCHREALTIME/[^0-9]/.}
     local shared=$CTRAIN_PROJECT_DIR/.ctrain/$SLURM_JOB_ID.preflight entry= need=0 kind host check message
     local answered=() nodes=() node seconds
     echo "$token" >"$shared" || ctrain_die "cannot write $shared: the project directory must be writable"

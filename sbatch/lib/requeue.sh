@@ -1,23 +1,27 @@
-# The run asked to come back: it was warned of the time limit, or the trainer exited with its
-# requeue code after saving a checkpoint. The requeued job resumes from that checkpoint.
+# Requeueing the job, each way a decision asks for it. Every function returns 0 when the job was
+# requeued, 1 when it was not (and says why).
+
+# ctrain_requeue_if_asked RC: the run asked to come back: it was warned of the time limit, or the
+# trainer exited with its requeue code after saving a checkpoint. The requeued job resumes from that
+# checkpoint.
 ctrain_requeue_if_asked() {
     local rc=$1 restarts=${SLURM_RESTART_COUNT:-0}
     if [[ $CTRAIN_SIGNAL == TERM ]]; then
         # Slurm itself requeues a job it preempted or was told to requeue; scancel means stop.
         echo "ctrain: SIGTERM came from Slurm (scancel, scontrol requeue or preemption): Slurm decides whether the job runs again"
-        return 0
+        return 1
     fi
-    [[ $CTRAIN_SIGNAL == USR1 || $rc -eq $CTRAIN_REQUEUE_EXIT ]] || return 0
+    [[ $CTRAIN_SIGNAL == USR1 || $rc -eq $CTRAIN_REQUEUE_EXIT ]] || return 1
     if ((restarts >= CTRAIN_MAX_REQUEUES)); then
         echo "ctrain: not requeueing: already restarted $restarts times (CTRAIN_MAX_REQUEUES=$CTRAIN_MAX_REQUEUES)"
-        return 0
+        return 1
     fi
     echo "ctrain: requeueing job $SLURM_JOB_ID (restart $((restarts + 1))); it resumes from the last checkpoint"
     ctrain_requeue
 }
 
 # ctrain_requeue [EXCLUDED]: requeue the job (once Slurm has requeued it, as after a node failure, only
-# its excluded nodes change), with EXCLUDED as its ExcNodeList; sets CTRAIN_REQUEUED. A requeue TERMs
+# its excluded nodes change), with EXCLUDED as its ExcNodeList. A requeue TERMs
 # this shell, which from here on ignores TERM, so that the decision is recorded (the run's state and
 # the timeline) whenever Slurm's TERM arrives; Slurm's SIGKILL comes KillWait seconds later. (The
 # TERM used to be caught again right after the requeue, and a TERM that came late killed the shell
@@ -25,11 +29,8 @@ ctrain_requeue_if_asked() {
 # change, so it is set after the requeue.
 ctrain_requeue() {
     trap '' TERM
-    if ctrain_job_is PENDING || scontrol requeue "$SLURM_JOB_ID"; then
-        if [[ -z ${1-} ]] || scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$1"; then
-            CTRAIN_REQUEUED=1
-        fi
-    fi
+    ctrain_job_is PENDING || scontrol requeue "$SLURM_JOB_ID" || return 1
+    [[ -z ${1-} ]] || scontrol update JobId="$SLURM_JOB_ID" ExcNodeList="$1"
 }
 
 # ctrain_retry_once: a rank failed or hung on a node that is still up (killed by the kernel for
@@ -40,13 +41,14 @@ ctrain_retry_once() {
     if [[ -e $marker ]]; then
         echo "ctrain: not requeueing: the job was already retried once after a failed or hung rank; the failure" \
             "above repeats, so it is likely in the training code or the data"
+        return 1
     elif ((restarts >= CTRAIN_MAX_REQUEUES)); then
         echo "ctrain: not requeueing: already restarted $restarts times (CTRAIN_MAX_REQUEUES=$CTRAIN_MAX_REQUEUES)"
-    else
-        : >"$marker"
-        echo "ctrain: requeueing job $SLURM_JOB_ID once (restart $((restarts + 1))); it resumes from the last checkpoint"
-        ctrain_requeue
+        return 1
     fi
+    : >"$marker"
+    echo "ctrain: requeueing job $SLURM_JOB_ID once (restart $((restarts + 1))); it resumes from the last checkpoint"
+    ctrain_requeue
 }
 
 # ctrain_requeue_without NODE...: requeue the job with the lost nodes excluded, where the partition
@@ -66,14 +68,16 @@ ctrain_requeue_without() {
     done < <(sinfo -h -N -p "${SLURM_JOB_PARTITION:-}" -o '%N %t' | sort -u)
     if ((restarts >= CTRAIN_MAX_REQUEUES)); then
         echo "ctrain: not requeueing: already restarted $restarts times (CTRAIN_MAX_REQUEUES=$CTRAIN_MAX_REQUEUES)"
+        return 1
     elif ((usable < CTRAIN_NNODES)); then
         echo "ctrain: not requeueing: partition ${SLURM_JOB_PARTITION:-} has $usable node(s) in service besides" \
             "$excluded, the job needs $CTRAIN_NNODES; submit it again once $* is back (sinfo -n $*)," \
             "or on fewer nodes; it resumes from the last checkpoint"
-    else
-        echo "ctrain: requeueing job $SLURM_JOB_ID (restart $((restarts + 1))) without $excluded" \
-            "(ExcNodeList); it resumes from the last checkpoint once Slurm has let go of the lost node"
-        ctrain_requeue "$excluded"
-        [[ -n $CTRAIN_REQUEUED ]] || echo "ctrain: requeueing without $excluded failed (above)"
+        return 1
     fi
+    echo "ctrain: requeueing job $SLURM_JOB_ID (restart $((restarts + 1))) without $excluded" \
+        "(ExcNodeList); it resumes from the last checkpoint once Slurm has let go of the lost node"
+    ctrain_requeue "$excluded" && return 0
+    echo "ctrain: requeueing without $excluded failed (above)"
+    return 1
 }

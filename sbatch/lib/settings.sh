@@ -1,10 +1,22 @@
+# The job's settings: CTRAIN_* variables, their defaults, their checks; the script's arguments.
+
 # Where the image expects the project: mounted there, and the working directory (containers/Dockerfile).
 CTRAIN_WORKDIR=/workspace
 
-# ctrain_settings RUNTIME [RECIPE] [KEY=VALUE ...] | RUNTIME -- COMMAND [ARG ...]
+# ctrain_settings RUNTIME [RECIPE] [KEY=VALUE ...] | RUNTIME -- COMMAND [ARG ...]: the job's settings,
+# defaulted, made absolute and checked, and the script's arguments.
 ctrain_settings() {
     CTRAIN_RUNTIME=$1
     shift
+    ctrain_defaults
+    ctrain_paths
+    ctrain_arguments "$@"
+    ctrain_check_settings
+}
+
+# ctrain_defaults: every CTRAIN_* setting the environment (or `ctrain submit`'s settings block) did not
+# set, at its default; docs/sbatch.md lists them.
+ctrain_defaults() {
     : "${CTRAIN_PROJECT_DIR:=${SLURM_SUBMIT_DIR:-$PWD}}" # mounted at CTRAIN_WORKDIR
     case $CTRAIN_RUNTIME in
         apptainer) : "${CTRAIN_IMAGE:=${IMAGE:-images/ctrain-latest.sif}}" ;;
@@ -34,10 +46,12 @@ ctrain_settings() {
     : "${CTRAIN_PREFLIGHT:=quick}"               # off | quick | full: the checks before the first step (ctrain_preflight)
     : "${CTRAIN_PREFLIGHT_TMP_MB:=1024}"         # node-local scratch (TMPDIR) a node must have free, in MiB
     : "${CTRAIN_DRY_RUN:=0}"                     # 1: print the commands instead of running them
+}
 
-    # Files are given relative to the project directory; the containers need absolute paths
-    # (pyxis reads a relative image path as a registry reference). pyxis takes a registry
-    # reference in enroot's spelling (nvcr.io#nvidia/pytorch:TAG), users copy Docker's.
+# ctrain_paths: files are given relative to the project directory; the containers need absolute paths
+# (pyxis reads a relative image path as a registry reference). pyxis takes a registry reference in
+# enroot's spelling (nvcr.io#nvidia/pytorch:TAG), users copy Docker's.
+ctrain_paths() {
     if ctrain_image_is_file "$CTRAIN_IMAGE"; then
         CTRAIN_IMAGE=$(ctrain_abspath "$CTRAIN_IMAGE")
     elif [[ $CTRAIN_RUNTIME == pyxis ]]; then
@@ -46,9 +60,12 @@ ctrain_settings() {
     CTRAIN_HF_CACHE=$(ctrain_abspath "$CTRAIN_HF_CACHE")
     CTRAIN_OUTPUTS=$(ctrain_abspath "$CTRAIN_OUTPUTS")
     [[ -z $CTRAIN_DATA ]] || CTRAIN_DATA=$(ctrain_abspath "$CTRAIN_DATA")
+}
 
-    # Arguments: a recipe first (anything without '='), then KEY=VALUE recipe overrides; or `--`
-    # and a command of your own (ctrain_launcher says how each form starts).
+# ctrain_arguments [RECIPE] [KEY=VALUE ...] | -- COMMAND [ARG ...]: a recipe first (anything without
+# '='), then KEY=VALUE recipe overrides; or `--` and a command of your own (ctrain_launcher says how
+# each form starts).
+ctrain_arguments() {
     CTRAIN_COMMAND=()
     if [[ ${1-} == -- ]]; then
         shift
@@ -64,6 +81,10 @@ ctrain_settings() {
     if [[ $CTRAIN_RECIPE == "$CTRAIN_PROJECT_DIR"/* ]]; then
         CTRAIN_RECIPE=${CTRAIN_RECIPE#"$CTRAIN_PROJECT_DIR"/}
     fi
+}
+
+# ctrain_check_settings: the settings that reach the nodes' shell or srun's options, checked.
+ctrain_check_settings() {
     # A number: it reaches the nodes' shell arithmetic (CTRAIN_IMAGE_PREPARE).
     [[ $CTRAIN_IMAGE_CACHE_GB =~ ^[0-9]{1,9}$ ]] ||
         ctrain_die "CTRAIN_IMAGE_CACHE_GB is '$CTRAIN_IMAGE_CACHE_GB'; give the image cache's size in GiB (e.g. 50)"

@@ -1,14 +1,3 @@
-# ctrain_on_nodes SCRIPT ARG...: run `sh -c SCRIPT` once on every node of the step, on the host,
-# beside the training step (the launcher's PID is in ARG1/NODE.pid). Given up after two minutes:
-# a node that does not answer must not hold the batch shell.
-ctrain_on_nodes() {
-    local script=$1
-    shift
-    timeout 120 srun --overlap --nodes="$CTRAIN_NNODES" --ntasks="$CTRAIN_NNODES" --ntasks-per-node=1 \
-        sh -c "$script" ctrain-on-node "$@"
-}
-
-
 # Print a command as one shell line (words quoted only where the shell needs it).
 ctrain_show() {
     local word line=+
@@ -71,29 +60,4 @@ ctrain_enroot_image() {
 ctrain_die() {
     echo "ctrain: error: $*" >&2
     exit 2
-}
-
-ctrain_summary() {
-    echo "ctrain: job ${SLURM_JOB_ID} '${SLURM_JOB_NAME:-}' restart ${SLURM_RESTART_COUNT:-0}" \
-        "on $CTRAIN_NNODES node(s) [${SLURM_JOB_NODELIST}] x $CTRAIN_NPROC_PER_NODE process(es)"
-    if ((${#CTRAIN_COMMAND[@]} > 0)); then
-        echo "ctrain: $CTRAIN_RUNTIME image $CTRAIN_IMAGE, $CTRAIN_LAUNCHER, your command: ${CTRAIN_COMMAND[*]}" \
-            "(rendezvous $CTRAIN_MASTER_ADDR:$CTRAIN_MASTER_PORT)"
-        echo "ctrain: it runs in $CTRAIN_WORKDIR, which is the project directory $CTRAIN_PROJECT_DIR on every node;" \
-            "write outputs under /outputs ($CTRAIN_OUTPUTS)${CTRAIN_DATA:+; data: /data ($CTRAIN_DATA)}"
-        return
-    fi
-    echo "ctrain: $CTRAIN_RUNTIME image $CTRAIN_IMAGE, $CTRAIN_LAUNCHER, recipe $CTRAIN_RECIPE" \
-        "${CTRAIN_OVERRIDES[*]:+${CTRAIN_OVERRIDES[*]} }(rendezvous $CTRAIN_MASTER_ADDR:$CTRAIN_MASTER_PORT)"
-}
-
-# ctrain_main RUNTIME [RECIPE] [KEY=VALUE ...] | RUNTIME -- COMMAND [ARG ...]: the whole job.
-ctrain_main() {
-    ctrain_settings "$@"
-    ctrain_allocation
-    ctrain_environment
-    ctrain_container
-    ctrain_launcher
-    ctrain_summary
-    ctrain_run
 }

@@ -1,13 +1,16 @@
+# Watching the step from outside: a failed launcher (the guard), ranks without progress (the hang
+# watchdog), nodes gone silent; and ending the step.
+
 # ctrain_guard (in the background, beside the step): end the step soon after one node's launcher
 # failed. The other nodes' launchers normally follow within seconds (their collectives fail, and
 # srun's --kill-on-bad-exit ends the rest), but a node that is gone cannot report: srun then waits
 # for its task until slurmctld declares the node dead (SlurmdTimeout, 300 s by default), with no
 # rank left anywhere. So after CTRAIN_STEP_GRACE seconds the nodes whose launcher has not ended
 # are asked (a short step each) whether they answer; those that do not are lost (written to
-# CTRAIN_PIDS/lost, for ctrain_run), and the step is ended: SIGKILL to what is left of it, then
+# CTRAIN_RUN_DIR/lost, for ctrain_run), and the step is ended: SIGKILL to what is left of it, then
 # to srun. A step whose launchers have all ended is left alone (Apptainer may still be cleaning up).
 ctrain_guard() {
-    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS failed= since
+    local dir=$CTRAIN_PROJECT_DIR/$CTRAIN_RUN_DIR failed= since
     local missing=() lost=()
     while [[ -z $failed ]]; do
         sleep 1
@@ -20,8 +23,7 @@ ctrain_guard() {
         ((SECONDS - since < CTRAIN_STEP_GRACE)) || break
         sleep 1
     done
-    ctrain_probe "${missing[@]}"
-    lost=("${CTRAIN_UNANSWERED[@]}")
+    ctrain_probe lost "${missing[@]}"
     echo "ctrain: ${failed#* }'s launcher exited with ${failed%% *}; ${CTRAIN_STEP_GRACE}s later" \
         "${missing[*]} had not ended${lost[*]:+, and ${lost[*]} does not answer}: ending the step"
     ((${#lost[@]} == 0)) || echo "${lost[*]}" >"$dir/lost"
@@ -48,10 +50,10 @@ ctrain_end_step() {
 }
 
 # ctrain_kill_step: SIGKILL, in the background, every process of the training step (its id is in
-# CTRAIN_PIDS/step) on the nodes that still answer.
+# CTRAIN_RUN_DIR/step) on the nodes that still answer.
 ctrain_kill_step() {
     local step
-    if step=$(cat "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/step" 2>/dev/null); then
+    if step=$(cat "$CTRAIN_PROJECT_DIR/$CTRAIN_RUN_DIR/step" 2>/dev/null); then
         timeout --signal=KILL 30 scancel --signal=KILL "$SLURM_JOB_ID.$step" 2>/dev/null &
     fi
 }
@@ -107,23 +109,22 @@ ctrain_watchdog() {
 }
 
 # ctrain_silent SECONDS: ask every node of the job whether its slurmd answers (ctrain_probe), after
-# SECONDS without a finished step on some rank; when one does not, it is lost (CTRAIN_PIDS/lost) and
+# SECONDS without a finished step on some rank; when one does not, it is lost (CTRAIN_RUN_DIR/lost) and
 # the step is ended. Fails (nothing done) when every node answers: a long step, evaluation or save.
 # A probe needs the controller too, so a controller that is restarting or too slow makes healthy
 # nodes look silent: the silent ones are asked a second time, and the controller before and after;
 # a healthy run is not ended for the controller's sake.
 ctrain_silent() {
-    local nodes=()
+    local nodes=() silent=() again=()
     ctrain_job_is RUNNING || return 1
     mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-    ctrain_probe "${nodes[@]}"
-    ((${#CTRAIN_UNANSWERED[@]} > 0)) || return 1
-    nodes=("${CTRAIN_UNANSWERED[@]}")
-    ctrain_probe "${nodes[@]}"
-    ((${#CTRAIN_UNANSWERED[@]} > 0)) && ctrain_job_is RUNNING || return 1
-    echo "ctrain: no finished step for ${1}s, and ${CTRAIN_UNANSWERED[*]} does not answer, asked twice (frozen, or" \
+    ctrain_probe silent "${nodes[@]}"
+    ((${#silent[@]} > 0)) || return 1
+    ctrain_probe again "${silent[@]}"
+    ((${#again[@]} > 0)) && ctrain_job_is RUNNING || return 1
+    echo "ctrain: no finished step for ${1}s, and ${again[*]} does not answer, asked twice (frozen, or" \
         "cut off the network): ending the step"
-    echo "${CTRAIN_UNANSWERED[*]}" >"$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/lost"
+    echo "${again[*]}" >"$CTRAIN_PROJECT_DIR/$CTRAIN_RUN_DIR/lost"
     ctrain_transition ending
     ctrain_end_step
 }
@@ -139,7 +140,7 @@ ctrain_hung() {
     while read -r host pid stat; do
         state[$host $pid]=$stat
     done < <(ctrain_on_nodes 'ps -o pid=,stat= --ppid "$(cat "$1/$(uname -n).pid")" | sed "s/^ */$(uname -n) /"' \
-        "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS")
+        "$CTRAIN_PROJECT_DIR/$CTRAIN_RUN_DIR")
     local culprits=()
     for entry in "$@"; do
         rank=${entry%%:*} idle=${entry#*:} step=- host=? pid=?
@@ -153,26 +154,7 @@ ctrain_hung() {
     else
         echo "ctrain: hang: every rank is alive but none finishes a step: a collective that some rank never joined?"
     fi
-    echo "$*" >"$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS/hung"
+    echo "$*" >"$CTRAIN_PROJECT_DIR/$CTRAIN_RUN_DIR/hung"
     ctrain_transition ending
-    ctrain_on_nodes 'pkill -KILL -P "$(cat "$1/$(uname -n).pid")"' "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS"
-}
-
-# Hand a signal to the training workers (the launcher's children) on every node, through a
-# short step beside the training step. Not through the step itself: Slurm would signal every
-# process in it, the launcher (which forwards only TERM, INT, HUP, QUIT) and Apptainer's
-# squashfuse, whose end takes the image's files away from the workers mid-checkpoint.
-# A command of your own that has not opted in (no heartbeat from any rank: docs/sbatch.md) cannot
-# checkpoint at the warning and would run into the time limit, after which Slurm requeues nothing:
-# the job is requeued now, and the next run starts from the script's own last checkpoint.
-ctrain_forward() {
-    CTRAIN_SIGNAL=$1
-    ctrain_transition warned
-    echo "ctrain: SIG$1 (time limit near): passing it to the training processes on every node"
-    ctrain_on_nodes 'pkill -"$2" -P "$(cat "$1/$(uname -n).pid")"' "$CTRAIN_PROJECT_DIR/$CTRAIN_PIDS" "$1"
-    if ((${#CTRAIN_COMMAND[@]} > 0)) && ! compgen -G "$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS/rank-*" >/dev/null; then
-        echo "ctrain: your command has not opted in to checkpoint at the signal (no heartbeat from it); the job" \
-            "is requeued now and its next run starts from the script's own last checkpoint"
-        ctrain_requeue_if_asked "$CTRAIN_REQUEUE_EXIT"
-    fi
+    ctrain_on_nodes 'pkill -KILL -P "$(cat "$1/$(uname -n).pid")"' "$CTRAIN_PROJECT_DIR/$CTRAIN_RUN_DIR"
 }

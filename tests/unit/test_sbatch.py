@@ -202,7 +202,7 @@ def test_task_script_drops_hook_variables_records_pid_ignores_usr1(slurm_conf: P
     launcher = 'kill -USR1 $$; sleep 0.2; env; echo "pid $$"'  # a USR1 it did not ignore would end it first
     (tmp_path / "pids").mkdir()
     probe = subprocess.run(["sh", "-c", task, "ctrain-task", "sh", "-c", launcher], cwd=tmp_path,
-                           env={"PATH": os.environ["PATH"], "CTRAIN_PIDS": "pids", **hook}, capture_output=True, text=True,
+                           env={"PATH": os.environ["PATH"], "CTRAIN_PIDS": "pids", "CTRAIN_RUN_DIR": "pids", **hook}, capture_output=True, text=True,
                            check=False)  # fmt: skip
     seen = dict(
         line.split("=", 1) for line in probe.stdout.splitlines() if "=" in line and not line.startswith("ctrain:")
@@ -411,7 +411,7 @@ def test_first_node_hosts_the_store_until_every_launcher_is_done(slurm_conf: Pat
               "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=False, timeout=datetime.timedelta(seconds=20)); "
               "s.set('n' + sys.argv[2], 'x'); print('seen', s.get('n0').decode())")  # fmt: skip
     (tmp_path / "pids").mkdir()
-    env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "CTRAIN_PIDS": "pids",
+    env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "CTRAIN_PIDS": "pids", "CTRAIN_RUN_DIR": "pids",
            "CTRAIN_STORE": f"127.0.0.1:{port}", "SLURM_STEP_NUM_NODES": "2"}  # fmt: skip
 
     def node(rank: int, *launcher: str) -> subprocess.Popen[str]:
@@ -477,7 +477,7 @@ def library(fake: Path, commands: str, slurm_conf: Path, prefix: tuple[str, ...]
     base = {"PATH": f"{fake / 'bin'}:{os.environ['PATH']}", "FAKE": str(fake), "SLURM_CONF": str(slurm_conf),
             "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[001-002]", "SLURM_JOB_PARTITION": "p",
             "CTRAIN_NNODES": "2", "CTRAIN_MAX_REQUEUES": "10", "CTRAIN_REQUEUE_EXIT": "75",
-            "CTRAIN_PROJECT_DIR": str(fake), "CTRAIN_PIDS": "pids", "CTRAIN_STEP_GRACE": "1",
+            "CTRAIN_PROJECT_DIR": str(fake), "CTRAIN_PIDS": "pids", "CTRAIN_RUN_DIR": "pids", "CTRAIN_STEP_GRACE": "1",
             "CTRAIN_BATCH_HOST": "gpu001"}  # fmt: skip
     return subprocess.run([*prefix, "bash", "-c", f'source "$0"; {commands}', LIB], env={**base, **env}, cwd=fake,
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
@@ -490,7 +490,7 @@ def calls(fake: Path, command: str) -> list[str]:
 
 def test_lost_node_is_excluded_when_the_partition_has_enough_others(fake_slurm: Path, slurm_conf: Path) -> None:
     (fake_slurm / "sinfo").write_text("gpu001 alloc\ngpu002 alloc\ngpu003 idle\ngpu004 down*\n")
-    out = library(fake_slurm, "ctrain_requeue_without gpu002; echo requeued=$CTRAIN_REQUEUED", slurm_conf).stdout
+    out = library(fake_slurm, "ctrain_requeue_without gpu002 && echo requeued=1 || echo requeued=", slurm_conf).stdout
     assert "ctrain: requeueing job 4242 (restart 1) without gpu002 (ExcNodeList)" in out
     assert "requeued=1" in out
     assert calls(fake_slurm, "scontrol requeue") == ["scontrol requeue 4242"]
@@ -502,7 +502,7 @@ def test_lost_nodes_add_up_and_too_few_left_ends_the_job(fake_slurm: Path, slurm
     naming the node, instead of waiting PENDING for nodes that are down."""
     (fake_slurm / "sinfo").write_text("gpu001 alloc\ngpu002 alloc\ngpu003 idle\ngpu004 drain\n")
     (fake_slurm / "excluded").write_text("gpu003")
-    out = library(fake_slurm, "ctrain_requeue_without gpu002; echo requeued=$CTRAIN_REQUEUED", slurm_conf).stdout
+    out = library(fake_slurm, "ctrain_requeue_without gpu002 && echo requeued=1 || echo requeued=", slurm_conf).stdout
     assert ("ctrain: not requeueing: partition p has 1 node(s) in service besides gpu[002-003], the job needs 2; "
             "submit it again once gpu002 is back (sinfo -n gpu002)") in out  # fmt: skip
     assert "requeued=\n" in out
@@ -622,7 +622,7 @@ def test_a_ranks_own_record_that_a_retry_cannot_help_ends_the_job(fake_slurm: Pa
     _step_left(fake_slurm, {0: "1 gpu001", 1: "1 gpu002"},
                {1: "1 peer retry gpu001 RuntimeError: Connection reset by peer",
                 3: "65 nonfinite end gpu002 step 5: loss nan; lower training.learning_rate"})  # fmt: skip
-    out = library(fake_slurm, 'ctrain_decide pids 1 exited; echo "requeued=$CTRAIN_REQUEUED"', slurm_conf).stdout
+    out = library(fake_slurm, 'ctrain_decide pids 1 exited; [[ $(ctrain_state) == requeued ]] && echo requeued=1 || echo requeued=', slurm_conf).stdout
     assert out.splitlines() == [
         "ctrain: failure: rank 3 on gpu002 ended with 65 (nonfinite): step 5: loss nan; lower training.learning_rate",
         "ctrain: not requeueing: a nonfinite failure repeats on a retry; fix it and submit again",
@@ -673,7 +673,7 @@ def test_the_warning_requeues_at_once_a_command_that_cannot_checkpoint(fake_slur
     heartbeat came (no opt-in) is requeued then and there, as it would only run into the limit; one
     that beats is left to checkpoint and exit 75; a recipe run always is."""
     (fake_slurm / "pids" / "heartbeat").mkdir(parents=True)
-    commands = "CTRAIN_HEARTBEATS=pids/heartbeat; {} ctrain_forward USR1; echo requeued=$CTRAIN_REQUEUED"
+    commands = "CTRAIN_HEARTBEATS=pids/heartbeat; {} ctrain_forward USR1 && echo requeued=1 || echo requeued="
     out = library(fake_slurm, commands.format("CTRAIN_COMMAND=(train.py);"), slurm_conf).stdout
     assert "your command has not opted in to checkpoint at the signal" in out
     assert "ctrain: requeueing job 4242 (restart 1)" in out and "requeued=1" in out
@@ -744,7 +744,7 @@ def test_every_transition_and_every_refusal(tmp_path: Path) -> None:
              'out=$(ctrain_transition "$event"); echo "$state $event $? $(<pids/state) | $out"; done'
     (tmp_path / "pids").mkdir()
     result = subprocess.run(["bash", "-c", script, LIB], input="".join(f"{s} {e}\n" for s, e in cases),
-                            env={"PATH": os.environ["PATH"], "CTRAIN_PROJECT_DIR": str(tmp_path), "CTRAIN_PIDS": "pids",
+                            env={"PATH": os.environ["PATH"], "CTRAIN_PROJECT_DIR": str(tmp_path), "CTRAIN_PIDS": "pids", "CTRAIN_RUN_DIR": "pids",
                                  "SLURM_RESTART_COUNT": "3"}, cwd=tmp_path, capture_output=True, text=True,
                             check=True)  # fmt: skip
     lines = result.stdout.splitlines()
@@ -757,7 +757,7 @@ def test_every_transition_and_every_refusal(tmp_path: Path) -> None:
                             f"transitions (CTRAIN_LIFE); nothing done"), line  # fmt: skip
     (tmp_path / "pids" / "state").write_text("2 deciding\n")  # the run before this one
     out = subprocess.run(["bash", "-c", 'source "$0"; ctrain_state; ctrain_transition launched; ctrain_state', LIB],
-                         env={"PATH": os.environ["PATH"], "CTRAIN_PROJECT_DIR": str(tmp_path), "CTRAIN_PIDS": "pids",
+                         env={"PATH": os.environ["PATH"], "CTRAIN_PROJECT_DIR": str(tmp_path), "CTRAIN_PIDS": "pids", "CTRAIN_RUN_DIR": "pids",
                               "SLURM_RESTART_COUNT": "3"}, capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert out.splitlines() == ["starting", "running"]
 
