@@ -29,7 +29,7 @@ ctrain_sentinel_payload() {
     mapfile -t names < <(printf '%s\n' "${!shipped[@]}" | sort)
     local variables=()
     while read -r word; do
-        [[ ! -v $word ]] || variables+=("$word")
+        ! declare -p "$word" >/dev/null 2>&1 || variables+=("$word") # set here (an array's [0] need not be)
     done < <(declare -f "${names[@]}" | grep -o '\bCTRAIN_[A-Z0-9_]*' | sort -u)
     declare -p "${variables[@]}"
     declare -f "${names[@]}"
