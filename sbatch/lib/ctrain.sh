@@ -11,6 +11,7 @@
 #   ctrain_container    `apptainer exec ...` words, or pyxis's `srun --container-*` options
 #   ctrain_launcher     torchrun (default), accelerate launch, or DeepSpeed through torchrun
 #   ctrain_run          srun; forward the time-limit signal; requeue when the run asks for it
+# Each step lives in a file of its own beside this one, by concern (README.md has the map).
 #
 # Nothing here states a size: nodes come from SLURM_NNODES, processes per node from the GPUs
 # (else the tasks) Slurm gave each node, so the same script runs 1, 2 or 16 nodes unchanged.
@@ -28,7 +29,10 @@
 #              for the job's time across requeues (queue, start-up, training, lost work)
 #   version 5: a node that goes silent without failing anything (frozen, cut off the network) is found
 #              within a minute (CTRAIN_NODE_CHECK) and left out of the requeue, instead of a 600 s hang
-CTRAIN_LIB_VERSION=5
+#   version 6: the library in files by concern (sbatch/lib/*.sh, the nodes' programs in programs/),
+#              assembled by ctrain submit; the decision made from facts by one pure classifier; the
+#              sentinel ships every function it calls, found, not listed
+CTRAIN_LIB_VERSION=6
 
 # The library's files, beside this one, in the order they are sourced. `ctrain submit` inlines each
 # in place of its line (ctrain.jobs.library.assemble), and each program the nodes run in place of its

@@ -107,9 +107,11 @@ ctrain_decide() {
     read -r action cause nodes <<<"$decision"
     # shellcheck disable=SC2086 # one word per node
     ctrain_act "$action" "$cause" "$dir" "$rc" "$why" $nodes && requeued=1
-    local fact
+    local fact words=()
     for fact in "${facts[@]}"; do
-        [[ $fact != lost=* ]] || lost+=(${fact#lost=}) # one word per node
+        [[ $fact == lost=* ]] || continue
+        read -ra words <<<"${fact#lost=}"
+        lost+=("${words[@]}")
     done
     outcome=$(ctrain_outcome "$requeued" "${CTRAIN_SIGNAL:-}" "$rc" "${lost[*]}")
     ctrain_transition "$outcome" && ctrain_mark decided "$outcome" "$cause"

@@ -90,7 +90,7 @@ ctrain_watchdog() {
             stamp=$(stat -c %.9Y "$file" 2>/dev/null) || continue
             [[ ${seen[$rank]-} == "$stamp" ]] || { seen[$rank]=$stamp; since[$rank]=$now; }
             : "${armed:=$now}"
-            read -r first _ <"$file" 2>/dev/null && [[ $first == done ]] && finished[$rank]=1
+            read -r first _ <"$file" 2>/dev/null && [[ $first == "done" ]] && finished[$rank]=1
         done
         [[ -n $armed ]] || continue
         quiet=0
@@ -143,7 +143,7 @@ ctrain_hung() {
         "$CTRAIN_PROJECT_DIR/$CTRAIN_RUN_DIR")
     local culprits=()
     for entry in "$@"; do
-        rank=${entry%%:*} idle=${entry#*:} step=- host=? pid=?
+        rank=${entry%%:*} idle=${entry#*:} step=- host='?' pid='?'
         [[ ! -r $dir/rank-$rank ]] || read -r step host pid <"$dir/rank-$rank"
         echo "ctrain: hang: rank $rank on $host (pid $pid): last step $step, no progress for ${idle}s," \
             "process state ${state[$host $pid]:-gone}"

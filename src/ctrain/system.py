@@ -29,6 +29,8 @@ PACKAGES: dict[str, tuple[str, ...]] = {
     "cluster": ("nodejs",),
     # enroot and pyxis built from source for the testbed (ctrain.testbed.pyxis), and what enroot runs.
     "pyxis": ("make", "gcc", "libc6-dev", "makeself", "libslurm-dev", "jq", "zstd", "squashfs-tools"),
+    # The batch scripts and their bash library are linted in the CI tier (tests/unit/test_shellcheck.py).
+    "lint": ("shellcheck",),
 }
 
 # The programs ctrain runs from each package; a package whose programs are all on PATH needs no
@@ -57,6 +59,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "makeself": ("makeself",),
     "jq": ("jq",),
     "zstd": ("zstd",),
+    "shellcheck": ("shellcheck",),
 }
 
 SID_SOURCE = Path("/etc/apt/sources.list.d/ctrain-sid.sources")

@@ -1,3 +1,6 @@
+# The image made ready in a node's cache (image.sh): unpacked once, marked used, old entries evicted.
+# POSIX sh and coreutils only; its arguments are described where it is loaded.
+# shellcheck shell=sh
 cache=$1 image=$2 key=$3 limit_kib=$(($4 * 1048576)) node=$(uname -n)
 remove() { chmod -R u+rwX "$1" 2>/dev/null; rm -rf "$1"; } # unpacked images have read-only directories
 umask 077

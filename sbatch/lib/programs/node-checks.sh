@@ -1,3 +1,6 @@
+# The node checks (preflight.sh): what runs on each node's host before the training step.
+# POSIX sh and coreutils only; its arguments are described where it is loaded.
+# shellcheck shell=sh
 project=$1 token=$2 tmp_mib=$3 entry=$4 entry_mib=$5 node=${SLURMD_NODENAME:-$(uname -n)}
 unfit() { echo "unfit $node $1 $2"; }
 mib_free() { df -Pk "$1" 2>/dev/null | awk "NR == 2 { print int(\$4 / 1024) }"; }

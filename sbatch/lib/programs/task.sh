@@ -1,3 +1,6 @@
+# What each srun task runs, once per node, inside the container (launch.sh says what it does and why).
+# POSIX sh: any image has one. Its text is part of every job's srun line, so it changes only on purpose.
+# shellcheck shell=sh disable=SC2010 # `ls | grep -c` counts the nodes' done files; their names are ours
 unset RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT
 trap "" USR1
 if [ "$1" = accelerate ]; then shift 2; set -- accelerate launch --machine_rank="$SLURM_NODEID" "$@"; fi

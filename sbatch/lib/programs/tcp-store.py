@@ -1,3 +1,5 @@
+# torchrun's rendezvous store, hosted by the first node's task in a process of its own (task.sh),
+# so that it outlives the first launcher until every node's launcher has exited (pytorch#69520).
 import datetime, signal, sys
 import torch.distributed as dist
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
