@@ -76,3 +76,68 @@ def test_nothing_outside_the_training_code_loads_the_training_stack() -> None:
         if not module.startswith(tuple(f"ctrain.{area}" for area in TRAINING_CODE))
     }
     assert not {m: v for m, v in offenders.items() if v}, offenders
+
+
+def every_import(path: Path) -> set[str]:
+    """Every ctrain module ``path`` imports, at its top or inside a function (where commands import
+    what they need), ``if TYPE_CHECKING`` blocks included: an import the table does not allow is one
+    whichever place it hides in."""
+    found: set[str] = set()
+    for sub in ast.walk(ast.parse(path.read_text())):
+        if isinstance(sub, ast.Import):
+            found |= {alias.name for alias in sub.names}
+        elif isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
+            found.add(sub.module)
+            found |= {f"{sub.module}.{alias.name}" for alias in sub.names}
+    return found
+
+
+def import_table() -> list[tuple[list[str], set[str] | None]]:
+    """docs/architecture.md's module table: each row's modules (as module-name prefixes) and the ctrain
+    modules it may import (None: everything)."""
+    base = foundation()
+    rows = []
+    for line in (REPO / "docs" / "architecture.md").read_text().splitlines():
+        match = re.match(r"^\| (`[^|]*`[^|]*) \| [^|]* \| ([^|]*) \|$", line)
+        owners = re.findall(r"`([\w./]+)`", match[1]) if match else []
+        if not match or not any(o.endswith((".py", "/")) for o in owners):
+            continue
+        prefixes = [f"ctrain.{o.rstrip('/')}" if o.endswith("/") else
+                    "ctrain" if o == "__init__.py" else f"ctrain.{o.removesuffix('.py')}"
+                    for o in owners if o.endswith((".py", "/"))]  # fmt: skip
+        column = match[2]
+        allowed = {"ctrain" if n == "install_hint" else f"ctrain.{n}" for n in re.findall(r"`([\w.]+)`", column)}
+        rows.append((prefixes, None if column.startswith("everything") else allowed | (base if "foundation" in column
+                                                                                        else set())))  # fmt: skip
+    return rows
+
+
+def _within(name: str, prefixes: set[str] | list[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_each_module_imports_only_what_its_row_of_the_table_names() -> None:
+    found = {module_name(p): every_import(p) for p in sorted(SRC.rglob("*.py"))}
+    rows = import_table()
+    assert len(rows) >= 20, rows
+    unlisted = {m for m in found if not any(_within(m, prefixes) for prefixes, _ in rows)}
+    assert not unlisted, f"modules with no row in docs/architecture.md's table: {sorted(unlisted)}"
+    wrong = {}
+    for prefixes, allowed in rows:
+        if allowed is None:
+            continue
+        for module, imports in found.items():
+            if not _within(module, prefixes):
+                continue
+            bad = {i for i in imports & set(found) if i != "ctrain" and not _within(i, prefixes) and not _within(i, allowed)}
+            if bad:
+                wrong[module] = sorted(bad)
+    assert not wrong, f"imports that the module's row of docs/architecture.md does not name: {wrong}"
+
+
+def test_the_table_check_finds_an_import_it_does_not_allow(tmp_path: Path) -> None:
+    """The check above can fail: the foundation's errors.py importing a job module is caught."""
+    (tmp_path / "errors.py").write_text("def f():\n    from ctrain.jobs import submit\n")
+    imports = every_import(tmp_path / "errors.py")
+    ((_, allowed),) = [(p, a) for p, a in import_table() if p == ["ctrain.errors"]]
+    assert allowed is not None and "ctrain.jobs.submit" in imports and not _within("ctrain.jobs.submit", allowed)
