@@ -482,3 +482,35 @@ def test_the_status_parser_takes_only_the_librarys_lines() -> None:
     assert protocol.status_events("ctrain: the step was ended because a rank stopped making progress\n") == [
         "the step was ended because a rank stopped making progress"
     ]
+
+
+@pytest.mark.parametrize(("gpus", "tasks"), [(8, "1(x2)"), (0, "4(x2)"), (0, "2,1"), (2, "3(x2)")])
+def test_the_processes_per_node_python_checks_a_recipe_for_are_the_ones_the_library_starts(
+        gpus: int, tasks: str, fake: Path, conf: Path) -> None:  # fmt: skip
+    """ctrain_allocation on a 2-node allocation and protocol.world_size give the same count."""
+    commands = 'ctrain_settings apptainer; ctrain_allocation; echo "@nproc=$CTRAIN_NPROC_PER_NODE"'
+    out = library(fake, commands, conf, CTRAIN_DRY_RUN="1", SLURM_NNODES="2", SLURM_TASKS_PER_NODE=tasks,
+                  SLURM_GPUS_ON_NODE=str(gpus), HOME=str(fake))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    nproc = int(re.search(r"^@nproc=(\d+)$", out.stdout, re.MULTILINE).group(1))
+    first_node_tasks = int(re.match(r"\d+", tasks).group(0))
+    assert nproc == protocol.processes_per_node(gpus, first_node_tasks)
+    assert protocol.world_size(2, gpus, first_node_tasks) == 2 * nproc
+
+
+@pytest.mark.parametrize(("launcher", "own"), [("deepspeed", False), ("deepspeed", True), ("torchrun", False),
+                                               ("accelerate", False)])  # fmt: skip
+def test_what_the_launcher_adds_to_a_recipe_is_what_python_checks_the_recipe_with(
+        launcher: str, own: bool, fake: Path, conf: Path) -> None:  # fmt: skip
+    """ctrain_launcher's words after the recipe's overrides are protocol.launcher_overrides."""
+    arguments = "-- train.py --lr 1" if own else "recipes/r.yaml training.max_steps=5"
+    commands = (f"ctrain_settings apptainer {arguments}; ctrain_allocation; ctrain_launcher; "
+                'printf "@%s\\n" "${CTRAIN_LAUNCH[@]}"')  # fmt: skip
+    out = library(fake, commands, conf, CTRAIN_DRY_RUN="1", SLURM_NNODES="2", SLURM_TASKS_PER_NODE="1(x2)",
+                  SLURM_GPUS_ON_NODE="8", HOME=str(fake), CTRAIN_LAUNCHER=launcher,
+                  CTRAIN_DEEPSPEED_CONFIG="configs/deepspeed/zero3.json")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    words = [line[1:] for line in out.stdout.splitlines() if line.startswith("@")]
+    last = "--lr" if own else "training.max_steps=5"
+    added = words[len(words) - 1 - words[::-1].index(last) + (1 if own else 0) + 1:]
+    assert added == protocol.launcher_overrides(launcher, "configs/deepspeed/zero3.json", own_command=own)

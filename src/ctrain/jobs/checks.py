@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ctrain import slurm
+from ctrain import protocol, slurm
 from ctrain.errors import ConfigError
 from ctrain.image.checks import MissingImage, check_image
 from ctrain.jobs.job import Job, node_gpus
@@ -76,9 +76,8 @@ def check_job_recipe(job: Job) -> list[str]:
 
     path = project_file(job, job.settings["CTRAIN_RECIPE"], "the recipe")
     overrides = list(job.overrides)  # as the library took them from the arguments (ctrain_arguments)
-    # ctrain_launcher's rule, which needs the allocation to run: DeepSpeed's config reaches the recipe this way.
-    if job.settings["CTRAIN_LAUNCHER"] == "deepspeed":
-        overrides.append(f"training.deepspeed={job.settings['CTRAIN_DEEPSPEED_CONFIG']}")
+    overrides += protocol.launcher_overrides(job.settings["CTRAIN_LAUNCHER"], job.settings["CTRAIN_DEEPSPEED_CONFIG"],
+                                             own_command=False)  # fmt: skip
     recipe = load_recipe(path, overrides)
     with _cwd(job.project):
         try:

@@ -10,7 +10,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ctrain import slurm
+from ctrain import protocol, slurm
 from ctrain.errors import ConfigError
 from ctrain.files import shorten
 from ctrain.jobs.options import sbatch_options
@@ -57,8 +57,8 @@ class Job:
                 f"--nodes={nodes} is a range: the recipe is checked for one number of processes, and a range "
                 "leaves it to Slurm: give one node count (slurm.nodes, --nodes)"
             )
-        gpus = node_gpus(self.options)
-        return int(match[1]) * (gpus or option_count(self.options, "ntasks-per-node") or 1)
+        tasks = option_count(self.options, "ntasks-per-node") or 1
+        return protocol.world_size(int(match[1]), node_gpus(self.options) or 0, tasks)
 
     @property
     def log_dir(self) -> Path:

@@ -37,5 +37,6 @@ node's commands all import it, and it sits in the foundation (docs/architecture.
 # The protocol's names, from its parts; ``from ctrain import protocol`` sees them all.
 from ctrain.protocol.env import *  # noqa: F403
 from ctrain.protocol.files import *  # noqa: F403
+from ctrain.protocol.launch import *  # noqa: F403
 from ctrain.protocol.records import *  # noqa: F403
 from ctrain.protocol.timeline import *  # noqa: F403
