@@ -77,6 +77,14 @@ def restarts(project: Project, job_id: str) -> int:
     return int(re.search(r"\bRestarts=(\d+)", record).group(1))
 
 
+def batch_lines(project: Project, job_id: str) -> str:
+    """What a failed assertion on a job's runs shows: the batch script's own lines of every run (not the
+    ranks', which fill a log's tail with one traceback), then Slurm's record of the job."""
+    own = [line for line in project.log(job_id).splitlines() if line.startswith("ctrain: ")]
+    record = project.testbed.slurm.run(["scontrol", "show", "job", "-o", job_id], check=False).stdout
+    return "\n".join([*own[-200:], record])
+
+
 def submit(project: Project, image: Path, name: str, *overrides: str, env: dict[str, str] | None = None) -> str:
     return project.sbatch(f"--ntasks-per-node={PER_NODE}", f"--job-name={name}", "sbatch/apptainer_multinode.sbatch",
                           DEMO, *overrides, f"training.output_dir=/outputs/{name}",
@@ -169,7 +177,7 @@ def test_faults_in_turn_each_checkpoint_resume_or_end_the_run(sbatch_project: Pr
     log = project.log(job_id)
     assert state in ("FAILED", "NODE_FAIL"), f"job {job_id} ended {state}:\n{log[-6000:]}"
     runs = log.split("ctrain: job ")[1:]
-    assert len(runs) == 4, log[-6000:]
+    assert len(runs) == 4, batch_lines(project, job_id)
     assert "Bus error" not in log  # the image stayed readable through every fault
     pattern = rf"step (\d+)/{steps}, loss"
 
@@ -253,7 +261,7 @@ def test_slurm_term_twice_checkpoints_at_the_signalled_step_and_resumes(sbatch_p
     log = project.log(job_id)
     assert state == "COMPLETED", f"job {job_id} ended {state}:\n{log[-6000:]}"
     runs = log.split("ctrain: job ")[1:]
-    assert len(runs) == 3, log[-6000:]
+    assert len(runs) == 3, batch_lines(project, job_id)
     # Each run starts from the image unpacked on the nodes' disk, the requeued ones without unpacking again.
     assert re.search(r"ctrain-image /\S+/ctrain-images-\d+/[0-9a-f]{16} apptainer exec ", runs[0]), runs[0][:3000]
     for run in runs[1:]:
@@ -816,7 +824,7 @@ def test_through_pyxis_faults_behave_as_under_apptainer(sbatch_project: Project,
     log = project.log(job_id)
     assert state in ("FAILED", "NODE_FAIL"), f"job {job_id} ended {state}:\n{log[-6000:]}"
     runs = log.split("ctrain: job ")[1:]
-    assert len(runs) == len(faults), log[-6000:]
+    assert len(runs) == len(faults), batch_lines(project, job_id)
     assert all(f"ctrain: pyxis image {cpu_sqsh}, torchrun" in run for run in runs), log[-6000:]
     pattern = rf"step (\d+)/{steps}, loss"
     last_checkpoint = None
