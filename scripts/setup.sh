@@ -27,7 +27,7 @@ fi
 .venv/bin/pip install -q -c containers/constraints.txt --no-deps --upgrade --target .venv/qlora bitsandbytes
 
 if [ "$(id -u)" = 0 ]; then
-    if [ "$#" -eq 0 ]; then set -- testbed apptainer image registry push cluster pyxis; fi
-    .venv/bin/python -c 'import sys; from ctrain import system; system.ensure(*sys.argv[1:])' "$@"
+    # No group named: every group of ctrain.system.PACKAGES (the one list of them).
+    .venv/bin/python -c 'import sys; from ctrain import system; system.ensure(*(sys.argv[1:] or system.PACKAGES))' "$@"
 fi
 echo "ctrain is set up: $(.venv/bin/ctrain --version)"

@@ -170,10 +170,11 @@ ctrain_launcher() {
     case $CTRAIN_LAUNCHER in
         torchrun | deepspeed)
             # DeepSpeed runs under torchrun: its own launcher needs pdsh/ssh between nodes,
-            # which containers on Slurm do not have. A command of your own takes its DeepSpeed
+            # which containers on Slurm do not have. CTRAIN_DEEPSPEED_CONFIG is a default (?=): a
+            # recipe that names its own config keeps it. A command of your own takes its DeepSpeed
             # config in its own arguments (--deepspeed FILE, as HF's scripts do).
             [[ $CTRAIN_LAUNCHER == torchrun || ${#CTRAIN_COMMAND[@]} -gt 0 ]] ||
-                train+=("training.deepspeed=$CTRAIN_DEEPSPEED_CONFIG")
+                train+=("training.deepspeed?=$CTRAIN_DEEPSPEED_CONFIG")
             CTRAIN_STORE=$endpoint
             CTRAIN_LAUNCH=(
                 torchrun

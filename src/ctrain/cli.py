@@ -20,7 +20,7 @@ from ctrain import __version__
 from ctrain.bench import cli as bench_cli
 from ctrain.clicore import project
 from ctrain.cluster import cli as cluster_cli
-from ctrain.errors import CtrainError
+from ctrain.errors import ConfigError, CtrainError
 from ctrain.image import cli as image_cli
 from ctrain.jobs import cli as jobs_cli
 from ctrain.redact import redact
@@ -131,8 +131,10 @@ def init(directory: Path, force: bool, upgrade: bool) -> None:
     \b
     It gets ctrain.yaml (the choices to make: runtime, image, partition), recipes/ (the starter
     SFT recipe demo-addition.yaml and examples), sbatch/ and containers/ (ctrain's scripts and
-    image definitions, yours to read and run) and a .gitignore for images, outputs and logs.
-    An existing file stops it before anything is written.
+    image definitions, yours to read and run) and a .gitignore for images, outputs and logs; a
+    repository's own .gitignore gets ctrain's lines appended in a marked block instead. An
+    existing file of ctrain's stops it before anything is written. The documentation stays with
+    ctrain: `ctrain docs`.
     """
     from ctrain import project as projects
     from ctrain.ui import info, table
@@ -154,7 +156,8 @@ def init(directory: Path, force: bool, upgrade: bool) -> None:
         return
     written = projects.init(directory, force=force, emit=info)
     info(f"wrote {len(written)} file(s) to {directory}" + ("" if force else
-         f"\n  next: edit {directory / 'ctrain.yaml'} (runtime, image, partition), then ctrain submit --dry-run"))  # fmt: skip
+         f"\n  next: edit {directory / 'ctrain.yaml'} (runtime, image, partition), then ctrain submit --dry-run"
+         "\n  the documentation the scripts and errors cite (docs/NAME.md): ctrain docs [NAME]"))  # fmt: skip
 
 
 @main.command()
@@ -179,6 +182,27 @@ def doctor(workflows: tuple[str, ...]) -> None:
     if not ready:
         sys.exit(1)
 
+
+@main.command()
+@click.argument("page", required=False)
+def docs(page: str | None) -> None:
+    """ctrain's documentation as installed: each page with its path, or the text of one PAGE
+    (e.g. `ctrain docs sbatch` for docs/sbatch.md, which the scripts and errors cite)."""
+    import difflib
+
+    from ctrain import resources
+
+    pages = {p.stem: resources.root() / p for p in resources.files("docs") if p.suffix == ".md"}
+    if page is None:
+        for name, path in pages.items():
+            click.echo(f"{name:<14} {path}")
+        return
+    name = page.removeprefix("docs/").removesuffix(".md")
+    if name not in pages:
+        close = difflib.get_close_matches(name, list(pages), n=1)
+        raise ConfigError(f"no documentation page '{page}'" + (f" (did you mean '{close[0]}'?)" if close else "")
+                          + f"; the pages: {', '.join(pages)}")  # fmt: skip
+    click.echo(pages[name].read_text(), nl=False)
 
 
 # Each area's commands live next to its code.

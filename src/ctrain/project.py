@@ -1,12 +1,16 @@
 """``ctrain init``: a new project directory with the files ctrain runs from, and the check of a
 project's copies against the installed ctrain (``--upgrade``).
 
-A project holds two kinds of files. ctrain's own (``sbatch/``, ``containers/``, ``docs/``) are copies
+A project holds two kinds of files. ctrain's own (``sbatch/``, ``containers/``) are copies
 of the installed version: ``--force`` refreshes them (an edited one is kept beside it as
 ``NAME.edited``) and ``--upgrade`` reports the ones that differ. The user's (``ctrain.yaml``,
 ``recipes/``, ``configs/``, ``.gitignore``) start as ctrain's starters and are theirs to edit:
 ``--force`` replaces one only while it is still the copy ``init`` wrote. What ``init`` wrote is
 recorded, with hashes, in :data:`MANIFEST`, which is how "still the copy" and "edited" are told apart.
+
+A repository adopting ctrain keeps its own ``.gitignore``: ``init`` appends ctrain's lines to it in
+one marked block (:func:`ignore_block`), once, so that images, outputs and job state stay out of git.
+ctrain's documentation is not copied: ``ctrain docs`` shows the installed pages.
 """
 
 from __future__ import annotations
@@ -25,11 +29,15 @@ MANIFEST = Path(".ctrain-init.json")
 # Beside a file of ctrain's that `init --force` replaces although it was edited: the edited copy.
 EDITED_SUFFIX = ".edited"
 # Directories copied whole from ctrain's files; ctrain owns them.
-OWNED_DIRS = ("sbatch", "containers", "docs")
+OWNED_DIRS = ("sbatch", "containers")
 # The user's starters: project path -> where ctrain keeps it.
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
 USER_FILES = {Path("ctrain.yaml"): _TEMPLATES / "ctrain.yaml", Path(".gitignore"): _TEMPLATES / "gitignore"}
 USER_DIRS = ("recipes", "configs")
+GITIGNORE = Path(".gitignore")
+# The marks around ctrain's lines in a .gitignore that was there before ctrain init.
+BLOCK_START = "# >>> ctrain: what ctrain writes and nobody should commit (ctrain init keeps this block)"
+BLOCK_END = "# <<< ctrain"
 
 Status = Literal["same", "missing", "outdated", "edited"]
 
@@ -137,6 +145,38 @@ def compare(directory: Path) -> list[Difference]:
     return [Difference(e.path, e.owned, _status(directory, e, manifest)) for e in entries()]
 
 
+def ignore_lines() -> list[str]:
+    """The patterns of ctrain's .gitignore (its comments left out)."""
+    return [line for line in USER_FILES[GITIGNORE].read_text().splitlines() if line and not line.startswith("#")]
+
+
+def ignore_block(text: str) -> str | None:
+    """TEXT (a .gitignore that is not ctrain's) with ctrain's marked block in it: appended once, an
+    older block replaced in place; None when the block is there as it should be."""
+    block = [BLOCK_START, *ignore_lines(), BLOCK_END]
+    lines = text.splitlines()
+    if BLOCK_START in lines and BLOCK_END in lines[lines.index(BLOCK_START):]:
+        start = lines.index(BLOCK_START)
+        end = start + lines[start:].index(BLOCK_END)
+        if lines[start:end + 1] == block:
+            return None
+        lines[start:end + 1] = block
+    else:
+        lines += ([""] if lines and lines[-1] else []) + block
+    return "\n".join(lines) + "\n"
+
+
+def _adopt_gitignore(directory: Path, emit: Callable[[str], None]) -> None:
+    """A .gitignore that ctrain did not write gets ctrain's block (and says so), or is left as it is."""
+    target = directory / GITIGNORE
+    merged = ignore_block(_project_text(target))
+    if merged is None:
+        return
+    files.atomic_write_text(target, merged)
+    emit(f"added ctrain's lines to {GITIGNORE} in a block marked '{BLOCK_END[2:]}': "
+         f"{', '.join(ignore_lines())} stay out of git")  # fmt: skip
+
+
 def init(directory: Path, *, force: bool = False, emit: Callable[[str], None] = lambda _: None) -> list[Path]:
     """Write a new project into ``directory`` (made if missing); returns the files written.
 
@@ -153,6 +193,12 @@ def init(directory: Path, *, force: bool = False, emit: Callable[[str], None] = 
         )
     plan = entries()
     manifest = read_manifest(directory) if force else {}
+    # A .gitignore that init did not write is the repository's: it gets ctrain's block instead.
+    gitignore = directory / GITIGNORE
+    theirs = gitignore.is_file() and not gitignore.is_symlink() and str(GITIGNORE) not in read_manifest(directory) and (
+        _project_text(gitignore) != USER_FILES[GITIGNORE].read_text())
+    if theirs:
+        plan = [e for e in plan if e.path != GITIGNORE]
     if not force:
         present = [e.path for e in plan if os.path.lexists(directory / e.path)]
         present += [MANIFEST] if (directory / MANIFEST).exists() else []
@@ -171,13 +217,17 @@ def init(directory: Path, *, force: bool = False, emit: Callable[[str], None] = 
         if status == "same":
             continue
         if status == "edited" and not entry.owned:
-            emit(f"kept {entry.path} (yours, edited since ctrain init)")
+            written = str(entry.path) in manifest
+            emit(f"kept {entry.path} (yours, " + ("edited since ctrain init)" if written else "not written by ctrain init)"))
             continue
         if status == "edited":
             backup = _keep_edited(directory, entry.path)
             emit(f"replaced {entry.path}: it differed from ctrain {__version__}'s; your edited copy is in {backup}")
         todo.append(entry)
-    return _write(directory, todo, manifest)
+    written = _write(directory, todo, manifest)
+    if theirs:
+        _adopt_gitignore(directory, emit)
+    return written
 
 
 def _write(directory: Path, todo: list[Entry], manifest: dict[str, str]) -> list[Path]:

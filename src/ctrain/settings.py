@@ -400,7 +400,7 @@ def _locate(exc: ConfigError, source: SettingsFile, overrides: list[str]) -> str
     keys += [k for k in _DOTTED.findall(message) if k not in keys]
     for key in keys:
         for item in reversed(overrides):
-            name = item.partition("=")[0].strip()
+            name = item.partition("=")[0].strip().removesuffix("?")
             if key == name or key.startswith(name + ".") or name.startswith(key + "."):
                 short = item if len(item) <= 80 else f"{item[:60]}...{item[-8:]}"
                 return f"override {short!r}: {message}"
@@ -412,9 +412,13 @@ def _locate(exc: ConfigError, source: SettingsFile, overrides: list[str]) -> str
 
 
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply ``a.b=value`` overrides (values parsed as YAML) to a nested mapping, in place."""
+    """Apply ``a.b=value`` overrides (values parsed as YAML) to a nested mapping, in place. ``a.b?=value``
+    is a default: it sets ``a.b`` only where neither the file nor an earlier override did (how the
+    deepspeed launcher offers its config without replacing a recipe's own)."""
     for item in overrides:
         key, sep, raw = item.partition("=")
+        default = key.endswith("?")
+        key = key.removesuffix("?")
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} must look like key=value (e.g. training.max_steps=100)")
         if len(item) > MAX_OVERRIDE_CHARS:
@@ -437,7 +441,8 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
             if not isinstance(child, dict):
                 raise ConfigError(f"override {item!r}: '{part}' is not a section")
             node = child
-        node[parts[-1]] = value
+        if not (default and node.get(parts[-1]) is not None):
+            node[parts[-1]] = value
     return data
 
 

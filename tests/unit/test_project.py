@@ -8,13 +8,15 @@ import errno
 import json
 import os
 import re
+import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from ctrain import files, project, resources
+from ctrain import files, project, protocol, resources
 from ctrain.errors import ConfigError
 from ctrain.jobs import submit
 from ctrain.cli import main
@@ -185,11 +187,16 @@ def test_a_manifest_nested_too_deep_is_one_error(new: Path) -> None:
 
 def test_a_new_project_has_what_its_recipes_errors_and_jobs_refer_to(new: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """configs/ (the DeepSpeed and accelerate configs the ZeRO-3 recipe and --launcher deepspeed
-    name), docs/ (what errors, help and the scripts cite), and a .gitignore for the job state."""
-    for rel in [*resources.files("configs"), *resources.files("docs")]:
+    name), `ctrain docs NAME` for every docs/NAME.md the scripts cite (no copy of the documentation
+    in the project), and a .gitignore for the job state."""
+    for rel in resources.files("configs"):
         assert (new / rel).read_bytes() == (REPO / rel).read_bytes(), rel
-    cited = {m for p in (new / "sbatch").rglob("*") if p.is_file() for m in re.findall(r"docs/\w+\.md", p.read_text())}
-    assert cited and all((new / doc).is_file() for doc in cited), cited
+    assert not (new / "docs").exists()
+    cited = {m for p in (new / "sbatch").rglob("*") if p.is_file() for m in re.findall(r"docs/(\w+)\.md", p.read_text())}
+    assert cited
+    for name in cited:
+        code, out, err = ctrain("docs", name)
+        assert code == 0 and out == (REPO / "docs" / f"{name}.md").read_text(), err
     assert "/.ctrain/" in (new / ".gitignore").read_text().splitlines()
     monkeypatch.chdir(new)
     code, out, err = ctrain("train", "--check", "recipes/llama-3.1-8b-sft-zero3.yaml")
@@ -288,17 +295,42 @@ def test_convert_uses_the_projects_definition_else_ctrains(tmp_path: Path, new: 
     assert convert.definition(tmp_path / "elsewhere") == REPO / "containers" / "ctrain.def"
 
 
-def laptop_dry_run(project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
-    """`ctrain submit --dry-run --nodes 2 recipes/demo-addition.yaml` in ``project`` on a laptop: bash
-    (ctrain checks the rendered script with bash -n) and no Slurm on PATH; its stdout and stderr."""
+def laptop_dry_run(project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                   *args: str) -> tuple[str, str]:  # fmt: skip
+    """`ctrain submit --dry-run --nodes 2 [ARGS] recipes/demo-addition.yaml` in ``project`` on a laptop:
+    bash (ctrain checks the rendered script with bash -n) and no Slurm on PATH; its stdout and stderr."""
     monkeypatch.chdir(project)
     laptop = tmp_path / "bin"
     laptop.mkdir()
     (laptop / "bash").symlink_to(shutil.which("bash"))
     monkeypatch.setenv("PATH", str(laptop))
-    code, out, err = ctrain("submit", "--dry-run", "--nodes", "2", "recipes/demo-addition.yaml")
+    code, out, err = ctrain("submit", "--dry-run", "--nodes", "2", *(args or ["recipes/demo-addition.yaml"]))
     assert code == 0, err
     return out, err
+
+
+@pytest.mark.parametrize(("recipe", "extra", "gets", "source"), [
+    ("recipes/llama-3.1-8b-sft-zero3.yaml", [], "configs/deepspeed/zero3.json", "the recipe's"),
+    ("recipes/demo-addition.yaml", [], "configs/deepspeed/zero2.json", "the launcher's"),
+    ("recipes/llama-3.1-8b-sft-zero3.yaml", ["training.deepspeed=configs/deepspeed/zero2.json"],
+     "configs/deepspeed/zero2.json", "the recipe's or an override's"),
+])  # fmt: skip
+def test_the_recipes_deepspeed_config_wins_over_the_launchers_and_the_dry_run_names_it(
+    new: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recipe: str, extra: list[str], gets: str, source: str
+) -> None:
+    """--launcher deepspeed offers CTRAIN_DEEPSPEED_CONFIG as a default (training.deepspeed?=): the ZeRO-3
+    recipe keeps its zero3.json, a recipe naming none gets the launcher's zero2.json, an override wins
+    over both; the dry run says which, and the recipe loaded with the script's own overrides agrees."""
+    from ctrain.train.recipe import load_recipe
+
+    out, err = laptop_dry_run(new, tmp_path, monkeypatch, "--launcher", "deepspeed", recipe, *extra)
+    assert f"note: DeepSpeed config the ranks get: {gets} ({source}" in err, err
+    arguments = re.search(r"^set -- (.*)$", out, re.MULTILINE)
+    assert arguments, out[-2000:]
+    words = shlex.split(arguments.group(1))
+    assert words[0] == recipe and words[1:] == extra
+    added = protocol.launcher_overrides("deepspeed", "configs/deepspeed/zero2.json", own_command=False)
+    assert load_recipe(new / recipe, [*extra, *added]).training.deepspeed == gets
 
 
 def test_a_new_projects_dry_run_shows_the_script_before_any_image_exists(
@@ -367,3 +399,62 @@ def test_a_project_path_no_container_can_mount_is_refused_before_anything_is_wri
     code, _, err = ctrain("init", tmp_path / "my:proj")
     assert code == 2 and err.startswith("error: ") and "':'" in err and "--bind" in err, err
     assert not (tmp_path / "my:proj").exists()
+
+
+def test_docs_lists_the_installed_pages_and_names_the_closest_to_a_misspelt_one() -> None:
+    code, out, _ = ctrain("docs")
+    listed = dict(line.split(maxsplit=1) for line in out.splitlines())
+    assert code == 0 and listed["sbatch"] == str(resources.root() / "docs" / "sbatch.md")
+    code, _, err = ctrain("docs", "sbach")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: no documentation page 'sbach' (did you mean 'sbatch'?); the pages: ")
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def test_init_in_a_repository_appends_ctrains_ignore_lines_once_and_git_ignores_an_image(tmp_path: Path) -> None:
+    """An existing git repository with its own .gitignore: init keeps the user's lines, appends
+    ctrain's in one marked block and says so; a second init (--force) adds nothing; real git then
+    ignores a SIF, outputs and the job state, and still sees the user's files."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / ".gitignore").write_text("__pycache__/\n*.pyc")  # theirs, no final newline
+    (repo / "train.py").write_text("print('mine')\n")
+    code, _, err = ctrain("init", repo)
+    assert code == 0, err
+    text = (repo / ".gitignore").read_text()
+    assert text.startswith("__pycache__/\n*.pyc\n\n" + project.BLOCK_START + "\n")
+    assert text.endswith(project.BLOCK_END + "\n") and text.count(project.BLOCK_START) == 1
+    assert "added ctrain's lines to .gitignore in a block marked" in err and "*.sif" in err
+    assert "edited since ctrain init" not in err
+    code, _, err = ctrain("init", "--force", repo)
+    assert code == 0 and (repo / ".gitignore").read_text() == text, err
+    assert ".gitignore" not in err
+    for ignored in ("images/ctrain.sif", "outputs/run/model.safetensors", ".ctrain/1/state", "logs/x-1.out"):
+        (repo / ignored).parent.mkdir(parents=True, exist_ok=True)
+        (repo / ignored).write_text("x")
+    git(repo, "add", "-A")
+    staged = git(repo, "diff", "--cached", "--name-only").split()
+    assert "train.py" in staged and "ctrain.yaml" in staged and "sbatch/lib/ctrain.sh" in staged
+    assert not [p for p in staged if p.startswith(("images/", "outputs/", ".ctrain/", "logs/"))], staged
+
+
+def test_an_older_block_is_replaced_in_place_and_a_changed_one_is_not_doubled() -> None:
+    block = [project.BLOCK_START, "/images/", project.BLOCK_END]
+    merged = project.ignore_block("\n".join(["a", *block, "b"]) + "\n")
+    assert merged is not None
+    lines = merged.splitlines()
+    assert lines[0] == "a" and lines[-1] == "b" and lines.count(project.BLOCK_START) == 1
+    assert lines[1:-1] == [project.BLOCK_START, *project.ignore_lines(), project.BLOCK_END]
+    assert project.ignore_block(merged) is None
+
+
+def test_force_says_a_file_it_never_wrote_is_yours_not_edited(tmp_path: Path) -> None:
+    (tmp_path / "ctrain.yaml").write_text("runtime: apptainer\n")
+    code, _, err = ctrain("init", "--force", tmp_path)
+    assert code == 0, err
+    assert "kept ctrain.yaml (yours, not written by ctrain init)" in err and "edited since" not in err
+    assert (tmp_path / "ctrain.yaml").read_text() == "runtime: apptainer\n"

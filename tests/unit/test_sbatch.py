@@ -139,7 +139,7 @@ def test_recipe_and_overrides_reach_the_trainer(slurm_conf: Path) -> None:
     words = srun_words(
         dry_run("pyxis_multinode", "/project/recipes/r.yaml", "a.b=1", env=env, slurm_conf=slurm_conf).stdout
     )
-    assert words[-6:] == ["-m", "ctrain", "train", "recipes/r.yaml", "a.b=1", "training.deepspeed=configs/z3.json"]
+    assert words[-6:] == ["-m", "ctrain", "train", "recipes/r.yaml", "a.b=1", "training.deepspeed?=configs/z3.json"]
     assert words[words.index("ctrain-task") + 1] == "torchrun"
 
 

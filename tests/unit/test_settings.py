@@ -318,3 +318,12 @@ def test_a_time_written_without_quotes_stays_the_time_written(tmp_path: Path) ->
     (tmp_path / "recipe.yaml").write_text("a: 1:30\nb: 30:00\nc: -1:30.5\nd: 90\ne: 1.5\n")
     assert load_yaml(tmp_path / "recipe.yaml") == {"a": "1:30", "b": "30:00", "c": "-1:30.5", "d": 90, "e": 1.5}
     assert apply_overrides({}, ["slurm.time=30:00"]) == {"slurm": {"time": "30:00"}}
+
+
+def test_a_default_override_sets_only_what_nothing_set_before_it() -> None:
+    """``KEY?=VALUE`` (how the deepspeed launcher offers its config): the file's value and an earlier
+    override stay; a missing or null key gets it; a plain override after it still wins."""
+    data = apply_overrides({"inner": {"size": 1, "rate": None}}, ["inner.size?=7", "inner.rate?=0.5", "name?=x"])
+    assert data == {"inner": {"size": 1, "rate": 0.5}, "name": "x"}
+    assert apply_overrides({}, ["name=mine", "name?=theirs"]) == {"name": "mine"}
+    assert apply_overrides({}, ["name?=theirs", "name=mine"]) == {"name": "mine"}

@@ -70,15 +70,19 @@ _CONTAINER_TARGETS = ("/workspace", "/data", "/hf_home", "/outputs")
 
 def check_job_recipe(job: Job) -> list[str]:
     """The recipe exists inside the project and validates with the overrides, as the job will run it
-    (from the project directory, on nodes x processes per node), without torch; returns notes."""
+    (from the project directory, on nodes x processes per node), without torch; returns warnings, and
+    adds to the job's notes which DeepSpeed config the deepspeed launcher's ranks get."""
     from ctrain.train.preflight import preflight as check_paths
     from ctrain.train.recipe import load_recipe
 
     path = project_file(job, job.settings["CTRAIN_RECIPE"], "the recipe")
     overrides = list(job.overrides)  # as the library took them from the arguments (ctrain_arguments)
-    overrides += protocol.launcher_overrides(job.settings["CTRAIN_LAUNCHER"], job.settings["CTRAIN_DEEPSPEED_CONFIG"],
-                                             own_command=False)  # fmt: skip
-    recipe = load_recipe(path, overrides)
+    added = protocol.launcher_overrides(job.settings["CTRAIN_LAUNCHER"], job.settings["CTRAIN_DEEPSPEED_CONFIG"],
+                                        own_command=False)  # fmt: skip
+    recipe = load_recipe(path, overrides + added)
+    if added:  # the job's notes (not a warning): which config the ranks get
+        job.notes.append(_deepspeed_note(recipe.training.deepspeed, load_recipe(path, overrides).training.deepspeed,
+                                         job.settings["CTRAIN_DEEPSPEED_CONFIG"]))  # fmt: skip
     with _cwd(job.project):
         try:
             notes = check_paths(recipe, world_size=job.world_size)
@@ -88,6 +92,14 @@ def check_job_recipe(job: Job) -> list[str]:
             notes = [f"not checked from here (a path inside the container): {exc}"]
         check_output_dir(job, recipe)
     return notes
+
+
+def _deepspeed_note(gets: str | None, own: str | None, default: str) -> str:
+    """Which DeepSpeed config the deepspeed launcher's ranks get, and from where."""
+    if own:
+        return (f"DeepSpeed config the ranks get: {gets} (the recipe's or an override's; the launcher's "
+                f"{default} applies only where none is named)")  # fmt: skip
+    return f"DeepSpeed config the ranks get: {gets} (the launcher's, CTRAIN_DEEPSPEED_CONFIG: the recipe names none)"
 
 
 def _on_host(path: Path, job: Job) -> Path | None:

@@ -20,5 +20,6 @@ def world_size(nodes: int, gpus_on_node: int, tasks_per_node: int) -> int:
 
 def launcher_overrides(launcher: str, deepspeed_config: str, own_command: bool) -> list[str]:
     """What the launcher appends to a recipe's overrides: DeepSpeed's config under the deepspeed
-    launcher (a command of your own takes its config in its own arguments)."""
-    return [f"{DEEPSPEED_KEY}={deepspeed_config}"] if launcher == "deepspeed" and not own_command else []
+    launcher, as a default (``?=``: a recipe's own config, or one given as an override, wins); a
+    command of your own takes its config in its own arguments."""
+    return [f"{DEEPSPEED_KEY}?={deepspeed_config}"] if launcher == "deepspeed" and not own_command else []
