@@ -311,6 +311,31 @@ def _matches(raw: str, pattern: re.Pattern[str], what: str) -> list[re.Match[str
 _SINFO_NODE = re.compile(r"^(\S+)\s+(\S+)$")
 
 
+@dataclass(frozen=True)
+class Partition:
+    """One partition as ``scontrol show partition -o`` tells it: whether it is the default, and the
+    time limit a job gets that names none (DefaultTime, else MaxTime) and may ask for at most."""
+
+    name: str
+    default: bool
+    default_time: str  # "NONE" where the partition sets none
+    max_time: str  # "UNLIMITED" where it sets none
+
+
+def parse_partitions(raw: str) -> list[Partition]:
+    """Every line of ``scontrol show partition -o`` as a :class:`Partition`."""
+    found = []
+    for line in raw.splitlines()[:10_000]:
+        if not line.strip():
+            continue
+        record = parse_scontrol_record(line)
+        if "PartitionName" not in record:
+            raise ParseError("scontrol show partition output (no PartitionName=)", line)
+        found.append(Partition(record["PartitionName"], record.get("Default") == "YES",
+                               record.get("DefaultTime", "NONE"), record.get("MaxTime", "UNLIMITED")))  # fmt: skip
+    return found
+
+
 def parse_node_states(raw: str) -> dict[str, str]:
     """``sinfo -h -N -o '%N %T'`` as {node: state}; anything else is a ParseError."""
     return {match.group(1): match.group(2) for match in _matches(raw, _SINFO_NODE, "sinfo node states")}
@@ -632,6 +657,11 @@ class Slurm:
             args.append(f"--partition={partition}")
         out = self.runner.run(args, check=False)
         return parse_node_shapes(out.stdout) if out.returncode == 0 else None
+
+    def partitions(self) -> list[Partition] | None:
+        """Every partition, with its time limits; None where scontrol cannot answer."""
+        out = self.runner.run(["scontrol", "show", "partition", "-o"], check=False)
+        return parse_partitions(out.stdout) if out.returncode == 0 else None
 
     def partition_gpus(self, partition: str | None) -> int | None:
         """The most GPUs any node of ``partition`` (of any partition if None) has; None if sinfo fails."""

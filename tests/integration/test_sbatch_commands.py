@@ -151,3 +151,28 @@ def test_submit_queues_the_text_and_keeps_a_copy_beside_the_log(testbed, tmp_pat
     assert log.with_suffix(".sbatch").read_text() == text
     assert SLURM.wait(job_id, timeout=60).state == "COMPLETED"
     assert log.read_text().strip() == f"ran in {tmp_path}"
+
+
+def test_a_job_that_names_no_time_gets_the_partitions_default_and_the_dry_run_says_so(
+    testbed, sbatch_project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No script of ctrain's sets --time: Slurm gives the job the partition's DefaultTime (the testbed's
+    slurm.conf sets one), and `ctrain submit --dry-run` names it, read from the real scontrol; a time
+    above the partition's MaxTime is refused before anything is queued."""
+    from ctrain.testbed.plan import PARTITION, PARTITION_DEFAULT_TIME, PARTITION_MAX_TIME
+
+    out = testbed.run_as_user(["sbatch", "--parsable", "--hold", "sbatch/apptainer.sbatch"], cwd=sbatch_project.path)
+    job_id = out.stdout.strip().split(";")[0]
+    try:
+        assert SLURM.job(job_id).time_limit == PARTITION_DEFAULT_TIME
+    finally:
+        SLURM.cancel(job_id)
+    monkeypatch.chdir(sbatch_project.path)
+    result = CliRunner().invoke(main, ["submit", "--dry-run", f"--image={tmp_path / 'none.sif'}", "recipes/demo-addition.yaml"])
+    assert result.exit_code == 0, result.output
+    assert (f"note: time limit {PARTITION_DEFAULT_TIME}: partition {PARTITION}'s DefaultTime (slurm.time or --time "
+            f"asks for another, up to its MaxTime {PARTITION_MAX_TIME})") in result.stderr  # fmt: skip
+    result = CliRunner().invoke(main, ["submit", "--dry-run", "--time=8-00:00:00", f"--image={tmp_path / 'none.sif'}",
+                                       "recipes/demo-addition.yaml"])  # fmt: skip
+    assert result.exit_code == 2 and result.stderr.startswith(
+        f"error: time limit 8-00:00:00 (slurm.time, --time) is longer than partition {PARTITION}'s MaxTime"), result.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -278,14 +279,14 @@ def test_header_lines_replaced_not_duplicated(tmp_path: Path) -> None:
     )
     job = submit.prepare(config, nodes=2)
     header = [line for line in job.text.splitlines() if line.startswith("#SBATCH")]
-    assert header.count("#SBATCH --time=10") == 1 and not any(line.startswith("#SBATCH --time=01") for line in header)
+    assert header.count("#SBATCH --time=10") == 1
     assert "#SBATCH --job-name=demo" in header and "#SBATCH --qos=high" in header and "#SBATCH --exclusive" in header
     assert job.log_dir == tmp_path / "logs"
 
 
 def test_short_options_in_user_scripts_are_replaced(tmp_path: Path) -> None:
     own = tmp_path / "mine.sbatch"
-    own.write_text((REPO / "sbatch/apptainer.sbatch").read_text().replace("#SBATCH --time=01:00:00", "#SBATCH -t 5"))
+    own.write_text((REPO / "sbatch/apptainer.sbatch").read_text().replace("#SBATCH --nodes=1\n", "#SBATCH --nodes=1\n#SBATCH -t 5\n"))
     config = load_config(project(tmp_path, "slurm:\n  script: mine.sbatch\n") / "ctrain.yaml")
     job = submit.prepare(config, time="20")
     assert "#SBATCH --time=20" in job.text and "#SBATCH -t 5" not in job.text
@@ -396,6 +397,8 @@ class Sinfo(slurm.Local):
         return True
 
     def run(self, args, **kwargs):  # type: ignore[no-untyped-def]
+        if args[:3] == ["scontrol", "show", "partition"]:  # the partitions' time limits: not told
+            return subprocess.CompletedProcess(args, 1, "", "slurm_load_partitions error: Unable to contact slurm controller")
         self.asked.append(list(args))
         assert args[0] == "sinfo"
         return subprocess.CompletedProcess(args, 0, self.gres, "")
@@ -597,6 +600,7 @@ def test_a_command_after_the_dashes_is_the_jobs_payload(tmp_path: Path, monkeypa
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(checks, "check_image", lambda *_: None)
     monkeypatch.setattr(checks, "check_gpus", lambda *_: [])
+    monkeypatch.setattr(checks, "check_partition", lambda *_: None)
     result = CliRunner().invoke(main, ["submit", "--dry-run", "--nodes", "2", "--", *COMMAND])
     assert result.exit_code == 0, result.output
     assert_golden("sbatch", "submit-command-2node.sbatch",
@@ -620,6 +624,7 @@ def test_a_command_is_checked_before_it_is_queued(tmp_path: Path, monkeypatch: p
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(checks, "check_image", lambda *_: None)
     monkeypatch.setattr(checks, "check_gpus", lambda *_: [])
+    monkeypatch.setattr(checks, "check_partition", lambda *_: None)
     cases = {
         ("recipes/demo-addition.yaml", "--", "train.py"): "give a recipe or a command after --, not both",
         ("--",): "nothing after --: give the command to run",
@@ -662,3 +667,53 @@ def test_slurm_preflight_is_one_of_its_levels(tmp_path: Path, bad: str) -> None:
     text = f"slurm:\n  preflight: {json.dumps(bad)}\n"
     with pytest.raises(ConfigError, match="slurm.preflight"):
         load_config(project(tmp_path, text) / "ctrain.yaml")
+
+
+# --- the time limit a job runs under ---------------------------------------------------------------
+
+PARTITIONS = slurm.parse_partitions(
+    "PartitionName=debug AllowGroups=ALL Default=YES QoS=N/A DefaultTime=04:00:00 DisableRootJobs=NO "
+    "MaxNodes=UNLIMITED MaxTime=7-00:00:00 MinNodes=0 Nodes=node[1-2] State=UP\n"
+    "PartitionName=gpu Default=NO DefaultTime=NONE MaxTime=2-00:00:00 Nodes=gpu[1-4] State=UP\n"
+    "PartitionName=long Default=NO DefaultTime=NONE MaxTime=UNLIMITED Nodes=node[1-2] State=UP\n"
+)
+
+
+def test_partitions_are_read_from_scontrols_records() -> None:
+    assert PARTITIONS[0] == slurm.Partition("debug", True, "04:00:00", "7-00:00:00")
+    assert [(p.name, p.default) for p in PARTITIONS] == [("debug", True), ("gpu", False), ("long", False)]
+    with pytest.raises(ParseError):
+        slurm.parse_partitions("Name=x\n")
+
+
+@pytest.mark.parametrize(("asked", "partition", "partitions", "note"), [
+    (None, None, PARTITIONS, "time limit 04:00:00: partition debug's DefaultTime (slurm.time or --time asks for "
+     "another, up to its MaxTime 7-00:00:00)"),
+    (None, "gpu", PARTITIONS, "time limit 2-00:00:00: partition gpu's MaxTime (it sets no DefaultTime)"),
+    (None, "long", PARTITIONS, "time limit: none (partition long sets no DefaultTime and its MaxTime is UNLIMITED)"),
+    ("1-00:00:00", "gpu", PARTITIONS, "time limit 1-00:00:00 (slurm.time), within partition gpu's MaxTime 2-00:00:00"),
+    ("30-00:00:00", "long", PARTITIONS, "time limit 30-00:00:00 (slurm.time), within partition long's MaxTime UNLIMITED"),
+    (None, None, None, "time limit: the partition's default, as Slurm applies it (no Slurm here to read it from)"),
+    ("10", None, None, "time limit 10 (slurm.time)"),
+])  # fmt: skip
+def test_the_time_limit_a_job_gets_and_where_it_comes_from(asked, partition, partitions, note) -> None:  # type: ignore[no-untyped-def]
+    assert checks.time_limit(asked, partition, partitions) == note
+
+
+@pytest.mark.parametrize(("asked", "partition", "error"), [
+    ("3-00:00:00", "gpu", "time limit 3-00:00:00 (slurm.time, --time) is longer than partition gpu's MaxTime "
+     "2-00:00:00: ask for at most 2-00:00:00"),
+    ("UNLIMITED", None, "time limit UNLIMITED (slurm.time, --time) is longer than partition debug's MaxTime 7-00:00:00"),
+    (None, "gpus", "partition 'gpus' does not exist here (did you mean 'gpu'?); the partitions: debug (default), gpu, "
+     "long (slurm.partition, --partition)"),
+])  # fmt: skip
+def test_a_partition_that_is_not_there_or_a_limit_above_its_maximum_is_refused(asked, partition, error) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError) as caught:
+        checks.time_limit(asked, partition, PARTITIONS)
+    assert str(caught.value).startswith(error)
+
+
+def test_no_script_of_ctrains_sets_a_time_limit() -> None:
+    """With no slurm.time the partition's DefaultTime applies, not a limit the scripts invent."""
+    for script in (REPO / "sbatch").glob("*.sbatch"):
+        assert not [line for line in script.read_text().splitlines() if re.match(r"#SBATCH\s+(--time|-t)\b", line)], script

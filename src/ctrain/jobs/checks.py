@@ -7,6 +7,7 @@ its output directory, and the GPUs asked for against the partition's nodes.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,8 +49,49 @@ def check(job: Job, client: slurm.Slurm | None = None, dry_run: bool = False) ->
         project_file(job, s["CTRAIN_ACCELERATE_CONFIG"], "the accelerate config (CTRAIN_ACCELERATE_CONFIG)")
     if s.get("CTRAIN_DATA") and not Path(s["CTRAIN_DATA"]).is_dir():
         raise ConfigError(f"the data directory {s['CTRAIN_DATA']} (CTRAIN_DATA, slurm.data) does not exist")
-    warnings += check_gpus(job, client or slurm.Slurm())
+    client = client or slurm.Slurm()
+    check_partition(job, client)
+    warnings += check_gpus(job, client)
     return warnings
+
+
+def check_partition(job: Job, client: slurm.Slurm) -> None:
+    """The partition exists and allows the time asked for; the job's notes say which time limit it
+    runs under (:func:`time_limit`)."""
+    found = client.partitions() if client.runner.has("scontrol") else None
+    job.notes.append(time_limit(job.options.get("time"), job.options.get("partition"), found or None))
+
+
+def time_limit(asked: str | None, name: str | None, partitions: list[slurm.Partition] | None) -> str:
+    """Which time limit the job runs under and where it comes from (the note a dry run and a submit
+    print): the one asked for, else the partition's DefaultTime, else its MaxTime, as Slurm applies
+    them; no limit is invented. A partition that does not exist, or a limit above its MaxTime, is an
+    error that names what exists."""
+    if partitions is None:
+        return (f"time limit {asked} (slurm.time)" if asked else
+                "time limit: the partition's default, as Slurm applies it (no Slurm here to read it from)")  # fmt: skip
+    chosen = [p for p in partitions if p.name == name] if name else [p for p in partitions if p.default]
+    if name and not chosen:
+        names = [p.name + (" (default)" if p.default else "") for p in partitions]
+        close = difflib.get_close_matches(name, [p.name for p in partitions], n=1)
+        raise ConfigError(f"partition '{name}' does not exist here" + (f" (did you mean '{close[0]}'?)" if close else "")
+                          + f"; the partitions: {', '.join(names) or 'none'} (slurm.partition, --partition)")  # fmt: skip
+    if not chosen:
+        return f"time limit {asked} (slurm.time)" if asked else "time limit: Slurm's default (no default partition)"
+    part = chosen[0]
+    ceiling = slurm.time_seconds(part.max_time) if part.max_time.upper() not in ("UNLIMITED", "INFINITE") else None
+    if asked:
+        wanted = slurm.time_seconds(asked)
+        if ceiling is not None and (wanted is None or wanted > ceiling):
+            raise ConfigError(f"time limit {asked} (slurm.time, --time) is longer than partition {part.name}'s "
+                              f"MaxTime {part.max_time}: ask for at most {part.max_time}")  # fmt: skip
+        return f"time limit {asked} (slurm.time), within partition {part.name}'s MaxTime {part.max_time}"
+    if part.default_time.upper() != "NONE":
+        return (f"time limit {part.default_time}: partition {part.name}'s DefaultTime (slurm.time or --time "
+                f"asks for another, up to its MaxTime {part.max_time})")  # fmt: skip
+    if ceiling is not None:
+        return f"time limit {part.max_time}: partition {part.name}'s MaxTime (it sets no DefaultTime)"
+    return f"time limit: none (partition {part.name} sets no DefaultTime and its MaxTime is {part.max_time})"
 
 
 def check_signal(options: dict[str, str | None]) -> None:

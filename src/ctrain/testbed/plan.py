@@ -19,6 +19,10 @@ DEFAULT_STATE_DIR = Path("/var/lib/ctrain/testbed")
 STATE_DIR_ENV = "CTRAIN_TESTBED_DIR"
 JOB_USER = "ctrain"
 PARTITION = "debug"
+# The partition's time limits, as a site sets them: a job that names none gets the default (and
+# `ctrain submit` says so), and none may ask for more than the maximum.
+PARTITION_DEFAULT_TIME = "04:00:00"
+PARTITION_MAX_TIME = "7-00:00:00"
 CLUSTER_NAME = "testbed"
 
 # One testbed per machine: these names are the testbed's own, so `down` may remove them after a crash.
@@ -367,7 +371,7 @@ JobCompType=jobcomp/filetxt
 JobCompLoc={layout.log_file("jobcomp")}
 {gpu_lines}
 {node_lines}
-PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName={PARTITION} Nodes=ALL Default=YES DefaultTime={PARTITION_DEFAULT_TIME} MaxTime={PARTITION_MAX_TIME} State=UP
 """
 
 
