@@ -204,9 +204,9 @@ def check_numbers(c: SlurmConfig) -> None:
         if value is None or isinstance(value, bool) or not isinstance(value, int):
             continue
         if declared.least is not None and value < declared.least:
-            raise ConfigError(f"slurm.{name} must be at least {declared.least}, got {value}")
+            raise ConfigError(f"slurm.{name} must be at least {declared.least}, got {value}", key=f"slurm.{name}")
         if declared.most is not None and value > declared.most:
-            raise ConfigError(f"slurm.{name} is {value}; Slurm allows at most {declared.most}")
+            raise ConfigError(f"slurm.{name} is {value}; Slurm allows at most {declared.most}", key=f"slurm.{name}")
 
 
 def check_env(c: SlurmConfig) -> None:

@@ -39,6 +39,11 @@ def check(job: Job, client: slurm.Slurm | None = None, dry_run: bool = False) ->
         warnings.append(f"{missing} (a job needs it; this dry run does not)")
     if s["CTRAIN_LAUNCHER"] == "deepspeed":
         project_file(job, s["CTRAIN_DEEPSPEED_CONFIG"], "the DeepSpeed config (CTRAIN_DEEPSPEED_CONFIG)")
+    client = client or slurm.Slurm()
+    # The cluster's answers first: a GPU count or partition that cannot be is the first thing to fix,
+    # before what the recipe would make of it.
+    check_partition(job, client)
+    warnings += check_gpus(job, client)
     if job.command is None:
         warnings += check_job_recipe(job)
     else:
@@ -49,9 +54,6 @@ def check(job: Job, client: slurm.Slurm | None = None, dry_run: bool = False) ->
         project_file(job, s["CTRAIN_ACCELERATE_CONFIG"], "the accelerate config (CTRAIN_ACCELERATE_CONFIG)")
     if s.get("CTRAIN_DATA") and not Path(s["CTRAIN_DATA"]).is_dir():
         raise ConfigError(f"the data directory {s['CTRAIN_DATA']} (CTRAIN_DATA, slurm.data) does not exist")
-    client = client or slurm.Slurm()
-    check_partition(job, client)
-    warnings += check_gpus(job, client)
     return warnings
 
 
@@ -190,8 +192,16 @@ def _cwd(directory: Path) -> Iterator[None]:
 
 def project_file(job: Job, name: str, what: str) -> Path:
     path = Path(name) if Path(name).is_absolute() else job.project / name
+    if path.is_dir():
+        inside = sorted(p.name for p in path.iterdir() if p.suffix in (".yaml", ".yml", ".py", ".json"))[:5]
+        raise ConfigError(f"{what} {name} is a directory: name a file in it"
+                          + (f" (such as {name.rstrip('/')}/{inside[0]})" if inside else ""))  # fmt: skip
     if not path.is_file():
-        raise ConfigError(f"{what} {name} does not exist (paths are relative to the project directory {job.project})")
+        siblings = sorted(p.name for p in path.parent.iterdir())[:1000] if path.parent.is_dir() else []
+        close = difflib.get_close_matches(path.name, siblings, n=1)
+        guess = f"did you mean {str(Path(name).parent / close[0]).removeprefix('./')}? " if close else ""
+        raise ConfigError(f"{what} {name} does not exist ({guess}paths are relative to the project directory "
+                          f"{job.project})")  # fmt: skip
     inside_project(path, job.project, what)
     return path
 

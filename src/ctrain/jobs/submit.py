@@ -48,7 +48,10 @@ def prepare(
     ctrain.yaml; None leaves a setting as configured. A GPU job that names no CPUs or memory gets them from
     what ``client``'s sinfo says the nodes have. ``command``: the user's own program instead of a recipe (the
     words after ``--``)."""
-    c = override(config.slurm, changes, where="slurm")
+    try:
+        c = override(config.slurm, changes, where="slurm")
+    except ConfigError as exc:
+        raise _as_typed(exc, changes) from exc
     project = config.root
     template = choose_script(c, project, c.nodes)
     runtime = script_runtime(template)
@@ -66,6 +69,15 @@ def prepare(
     warning = cpu_warning(options)
     notes += [warning] if warning else []
     return Job(template, runtime, text, project, settings, arguments, options, notes, recipe_overrides)
+
+
+def _as_typed(exc: ConfigError, changes: dict[str, object]) -> ConfigError:
+    """An error about a setting the user gave as a flag names the flag typed, not the ctrain.yaml key."""
+    name = (exc.key or "").removeprefix("slurm.")
+    if not exc.key or changes.get(name) is None:
+        return exc
+    flag = "--" + name.replace("_", "-")
+    return ConfigError(str(exc).replace(f"slurm.{name}", flag, 1), key=exc.key)
 
 
 def _sized(c: SlurmConfig, template: Path, client: slurm.Slurm | None) -> tuple[SlurmConfig, list[str]]:

@@ -1,0 +1,73 @@
+"""A new user's first mistakes, each answered by one first line that says what to do (exact text):
+the recipe given as a directory or misspelt, a GPU count the cluster cannot give (before what the
+recipe would make of it), a flag's value named as the flag typed, a partition that is not there."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ctrain import slurm
+from ctrain.cli import main
+from ctrain.config import load_config
+from ctrain.errors import ConfigError
+from ctrain.jobs import submit
+from tests.unit.test_slurm import Sinfo
+
+
+@pytest.fixture
+def laptop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A new project on a laptop: bash on PATH (the rendered script is checked with bash -n), no Slurm."""
+    project = tmp_path / "proj"
+    assert CliRunner().invoke(main, ["init", str(project)]).exit_code == 0
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "bash").symlink_to(shutil.which("bash"))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.chdir(project)
+    return project
+
+
+def first_line(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 2, result.output
+    return result.stderr.splitlines()[0]
+
+
+def test_a_directory_as_the_recipe_is_named_as_one_with_a_file_to_name(laptop: Path) -> None:
+    first = sorted(p.name for p in (laptop / "recipes").iterdir() if p.suffix == ".yaml")[0]
+    assert first_line("submit", "--dry-run", "recipes") == (
+        f"error: the recipe recipes is a directory: name a file in it (such as recipes/{first})")
+
+
+def test_a_misspelt_recipe_gets_the_closest_file(laptop: Path) -> None:
+    assert first_line("submit", "--dry-run", "recipes/demo-additon.yaml") == (
+        "error: the recipe recipes/demo-additon.yaml does not exist (did you mean recipes/demo-addition.yaml? "
+        f"paths are relative to the project directory {laptop})")
+
+
+def test_a_flag_out_of_range_is_named_as_typed(laptop: Path) -> None:
+    assert first_line("submit", "--dry-run", "--nodes", "0", "recipes/demo-addition.yaml") == (
+        "error: --nodes must be at least 1, got 0")
+
+
+def test_the_same_value_in_ctrain_yaml_is_named_by_its_key(laptop: Path) -> None:
+    config = laptop / "ctrain.yaml"
+    config.write_text("slurm:\n  nodes: 0\n")
+    line = first_line("submit", "--dry-run", "recipes/demo-addition.yaml")
+    assert "slurm.nodes must be at least 1, got 0" in line and "--nodes" not in line
+
+
+def test_more_gpus_than_a_node_has_is_the_first_line_before_the_batch_size(tmp_path: Path) -> None:
+    """9,999 GPUs per node would also leave the recipe's global batch indivisible: the GPU count,
+    which the user typed, is the line that comes first."""
+    (tmp_path / "recipes").mkdir()
+    shutil.copy(Path(__file__).resolve().parents[2] / "recipes" / "demo-addition.yaml", tmp_path / "recipes")
+    (tmp_path / "ctrain.yaml").write_text("slurm:\n  image: images/c.sif\n")  # not built yet: a dry run's warning
+    job = submit.prepare(load_config(tmp_path / "ctrain.yaml"), recipe="recipes/demo-addition.yaml", gpus_per_node=9999)
+    with pytest.raises(ConfigError) as caught:
+        submit.check(job, slurm.Slurm(Sinfo("gpu:8\n")), dry_run=True)
+    assert str(caught.value) == "9999 GPUs per node requested, but the nodes of this cluster have at most 8"
