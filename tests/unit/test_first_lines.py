@@ -71,3 +71,14 @@ def test_more_gpus_than_a_node_has_is_the_first_line_before_the_batch_size(tmp_p
     with pytest.raises(ConfigError) as caught:
         submit.check(job, slurm.Slurm(Sinfo("gpu:8\n")), dry_run=True)
     assert str(caught.value) == "9999 GPUs per node requested, but the nodes of this cluster have at most 8"
+
+
+def test_preflight_dry_run_shows_the_job_with_its_account_and_queues_nothing(laptop: Path) -> None:
+    """`ctrain preflight --dry-run` as `submit --dry-run`: the script (its #SBATCH account, the node
+    checks at full length, no requeue), the notes, and nothing run or queued (no Slurm here)."""
+    result = CliRunner().invoke(main, ["preflight", "--dry-run", "--nodes", "2", "--account", "lab42"])
+    assert result.exit_code == 0, result.output
+    assert "#SBATCH --account=lab42\n" in result.stdout and "#SBATCH --nodes=2\n" in result.stdout
+    assert "export CTRAIN_PREFLIGHT=full\n" in result.stdout and "export CTRAIN_MAX_REQUEUES=0\n" in result.stdout
+    assert "note: time limit 00:10:00 (slurm.time)" in result.stderr
+    assert not (laptop / "logs").exists()

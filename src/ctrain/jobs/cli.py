@@ -138,8 +138,9 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], d
 @click.command()
 @slurm_flags("preflight", helps=PREFLIGHT_HELPS, defaults={"time": "00:10:00"})
 @click.option("--quick", is_flag=True, help="The short checks every job runs first, instead of the longer ones.")
+@click.option("--dry-run", is_flag=True, help="Print the script it would run or queue, and run or queue nothing.")
 @click.pass_context
-def preflight(ctx: click.Context, quick: bool, **flags: Any) -> None:
+def preflight(ctx: click.Context, quick: bool, dry_run: bool, **flags: Any) -> None:
     """Check nodes and their network before a long run, without training: each node's scratch and
     image-cache space, the shared project directory and its GPUs (nvidia-smi), then in the image the
     driver against its CUDA, every GPU's memory and matmul rate against its peers', and an
@@ -160,8 +161,15 @@ def preflight(ctx: click.Context, quick: bool, **flags: Any) -> None:
         raise ConfigError(f"SLURM_JOB_ID is {allocation!r}, not a job id: run ctrain preflight inside salloc, "
                           "or outside any")
     job = jobs.preflight_job(project(ctx), quick=quick, client=None if allocation else slurm.Slurm(), **flags)
-    for warning in jobs.check(job, dry_run=False):
+    warnings = jobs.check(job, dry_run=dry_run)
+    if dry_run:
+        click.echo(job.describe(), nl=False)
+    for note in job.notes:
+        info(note if note.startswith("warning: ") else f"note: {note}")
+    for warning in warnings:
         info(f"warning: {warning}")
+    if dry_run:
+        return
     if allocation:
         script = job.log_dir / f"preflight-{allocation}.sbatch"
         jobs.write_script(job, script)

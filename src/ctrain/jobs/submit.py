@@ -35,6 +35,7 @@ from ctrain.jobs.render import (RENDERED_MARK, check_mount_sources, choose_scrip
                                 library_path, render, resolve_settings, script_runtime, scripts_dir,
                                 settings_env, split_script)  # fmt: skip
 from ctrain.settings import override
+from ctrain.slurmconfig import SETTINGS
 
 _cpus_per_gpu = cpus_per_gpu  # its name before the split
 
@@ -76,7 +77,9 @@ def _as_typed(exc: ConfigError, changes: dict[str, object]) -> ConfigError:
     name = (exc.key or "").removeprefix("slurm.")
     if not exc.key or changes.get(name) is None:
         return exc
-    flag = "--" + name.replace("_", "-")
+    from ctrain.jobs.flags import flag_names
+
+    flag = flag_names(name)[0] if name in SETTINGS else "--" + name.replace("_", "-")
     return ConfigError(str(exc).replace(f"slurm.{name}", flag, 1), key=exc.key)
 
 
