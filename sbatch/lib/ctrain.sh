@@ -32,7 +32,8 @@
 #   version 6: the library in files by concern (sbatch/lib/*.sh, the nodes' programs in programs/),
 #              assembled by ctrain submit; the decision made from facts by one pure classifier; the
 #              sentinel ships every function it calls, found, not listed; the deepspeed launcher's
-#              config is a default (training.deepspeed?=FILE) that a recipe's own config overrides
+#              config is a default (training.deepspeed?=FILE) that a recipe's own config overrides;
+#              the hub offline in the job (CTRAIN_HF_OFFLINE)
 CTRAIN_LIB_VERSION=6
 
 # The library's files, beside this one, in the order they are sourced. `ctrain submit` inlines each

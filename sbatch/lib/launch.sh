@@ -43,6 +43,12 @@ ctrain_environment() {
         export TORCH_EXTENSIONS_DIR=$XDG_CACHE_HOME/torch_extensions TRITON_CACHE_DIR=$XDG_CACHE_HOME/triton
         forced+=(XDG_CACHE_HOME TORCH_EXTENSIONS_DIR TRITON_CACHE_DIR)
     fi
+    if [[ $CTRAIN_HF_OFFLINE == 1 ]]; then
+        # Compute nodes have no internet: a hub name not in the mounted cache fails at once, by
+        # name, instead of retrying a download until a timeout (ctrain submit checks the cache first).
+        export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+        forced+=(HF_HUB_OFFLINE HF_DATASETS_OFFLINE)
+    fi
     if [[ $CTRAIN_LAUNCHER == accelerate && ${SLURM_GPUS_ON_NODE:-0} -eq 0 ]]; then
         # Without this accelerate's workers stay single-process on CPU-only nodes.
         export ACCELERATE_USE_CPU=true

@@ -35,6 +35,7 @@ ctrain_defaults() {
     : "${CTRAIN_CONTAINER_ENV:=}"                # NAME,... whose host values win over the image's
     : "${CTRAIN_PASS_ENV:=}"                     # NAME,PREFIX_*,... more host variables the container gets
     : "${CTRAIN_EFA:=0}"                         # 1: AWS EFA settings for NCCL (see ctrain_environment)
+    : "${CTRAIN_HF_OFFLINE:=1}"                  # 1: the hub offline in the job (its names fetched first: ctrain fetch)
     : "${CTRAIN_REQUEUE_EXIT:=75}"               # the trainer's "checkpointed, requeue me" exit code
     : "${CTRAIN_MAX_REQUEUES:=10}"               # stop requeueing after this many restarts
     : "${CTRAIN_HANG_TIMEOUT:=600}"              # seconds without a finished step before a rank counts as hung; 0: off

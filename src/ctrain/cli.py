@@ -205,6 +205,46 @@ def docs(page: str | None) -> None:
     click.echo(pages[name].read_text(), nl=False)
 
 
+@main.command()
+@click.argument("names", nargs=-1, metavar="[NAME | RECIPE.yaml]...")
+@click.option("--dataset", is_flag=True, help="The NAMEs are data sets (else: datasets/ORG/NAME).")
+@click.option("--revision", help="The branch, tag or commit of every NAME (else: NAME@REVISION, else main).")
+@click.option("--cluster", "cluster_name", metavar="NAME",
+              help="Fetch on that cluster's login node, over SSH (~/.config/ctrain/clusters.yaml).")  # fmt: skip
+@click.pass_context
+def fetch(ctx: click.Context, names: tuple[str, ...], dataset: bool, revision: str | None,
+          cluster_name: str | None) -> None:  # fmt: skip
+    """Download models, tokenizers and data sets by hub name into the Hugging Face cache that jobs
+    mount (slurm.hf_cache, else $HF_HOME): compute nodes have no internet, so a job's hub names must
+    be there before it is queued, and ctrain submit refuses one that is not, with the line to run.
+
+    
+    A RECIPE.yaml fetches what it names (model.path, tokenizer.path, data.source); no NAME fetches
+    ctrain.yaml's `fetch:` list. Interrupted, it continues where it stopped; each commit fetched is
+    recorded in the cache (ctrain-fetched.json). A gated model uses the token already configured
+    (HF_TOKEN, or `hf auth login`).
+      ctrain fetch Qwen/Qwen2.5-0.5B datasets/trl-lib/Capybara
+      ctrain fetch recipes/llama-3.1-8b-lora.yaml --cluster hpc
+    """
+    from ctrain import remote
+    from ctrain.train import fetch as fetching
+    from ctrain.ui import info
+
+    config = project(ctx)
+    cluster = remote.resolve(cluster_name)
+    if cluster is not None:
+        args = ["fetch", *names, *(["--dataset"] if dataset else []), *(["--revision", revision] if revision else [])]
+        code = remote.run_there(cluster, config.root, args, version=__version__, emit=info, on_line=click.echo)
+        sys.exit(code)
+    refs = fetching.refs_named(list(names) or config.fetch, dataset=dataset, revision=revision, root=config.root)
+    if not refs:
+        raise ConfigError("nothing to fetch: name models (ORG/NAME), data sets (datasets/ORG/NAME) or a recipe, "
+                          "or list them under fetch: in ctrain.yaml")  # fmt: skip
+    home = fetching.hf_home(config.slurm.hf_cache)
+    fetching.fetch_all(refs, home, info)
+    info(f"{len(refs)} fetched into {home}: jobs mount it at /hf_home and run with the hub offline")
+
+
 # Each area's commands live next to its code.
 main.add_command(image_cli.build)
 main.add_command(image_cli.wheelhouse_cmd)

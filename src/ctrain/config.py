@@ -193,6 +193,9 @@ class ProjectConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    #: Hub repositories every job of the project needs (ORG/NAME, datasets/ORG/NAME, NAME@REVISION):
+    #: `ctrain fetch` with no names fetches them, `ctrain submit` refuses a job while one is not cached.
+    fetch: list[str] = field(default_factory=list)
     path: Path | None = field(default=None, compare=False)
 
     @property

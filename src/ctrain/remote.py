@@ -416,6 +416,19 @@ def sync_project(ssh: Ssh, root: Path, *, emit: Callable[[str], None]) -> None:
         f" ({', '.join(sent[:5])}{', ...' if len(sent) > 5 else ''})" if sent else " (all up to date)"))
 
 
+def run_there(cluster: Cluster, root: Path, args: Sequence[str], *, version: str, emit: Callable[[str], None],
+              on_line: Callable[[str], None]) -> int:  # fmt: skip
+    """``ctrain ARGS`` on the cluster's login node in the project's directory there, after sending the
+    project's files (its ctrain.yaml says where the cache is); its exit code, its lines to ``on_line``."""
+    project_dir(cluster)
+    ssh = Ssh(cluster)
+    check_ctrain(ssh, version)
+    sync_project(ssh, root, emit=emit)
+    emit(f"cluster {cluster.name}: {' '.join([cluster.profile.ctrain, *args])} (in {shown(cluster.profile.project_dir)})")
+    command = f"cd {shlex.quote(cluster.profile.project_dir)} && {ctrain_command(cluster, args)}"
+    return proc.stream(ssh.argv(command), check=False, on_line=on_line)
+
+
 # Recipe keys that may name a file or directory on this machine.
 RECIPE_PATH_KEYS = ("data.source", "model.path", "tokenizer.path", "training.deepspeed")
 

@@ -104,6 +104,8 @@ class SlurmConfig:
     mounts: list[str] = setting(factory=list, variable="CTRAIN_MOUNTS", place="host", shell=True)
     mount_home: bool | None = setting(variable="CTRAIN_MOUNT_HOME")
     efa: bool | None = setting(variable="CTRAIN_EFA")
+    # false: the nodes reach the hub (a cloud cluster with a NAT): no check of the cache, the hub online
+    hf_offline: bool | None = setting(variable="CTRAIN_HF_OFFLINE")
     max_requeues: int | None = setting(variable="CTRAIN_MAX_REQUEUES", least=0)
     # seconds without a finished step before the job's watchdog ends it
     hang_timeout: int | None = setting(variable="CTRAIN_HANG_TIMEOUT", least=0)

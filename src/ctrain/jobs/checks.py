@@ -20,6 +20,7 @@ from ctrain.jobs.job import Job, node_gpus
 from ctrain.jobs.render import inside_project
 
 if TYPE_CHECKING:
+    from ctrain.train.hubrefs import HubRef
     from ctrain.train.recipe import Recipe
 
 
@@ -44,17 +45,36 @@ def check(job: Job, client: slurm.Slurm | None = None, dry_run: bool = False) ->
     # before what the recipe would make of it.
     check_partition(job, client)
     warnings += check_gpus(job, client)
+    refs: list[HubRef] = []
     if job.command is None:
-        warnings += check_job_recipe(job)
+        warnings += check_job_recipe(job, refs)
     else:
         script = command_script(job.command)
         if script is not None and not script.startswith(_CONTAINER_TARGETS):
             project_file(job, script, "the command's script")
+    try:
+        check_hub_cache(job, refs)
+    except ConfigError as absent:
+        if not dry_run:
+            raise
+        warnings.append(f"{absent} (a job needs them; this dry run does not)")
     if s.get("CTRAIN_ACCELERATE_CONFIG"):
         project_file(job, s["CTRAIN_ACCELERATE_CONFIG"], "the accelerate config (CTRAIN_ACCELERATE_CONFIG)")
     if s.get("CTRAIN_DATA") and not Path(s["CTRAIN_DATA"]).is_dir():
         raise ConfigError(f"the data directory {s['CTRAIN_DATA']} (CTRAIN_DATA, slurm.data) does not exist")
     return warnings
+
+
+def check_hub_cache(job: Job, refs: list[HubRef]) -> None:
+    """Every hub repository the job needs (``refs``, the recipe's, and the names the project and
+    ``--fetch`` declare) is in the Hugging Face cache it mounts, where the job runs with the hub
+    offline (CTRAIN_HF_OFFLINE, the default): its nodes cannot download one."""
+    from ctrain.train.hubrefs import check_cached, parse
+
+    if job.settings.get("CTRAIN_HF_OFFLINE", "1") != "1":
+        return
+    declared = [parse(name, setting="fetch") for name in job.needs]
+    check_cached(Path(job.settings["CTRAIN_HF_CACHE"]), [*refs, *declared])
 
 
 def check_partition(job: Job, client: slurm.Slurm) -> None:
@@ -112,10 +132,11 @@ def check_signal(options: dict[str, str | None]) -> None:
 _CONTAINER_TARGETS = ("/workspace", "/data", "/hf_home", "/outputs")
 
 
-def check_job_recipe(job: Job) -> list[str]:
+def check_job_recipe(job: Job, refs: list[HubRef] | None = None) -> list[str]:
     """The recipe exists inside the project and validates with the overrides, as the job will run it
-    (from the project directory, on nodes x processes per node), without torch; returns warnings, and
-    adds to the job's notes which DeepSpeed config the deepspeed launcher's ranks get."""
+    (from the project directory, on nodes x processes per node), without torch; returns warnings, adds
+    the hub repositories it names to ``refs``, and to the job's notes which DeepSpeed config the
+    deepspeed launcher's ranks get."""
     from ctrain.train.preflight import preflight as check_paths
     from ctrain.train.recipe import load_recipe
 
@@ -124,6 +145,11 @@ def check_job_recipe(job: Job) -> list[str]:
     added = protocol.launcher_overrides(job.settings["CTRAIN_LAUNCHER"], job.settings["CTRAIN_DEEPSPEED_CONFIG"],
                                         own_command=False)  # fmt: skip
     recipe = load_recipe(path, overrides + added)
+    if refs is not None:  # the hub names it needs, for check_hub_cache
+        with _cwd(job.project):
+            from ctrain.train.hubrefs import recipe_refs
+
+            refs += recipe_refs(recipe)
     if added:  # the job's notes (not a warning): which config the ranks get
         job.notes.append(_deepspeed_note(recipe.training.deepspeed, load_recipe(path, overrides).training.deepspeed,
                                          job.settings["CTRAIN_DEEPSPEED_CONFIG"]))  # fmt: skip
@@ -197,7 +223,8 @@ def project_file(job: Job, name: str, what: str) -> Path:
         raise ConfigError(f"{what} {name} is a directory: name a file in it"
                           + (f" (such as {name.rstrip('/')}/{inside[0]})" if inside else ""))  # fmt: skip
     if not path.is_file():
-        siblings = sorted(p.name for p in path.parent.iterdir())[:1000] if path.parent.is_dir() else []
+        siblings = sorted(p.name for p in path.parent.iterdir() if p.suffix == path.suffix)[:1000] \
+            if path.parent.is_dir() else []  # fmt: skip
         close = difflib.get_close_matches(path.name, siblings, n=1)
         guess = f"did you mean {str(Path(name).parent / close[0]).removeprefix('./')}? " if close else ""
         raise ConfigError(f"{what} {name} does not exist ({guess}paths are relative to the project directory "

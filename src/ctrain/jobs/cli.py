@@ -80,16 +80,21 @@ PREFLIGHT_HELPS = {"nodes": "Number of nodes (inside an allocation: all of its n
               help="Check, then write the script to this file instead of queueing it (run `sbatch FILE` "
               "from the project directory, e.g. as another user).")  # fmt: skip
 @click.option("--wait", "wait_", is_flag=True, help="Follow the job's log until it ends; exit 1 unless it completed.")
+@click.option("--fetch", "fetch", multiple=True, metavar="NAME",
+              help="A hub repository the job needs (ORG/NAME, datasets/ORG/NAME), checked to be in the cache it "
+              "mounts, as a recipe's are; repeatable (ctrain.yaml: fetch:).")  # fmt: skip
 @_CLUSTER
 @click.pass_context
 def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_run: bool,
-           write_script: Path | None, wait_: bool, cluster_name: str | None, **flags: Any) -> None:  # fmt: skip
+           write_script: Path | None, wait_: bool, fetch: tuple[str, ...], cluster_name: str | None,
+           **flags: Any) -> None:  # fmt: skip
     """Train RECIPE on the cluster: render an sbatch/ script with ctrain.yaml's `slurm:` settings,
     check it, and queue it. Or, after `--`, run a training program of your own the same way.
 
     \b
     Checked before anything is queued: the image exists and suits the runtime, the recipe (with
-    KEY=VALUE OVERRIDES) validates, the partition has the GPUs asked for.
+    KEY=VALUE OVERRIDES) validates, the partition has the GPUs asked for, every hub name the job
+    needs is in the cache it mounts (its nodes have no internet: `ctrain fetch`).
       ctrain submit --nodes 2 recipes/demo-addition.yaml training.max_steps=200
       ctrain submit --dry-run --nodes 16 --gpus-per-node 8 RECIPE     show exactly what would run
       ctrain submit --nodes 2 --gpus-per-node 8 -- run_clm.py --deepspeed configs/zero3.json ...
@@ -114,7 +119,7 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], d
         sys.exit(_submit_there(ctx, cluster))
 
     job = jobs.prepare(project(ctx), recipe=recipe, overrides=overrides, command=command, client=slurm.Slurm(),
-                       **flags)  # the slurm: settings' flags (ctrain.jobs.flags)
+                       fetch=fetch, **flags)  # the slurm: settings' flags (ctrain.jobs.flags)
     warnings = jobs.check(job, dry_run=dry_run)
     if dry_run:
         click.echo(job.describe(), nl=False)
@@ -299,6 +304,9 @@ def _command_line(ctx: click.Context, leave_out: tuple[str, ...]) -> list[str]:
             arguments += [str(v) for v in value] if isinstance(value, tuple) else [str(value)]
         elif isinstance(param, click.Option) and param.is_flag:
             options.append(max(param.opts, key=len))
+        elif isinstance(value, tuple):  # a repeatable option: once per value
+            for item in value:
+                options += [max(param.opts, key=len), str(item)]
         else:
             options += [max(param.opts, key=len), str(value)]
     return [*options, *arguments]

@@ -42,7 +42,8 @@ _cpus_per_gpu = cpus_per_gpu  # its name before the split
 
 def prepare(
     config: ProjectConfig, *, recipe: str | None = None, overrides: tuple[str, ...] = (),
-    command: tuple[str, ...] | None = None, client: slurm.Slurm | None = None, **changes: object,
+    command: tuple[str, ...] | None = None, client: slurm.Slurm | None = None, fetch: tuple[str, ...] = (),
+    **changes: object,
 ) -> Job:  # fmt: skip
     """Render the job for ``config.slurm`` with command-line ``changes`` on top: ``slurm:`` keys (nodes=,
     time=, image=, ...; the flags of submit and preflight, typed by :mod:`ctrain.jobs.flags`), checked as in
@@ -69,7 +70,8 @@ def prepare(
     check_mount_sources(settings)
     warning = cpu_warning(options)
     notes += [warning] if warning else []
-    return Job(template, runtime, text, project, settings, arguments, options, notes, recipe_overrides)
+    return Job(template, runtime, text, project, settings, arguments, options, notes, recipe_overrides,
+               [*config.fetch, *fetch])  # fmt: skip
 
 
 def _as_typed(exc: ConfigError, changes: dict[str, object]) -> ConfigError:

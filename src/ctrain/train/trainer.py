@@ -156,7 +156,8 @@ def _check_hub(recipe: Recipe) -> None:
 
     if constants.HF_HUB_OFFLINE:
         raise ConfigError(
-            f"hub.repo_id is {recipe.hub.repo_id} but HF_HUB_OFFLINE is set: unset hub.repo_id to train offline"
+            f"hub.repo_id is {recipe.hub.repo_id} but HF_HUB_OFFLINE is set: unset hub.repo_id to train offline "
+            "(jobs run offline unless slurm.hf_offline is false, for nodes that reach the hub)"
         )
     if not get_token():
         raise ConfigError(
