@@ -1,11 +1,10 @@
 """A local stand-in for the Hugging Face Hub's HTTP API (standard library only), for download tests.
 
-It speaks what huggingface_hub 2.4's ``snapshot_download`` and ``hf_hub_download`` ask for: the repo
-info (``GET /api/{models,datasets}/ORG/NAME/revision/REV``: ``sha`` and ``siblings``), the recursive
-tree listing (``GET /api/.../tree/SHA``: ``snapshot_download`` takes its file list from it, not from
-``siblings``), and the files (``HEAD``/``GET /[datasets/]ORG/NAME/resolve/REV/PATH``), which need
-``X-Repo-Commit`` and ``ETag`` and honour ``Range``. It never sends an ``X-Xet-*`` header or a redirect,
-so the client (hf_xet installed or not) downloads over plain HTTP from this server alone.
+It speaks what huggingface_hub 2.4's ``snapshot_download`` and ``hf_hub_download`` ask for: the repo info
+(``GET /api/{models,datasets}/ORG/NAME/revision/REV``: ``sha``, ``siblings``), the recursive tree listing
+(``GET /api/.../tree/SHA``, where ``snapshot_download`` takes its file list from), and the files
+(``HEAD``/``GET /[datasets/]ORG/NAME/resolve/REV/PATH``: ``X-Repo-Commit``, ``ETag``, ``Range``). It never
+sends an ``X-Xet-*`` header or a redirect, so the client (hf_xet installed or not) uses plain HTTP, here.
 
 Errors carry the Hub's ``X-Error-Code`` header, which is how the client picks its typed error:
 ``RepoNotFound`` (404) -> RepositoryNotFoundError, ``RevisionNotFound`` (404) -> RevisionNotFoundError,
@@ -172,7 +171,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._error(404, "", "Not found")
 
     def _find(self, hub: HubServer, kind: str, name: str, rev: str | None) -> HubRepo | None:
-        """The repo if it exists at ``rev`` (its branch, its full sha; None: its branch); else the Hub's error is sent."""
+        """The repo if it is there at ``rev`` (its branch or full sha; None: its branch), else the error is sent."""
         repo = hub.repos.get((kind, name))
         if repo is None:
             self._error(404, "RepoNotFound", "Repository not found")
@@ -192,10 +191,8 @@ class _Handler(BaseHTTPRequestHandler):
         sent = self.headers.get("Authorization")
         if hub.token is not None and sent == f"Bearer {hub.token}":
             return True
-        message = f"Access to {repo.kind} {repo.name} is restricted and you are not in the authorized list."
-        if sent is None:
-            message = f"Access to {repo.kind} {repo.name} is restricted. You must be authenticated to access it."
-        self._error(401 if sent is None else 403, "GatedRepo", message, repo)
+        why = "You must be authenticated to access it." if sent is None else "You are not in the authorized list."
+        self._error(401 if sent is None else 403, "GatedRepo", f"Access to {repo.name} is restricted. {why}", repo)
         return False
 
     def _serve_file(self, hub: HubServer, repo: HubRepo, path: str) -> None:
@@ -226,12 +223,10 @@ class _Handler(BaseHTTPRequestHandler):
         pos = start
         while pos <= end:
             if stall is not None and pos >= stall:
-                self.wfile.flush()
                 hub._stop.wait()
                 self.close_connection = True
                 return
             if cut is not None and pos >= cut:
-                self.wfile.flush()
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
                 return

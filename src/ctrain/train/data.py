@@ -150,14 +150,29 @@ def _load_split(recipe: Recipe, source: Source, split: str, what: str, streaming
     if source.kind == "files":
         files = [str(p) for p in source.files]
         return datasets.load_dataset(source.format, data_files=files, split="train", streaming=streaming)
+    where, revision = _hub_snapshot(source.name, data.revision)
     try:
-        return datasets.load_dataset(
-            source.name, data.config_name, split=split, revision=data.revision, streaming=streaming
-        )
+        return datasets.load_dataset(where, data.config_name, split=split, revision=revision, streaming=streaming)
     except ValueError as exc:
         if "split" in str(exc).lower():
             raise ConfigError(f"{what}: {source.name} has no split '{split}': {exc}") from exc
         raise
+
+
+def _hub_snapshot(name: str, revision: str | None) -> tuple[str, str | None]:
+    """Where datasets loads a hub data set from: the hub, or, with the hub offline (as in a job), the
+    snapshot `ctrain fetch` left in the Hugging Face cache, loaded as a local data set repository
+    (datasets alone, offline, finds only a data set it has loaded before)."""
+    if not (os.environ.get("HF_HUB_OFFLINE") or os.environ.get("HF_DATASETS_OFFLINE")):
+        return name, revision
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return snapshot_download(name, repo_type="dataset", revision=revision, local_files_only=True), None
+    except Exception as exc:  # LocalEntryNotFoundError, or a revision the cache does not know
+        shown = f"datasets/{name}" + (f"@{revision}" if revision else "")
+        raise ConfigError(f"data.source {name} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and the "
+                          f"hub is offline here: fetch it first, where the hub is reachable: ctrain fetch {shown}") from exc  # fmt: skip
 
 
 def check_cache(recipe: Recipe) -> None:
