@@ -16,7 +16,7 @@ ctrain_requeue_if_asked() {
         echo "ctrain: not requeueing: already restarted $restarts times (CTRAIN_MAX_REQUEUES=$CTRAIN_MAX_REQUEUES)"
         return 1
     fi
-    echo "ctrain: requeueing job $SLURM_JOB_ID (restart $((restarts + 1))); it resumes from the last checkpoint"
+    echo "ctrain: requeueing job $SLURM_JOB_ID (restart $((restarts + 1))); $(ctrain_resumes)"
     ctrain_requeue
 }
 
@@ -47,7 +47,7 @@ ctrain_retry_once() {
         return 1
     fi
     : >"$marker"
-    echo "ctrain: requeueing job $SLURM_JOB_ID once (restart $((restarts + 1))); it resumes from the last checkpoint"
+    echo "ctrain: requeueing job $SLURM_JOB_ID once (restart $((restarts + 1))); $(ctrain_resumes)"
     ctrain_requeue
 }
 
@@ -72,12 +72,22 @@ ctrain_requeue_without() {
     elif ((usable < CTRAIN_NNODES)); then
         echo "ctrain: not requeueing: partition ${SLURM_JOB_PARTITION:-} has $usable node(s) in service besides" \
             "$excluded, the job needs $CTRAIN_NNODES; submit it again once $* is back (sinfo -n $*)," \
-            "or on fewer nodes; it resumes from the last checkpoint"
+            "or on fewer nodes; $(ctrain_resumes)"
         return 1
     fi
     echo "ctrain: requeueing job $SLURM_JOB_ID (restart $((restarts + 1))) without $excluded" \
-        "(ExcNodeList); it resumes from the last checkpoint once Slurm has let go of the lost node"
+        "(ExcNodeList); $(ctrain_resumes) once Slurm has let go of the lost node"
     ctrain_requeue "$excluded" && return 0
     echo "ctrain: requeueing without $excluded failed (above)"
     return 1
+}
+
+# ctrain_resumes: what the next run starts from, as the messages above say it: a recipe's run from its
+# last complete checkpoint; a command of your own from whatever it saves itself, if anything.
+ctrain_resumes() {
+    if ((${#CTRAIN_COMMAND[@]} > 0)); then
+        echo "it starts your command again, which resumes only from a checkpoint it saves and loads itself"
+    else
+        echo "it resumes from the last checkpoint"
+    fi
 }

@@ -9,7 +9,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ctrain import install_hint, proc
+from ctrain import proc
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.ui import table
 
@@ -99,7 +99,9 @@ def _gpus() -> Check:
 def _python(module: str, dist: str | None = None) -> Callable[[], Check]:
     def check() -> Check:
         if importlib.util.find_spec(module) is None:
-            return Check(module, False, install_hint("train"))
+            from ctrain.train.stack import install_line
+
+            return Check(module, False, install_line())
         try:
             return Check(module, True, importlib.metadata.version(dist or module))
         except importlib.metadata.PackageNotFoundError:

@@ -103,7 +103,7 @@ def test_a_run_still_going_is_accounted_up_to_now(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("text, error", [
-    (None, "does not exist: the job ran with a library older than version 4"),
+    (None, "does not exist: the job was not submitted from this project"),
     ("", "the timeline has no run in it"),
     ("x" * (goodput.MAX_BYTES + 1), "more than a timeline can be"),
 ])  # fmt: skip
@@ -190,3 +190,16 @@ def test_a_timeline_that_is_a_device_or_a_fifo_is_refused_unread(tmp_path: Path)
             goodput.report(path, "7")
     result = CliRunner().invoke(main, ["report", "7", "--timeline", str(fifo)])
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "not a regular file" in result.output
+
+
+def test_a_timelines_words_reach_the_terminal_without_its_escape_sequences(tmp_path: Path, monkeypatch) -> None:
+    """A cause written into the timeline (a shared file any rank can write) carrying a terminal's escape
+    sequence or a carriage return is printed with them as \\xNN: the report cannot repaint the screen."""
+    (tmp_path / ".ctrain").mkdir()
+    hostile = TIMELINE.replace("decided finished none", "decided finished \x1b]0;owned\x07\x1b[2J")
+    (tmp_path / ".ctrain" / "7.timeline").write_text(hostile)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["report", "7"])
+    assert result.exit_code == 0, result.output
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", result.output)
+    assert "finished: \\x1b]0;owned\\x07\\x1b[2J" in result.output

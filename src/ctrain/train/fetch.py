@@ -120,7 +120,9 @@ def _download(ref: HubRef, home: Path, progress: bool, stall: int, answers: Any)
 
         logging.set_verbosity_error()  # its retries' warnings: the outcome is said once, by the parent
     except ImportError as exc:
-        answers.put(("other", f"huggingface_hub does not import here: {_first(exc)}; install ctrain-slurm[train]"))
+        from ctrain.train.stack import install_line
+
+        answers.put(("other", f"huggingface_hub does not import here: {_first(exc)}; install it: {install_line()}"))
         return
     kinds = [("gated", errors.GatedRepoError), ("revision", errors.RevisionNotFoundError),
              ("repo", errors.RepositoryNotFoundError), ("http", errors.HfHubHTTPError)]  # most specific first

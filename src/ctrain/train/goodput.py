@@ -15,6 +15,7 @@ counted over the whole.
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,8 +107,9 @@ def read(path: Path) -> tuple[list[Run], int]:
     """The runs of a timeline file, and how many of its lines were not understood (skipped). Read
     bounded (regular files only): --timeline may name /dev/zero or a FIFO."""
     if not os.path.lexists(path):
-        raise ConfigError(f"{path} does not exist: the job ran with a library older than version 4, or "
-                          "not from this project (the timeline is .ctrain/JOBID.timeline in the project)")  # fmt: skip
+        raise ConfigError(f"{path} does not exist: the job was not submitted from this project (its timeline is "
+                          ".ctrain/JOBID.timeline in the project it ran from: run ctrain report there, or give "
+                          "--timeline), or its sbatch/ scripts are older than ctrain's (ctrain init --upgrade)")  # fmt: skip
     try:
         raw = read_bounded(path, MAX_BYTES, "the timeline")
     except ConfigError as exc:
@@ -265,7 +267,16 @@ def render(result: dict[str, Any], job: str) -> list[str]:
     cost = f", cost {result['cost']}" if "cost" in result else ""
     legend = " ".join(f"{letter}={name.replace('_', '-')}" for name, letter in SEGMENTS.items())
     lines.append(f"goodput: {units}{cost}; chart: {legend}")
-    return lines
+    return [shown(line) for line in lines]
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def shown(text: str) -> str:
+    """A line for the terminal: control characters a timeline's words may carry (a terminal's escape
+    sequences, a carriage return that hides what came before) written as \\xNN, not sent raw."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def report(path: Path, job: str, *, now: float | None = None, gpu_hour_price: float | None = None

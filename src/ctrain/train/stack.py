@@ -48,16 +48,21 @@ REQUIRED = ("torch", "transformers", "trl", "datasets", "accelerate")
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
+def install_line() -> str:
+    """The install that gives the image's versions of the training stack here (CPU torch, pinned): the
+    one line every message that asks for the stack gives."""
+    pins = resources.path("containers", "constraints.txt")
+    return f"{install_hint('train')} -c {pins} --extra-index-url {CPU_TORCH_INDEX}"
+
+
 def require(command: str) -> None:
     """One error (exit 3) naming what is missing and the install that gives the image's versions,
     instead of a ModuleNotFoundError from deep inside the first import."""
     missing = [name for name in REQUIRED if importlib.util.find_spec(name) is None]
     if not missing:
         return
-    pins = resources.path("containers", "constraints.txt")
     raise ToolNotFound(
         f"`ctrain {command}` needs the training stack, and {', '.join(missing)} "
         f"{'is' if len(missing) == 1 else 'are'} not installed here: run it in the image (the sbatch scripts and "
-        f"`ctrain submit` do), or install the image's versions (CPU torch): {install_hint('train')} -c {pins} "
-        f"--extra-index-url {CPU_TORCH_INDEX}"
+        f"`ctrain submit` do), or install the image's versions (CPU torch): {install_line()}"
     )
