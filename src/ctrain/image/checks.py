@@ -7,6 +7,7 @@ written the way the runtime pulls it (:mod:`ctrain.image.reference`).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from ctrain.errors import ConfigError
@@ -156,3 +157,60 @@ def image_kind(path: Path, runtime: str) -> str:
     if path.stat().st_size == 0:
         return "an empty file (an interrupted copy?)"
     return "not a container image (neither SIF nor squashfs)"
+
+
+# Where a ctrain image has it (containers/Dockerfile), then anywhere a Python package can be.
+_CTRAIN_PATH = "opt/ctrain/venv/bin/ctrain"
+_CTRAIN_PACKAGE = re.compile(r"/(?:site|dist)-packages/ctrain/__init__\.py$", re.MULTILINE)
+# A SIF's descriptors (sif's rawDescriptor, packed): type int32, used, id, group, link, then offset
+# and size int64, ...; 585 bytes each. The system partition (type 0x4004) holds the squashfs.
+_SIF_DESCRIPTORS_AT = 96
+_SIF_DESCRIPTOR_BYTES = 585
+_SIF_PARTITION = 0x4004
+
+
+def squashfs_offset(path: Path, kind: str) -> int | None:
+    """Where the image's root file system (a squashfs) starts in the file: 0 for enroot's squashfs, the
+    system partition's offset in a SIF; None where the file does not say."""
+    if kind == "squashfs":
+        return 0
+    import struct
+
+    with open(path, "rb") as image:
+        head = image.read(128)
+        if len(head) < 112:
+            return None
+        start, length = struct.unpack_from("<2q", head, _SIF_DESCRIPTORS_AT)
+        if start <= 0 or not 0 < length <= 64 * 2**20:
+            return None
+        image.seek(start)
+        table = image.read(length)
+    for at in range(0, len(table) - _SIF_DESCRIPTOR_BYTES + 1, _SIF_DESCRIPTOR_BYTES):
+        kind_, used = struct.unpack_from("<i?", table, at)
+        if used and kind_ == _SIF_PARTITION:
+            (offset,) = struct.unpack_from("<q", table, at + 17)
+            return offset
+    return None
+
+
+def holds_ctrain(image: str, runtime: str, project: Path) -> bool | None:
+    """Whether an image file has ctrain installed (what ``python -m ctrain train`` needs on every node),
+    read from its squashfs with unsquashfs; None where that cannot be told here (a registry reference,
+    a sandbox directory, no unsquashfs, a layout this does not know)."""
+    from ctrain import proc
+
+    if not image_is_file(image, project) or proc.which("unsquashfs") is None:
+        return None
+    path = image_path(image, project)
+    kind = image_kind(path, runtime)
+    offset = squashfs_offset(path, kind) if kind in ("SIF", "squashfs") else None
+    if offset is None:
+        return None
+    listing = ["unsquashfs", "-no-progress", "-o", str(offset), "-l", "-d", "", str(path)]
+    quick = proc.run([*listing, _CTRAIN_PATH], check=False, timeout=120)
+    if quick.returncode != 0:
+        return None
+    if _CTRAIN_PATH in quick.stdout:
+        return True
+    everything = proc.run(listing, check=False, timeout=300)
+    return bool(_CTRAIN_PACKAGE.search(everything.stdout)) if everything.returncode == 0 else None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ctrain import protocol, slurm
 from ctrain.errors import ConfigError
-from ctrain.image.checks import MissingImage, check_image
+from ctrain.image.checks import MissingImage, check_image, holds_ctrain, image_is_file
 from ctrain.jobs.job import Job, node_gpus
 from ctrain.jobs.render import inside_project
 
@@ -38,6 +38,8 @@ def check(job: Job, client: slurm.Slurm | None = None, dry_run: bool = False) ->
         if not dry_run:
             raise
         warnings.append(f"{missing} (a job needs it; this dry run does not)")
+    else:
+        warnings += check_image_has_ctrain(job)
     if s["CTRAIN_LAUNCHER"] == "deepspeed":
         project_file(job, s["CTRAIN_DEEPSPEED_CONFIG"], "the DeepSpeed config (CTRAIN_DEEPSPEED_CONFIG)")
     client = client or slurm.Slurm()
@@ -63,6 +65,26 @@ def check(job: Job, client: slurm.Slurm | None = None, dry_run: bool = False) ->
     if s.get("CTRAIN_DATA") and not Path(s["CTRAIN_DATA"]).is_dir():
         raise ConfigError(f"the data directory {s['CTRAIN_DATA']} (CTRAIN_DATA, slurm.data) does not exist")
     return warnings
+
+
+def check_image_has_ctrain(job: Job) -> list[str]:
+    """A job that runs ``python -m ctrain`` (a recipe, the preflight's rank checks) needs ctrain in its
+    image: an image file without it is refused (it would fail on every node after the queue wait);
+    a registry reference, which cannot be looked into from here, gets a warning."""
+    command = job.command
+    if command is not None and not (command[:1] == ["-m"] and command[1:2] and command[1].split(".")[0] == "ctrain"):
+        return []
+    image = job.settings["CTRAIN_IMAGE"]
+    found = holds_ctrain(image, job.runtime, job.project)
+    if found is False:
+        raise ConfigError(f"image {image} holds no ctrain, and the job runs `python -m ctrain` in it on every node: "
+                          "use ctrain's image (ctrain build && ctrain convert), install ctrain in yours, or run a "
+                          "script of your own (ctrain submit -- SCRIPT.py)")  # fmt: skip
+    if found is None and not image_is_file(image, job.project):
+        return [f"image {image} is a registry reference, so whether it holds ctrain is not checked here; the job runs "
+                "`python -m ctrain` in it, which a stock image (such as nvcr.io/nvidia/pytorch) does not have: use "
+                "ctrain's image (ctrain build && ctrain push), or run a script of your own (ctrain submit -- SCRIPT.py)"]
+    return []
 
 
 def check_hub_cache(job: Job, refs: list[HubRef]) -> None:
