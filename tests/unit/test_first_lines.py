@@ -82,3 +82,20 @@ def test_preflight_dry_run_shows_the_job_with_its_account_and_queues_nothing(lap
     assert "export CTRAIN_PREFLIGHT=full\n" in result.stdout and "export CTRAIN_MAX_REQUEUES=0\n" in result.stdout
     assert "note: time limit 00:10:00 (slurm.time)" in result.stderr
     assert not (laptop / "logs").exists()
+
+
+def test_a_recipe_in_a_project_below_is_not_submitted_from_its_parent(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """From the directory above a project (no ctrain.yaml here or above) the parent would become the
+    project: the first line names the project instead, and --config from there works."""
+    assert CliRunner().invoke(main, ["init", str(tmp_path / "proj")]).exit_code == 0
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("CTRAIN_CONFIG", raising=False)
+    assert first_line("submit", "--dry-run", "proj/recipes/demo-addition.yaml") == (
+        "error: proj/recipes/demo-addition.yaml is in the project proj/ (its ctrain.yaml), and there is no ctrain.yaml "
+        "here or above: run from the project (cd proj), or give ctrain --config proj/ctrain.yaml")
+    result = CliRunner().invoke(main, ["--config", "proj/ctrain.yaml", "submit", "--dry-run",
+                                       "proj/recipes/demo-addition.yaml"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "outputs").exists()

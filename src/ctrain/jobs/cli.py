@@ -109,6 +109,7 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], d
     from ctrain.jobs import submit as jobs
 
     command = ctx.meta.get(COMMAND)
+    jobs.check_project_found(project(ctx), recipe if command is None else None)
     # Typed relative to where you are (as for `ctrain train`); the job sees the project directory.
     if command is None:
         recipe = ctx.params["recipe"] = jobs.from_here(recipe, project(ctx).root)

@@ -127,6 +127,26 @@ def command_arguments(command: tuple[str, ...], recipe: str | None, overrides: t
     return ["--", *command]
 
 
+def check_project_found(config: ProjectConfig, recipe: str | None) -> None:
+    """With no ctrain.yaml here or above, the working directory would become the project (mounted as
+    /workspace, its logs/ and outputs/ made): refuse that where the recipe typed lies in a project
+    below, and name it, instead of submitting from its parent."""
+    if config.path is not None or not recipe or "=" in recipe:
+        return
+    from ctrain.config import CONFIG_NAME
+
+    here = Path.cwd().resolve()
+    typed = (here / recipe).resolve()
+    for directory in typed.parents:
+        if directory == here or here not in directory.parents:
+            break
+        if (directory / CONFIG_NAME).is_file():
+            shown = directory.relative_to(here)
+            raise ConfigError(f"{recipe} is in the project {shown}/ (its {CONFIG_NAME}), and there is no {CONFIG_NAME} "
+                              f"here or above: run from the project (cd {shown}), or give ctrain --config "
+                              f"{shown / CONFIG_NAME}")  # fmt: skip
+
+
 def from_here(recipe: str | None, root: Path) -> str | None:
     """A recipe path as typed, relative to the working directory as for ``ctrain train``, made
     relative to the project directory ``root``, where the job runs (``recipes/x.yaml`` typed in the
