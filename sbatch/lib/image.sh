@@ -33,6 +33,6 @@ ctrain_program CTRAIN_IMAGE_HOLD image-hold.sh
 ctrain_image_cache() {
     ctrain_on_nodes "$CTRAIN_IMAGE_PREPARE" "$CTRAIN_IMAGE_CACHE" "$CTRAIN_IMAGE" \
         "${CTRAIN_IMAGE_ENTRY##*/}" "$CTRAIN_IMAGE_CACHE_GB" ||
-        ctrain_die "the image could not be made ready on every node (above); CTRAIN_IMAGE_CACHE=$CTRAIN_IMAGE_CACHE" \
-            "must be on node-local disk with room for the unpacked image"
+        ctrain_die "the image could not be made ready on every node: each node's line above says why and what to do" \
+            "(CTRAIN_IMAGE_CACHE=$CTRAIN_IMAGE_CACHE)"
 }

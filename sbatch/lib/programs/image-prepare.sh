@@ -15,7 +15,16 @@ else
     apptainer=apptainer
     command -v apptainer >/dev/null || apptainer=singularity
     if ! "$apptainer" build --force --sandbox "$entry/rootfs" "$image" >"$entry/unpack.log" 2>&1; then
-        echo "ctrain: $node: could not unpack $image into $entry: $(tail -n 3 "$entry/unpack.log")" >&2
+        why=$(tail -n 3 "$entry/unpack.log")
+        # What to do depends on why: the cache's disk, or what Apptainer may do on this node.
+        case $why in
+            *"o space left"* | *"isk quota"*) fix="give CTRAIN_IMAGE_CACHE ($cache) node-local disk with room for the unpacked image" ;;
+            *"ead-only file system"*) fix="point CTRAIN_IMAGE_CACHE ($cache) at a writable node-local directory" ;;
+            *"ermission denied"* | *"not permitted"* | *apabilit* | *"user namespace"* | *fakeroot* | *setuid*)
+                fix="Apptainer may not unpack images on this node: run the image without unpacking (CTRAIN_APPTAINER_UNSQUASH=0)" ;;
+            *) fix="check the image (apptainer inspect $image), or run it without unpacking (CTRAIN_APPTAINER_UNSQUASH=0)" ;;
+        esac
+        echo "ctrain: $node: could not unpack $image into $entry: $why; $fix" >&2
         remove "$entry"
         exit 1
     fi
