@@ -7,7 +7,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,6 +16,9 @@ from ctrain.clicore import project
 from ctrain.errors import ConfigError, CtrainError, ToolNotFound
 from ctrain.jobs.flags import slurm_flags
 from ctrain.ui import info
+
+if TYPE_CHECKING:
+    from ctrain.jobs.job import Job
 
 
 _CLUSTER = click.option(
@@ -121,14 +124,7 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], d
 
     job = jobs.prepare(project(ctx), recipe=recipe, overrides=overrides, command=command, client=slurm.Slurm(),
                        fetch=fetch, **flags)  # the slurm: settings' flags (ctrain.jobs.flags)
-    warnings = jobs.check(job, dry_run=dry_run)
-    if dry_run:
-        click.echo(job.describe(), nl=False)
-    for note in job.notes:
-        info(note if note.startswith("warning: ") else f"note: {note}")
-    for warning in warnings:
-        info(f"warning: {warning}")
-    if dry_run:
+    if _checked(job, dry_run):
         return
     if write_script:
         jobs.write_script(job, write_script)
@@ -167,14 +163,7 @@ def preflight(ctx: click.Context, quick: bool, dry_run: bool, **flags: Any) -> N
         raise ConfigError(f"SLURM_JOB_ID is {allocation!r}, not a job id: run ctrain preflight inside salloc, "
                           "or outside any")
     job = jobs.preflight_job(project(ctx), quick=quick, client=None if allocation else slurm.Slurm(), **flags)
-    warnings = jobs.check(job, dry_run=dry_run)
-    if dry_run:
-        click.echo(job.describe(), nl=False)
-    for note in job.notes:
-        info(note if note.startswith("warning: ") else f"note: {note}")
-    for warning in warnings:
-        info(f"warning: {warning}")
-    if dry_run:
+    if _checked(job, dry_run):
         return
     if allocation:
         script = job.log_dir / f"preflight-{allocation}.sbatch"
@@ -188,6 +177,21 @@ def preflight(ctx: click.Context, quick: bool, dry_run: bool, **flags: Any) -> N
     job_id, log = jobs.submit(job)
     info(f"submitted preflight job {job_id}: log {log}")
     _ended(job_id, slurm.Slurm().follow(job_id, emit=click.echo, search=[job.log_dir]))
+
+
+def _checked(job: Job, dry_run: bool) -> bool:
+    """Check the job (ctrain.jobs.checks), print it for a dry run, then its notes and warnings; True
+    for a dry run, which goes no further."""
+    from ctrain.jobs import submit as jobs
+
+    warnings = jobs.check(job, dry_run=dry_run)
+    if dry_run:
+        click.echo(job.describe(), nl=False)
+    for note in job.notes:
+        info(note if note.startswith("warning: ") else f"note: {note}")
+    for warning in warnings:
+        info(f"warning: {warning}")
+    return dry_run
 
 
 def _ended(job_id: str, final: slurm.Job | None) -> None:
