@@ -83,6 +83,11 @@ ctrain() {
 case ":\$PATH:" in *":$venv/bin:"*) ;; *) PATH="$venv/bin:\$PATH"; export PATH ;; esac
 EOF
     "$venv/bin/ctrain" --version
+    # What the image is (ctrain's, torch's and CUDA's versions, the oldest driver CUDA runs on), in
+    # the image for ctrain convert and submit to read (ctrain.image.facts).
+    "$python" -m ctrain.image.facts >/opt/ctrain/image.json
+    chmod a+r /opt/ctrain/image.json
+    cat /opt/ctrain/image.json
 }
 
 step=${1:-}

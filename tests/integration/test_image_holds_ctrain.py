@@ -5,6 +5,7 @@ and nowhere."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from ctrain.cli import main
-from ctrain.image.checks import holds_ctrain
+from ctrain.image.checks import holds_ctrain, image_facts
+from ctrain.image.facts import FACTS_PATH
 from tests.conftest import need
 
 pytestmark = pytest.mark.integration
@@ -73,3 +75,36 @@ def test_a_recipe_job_on_an_image_without_ctrain_is_refused_and_a_registry_refer
                                          "recipes/demo-addition.yaml"])  # fmt: skip
     assert registry.exit_code == 0, registry.stderr
     assert "warning: image nvcr.io#nvidia/pytorch:25.01-py3 is a registry reference, so whether it holds ctrain" in registry.stderr
+
+
+def test_what_an_image_says_it_is_reaches_the_jobs_notes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    need(bool(shutil.which("mksquashfs")), "mksquashfs (scripts/setup.sh testbed)")
+    root = tmp_path / "root"
+    (root / "opt/ctrain/venv/bin").mkdir(parents=True)
+    (root / "opt/ctrain/venv/bin/ctrain").write_text("x\n")
+    stated = {"ctrain": "0.1.0", "torch": "2.9.1+cu130", "cuda": "13.0", "min_driver": "580.65.06"}
+    (root / FACTS_PATH).write_text(json.dumps(stated))
+    image = tmp_path / "gpu.sqsh"
+    subprocess.run(["mksquashfs", str(root), str(image), "-quiet", "-noappend", "-no-progress"], check=True)
+    project = tmp_path / "proj"
+    assert CliRunner().invoke(main, ["init", str(project)]).exit_code == 0
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    result = CliRunner().invoke(main, ["submit", "--dry-run", "--runtime=pyxis", f"--image={image}",
+                                       "recipes/demo-addition.yaml"])  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert "note: image: ctrain 0.1.0, torch 2.9.1+cu130, CUDA 13.0 (NVIDIA driver 580.65.06 or newer on the nodes)" \
+        in result.stderr  # fmt: skip
+
+
+def test_ctrains_built_image_says_what_it_is(cpu_sif: Path, cpu_sqsh: Path) -> None:
+    """The CPU image the suite builds (containers/install.sh writes its facts), as a SIF and a squashfs."""
+    import torch
+
+    from ctrain import __version__
+
+    for image, runtime in ((cpu_sif, "apptainer"), (cpu_sqsh, "pyxis")):
+        stated = image_facts(str(image), runtime, image.parent)
+        assert stated is not None and stated["ctrain"] == __version__, (image, stated)
+        assert stated["cuda"] is None and stated["min_driver"] is None
+        assert str(stated["torch"]).split("+")[0] == torch.__version__.split("+")[0]

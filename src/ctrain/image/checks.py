@@ -193,10 +193,9 @@ def squashfs_offset(path: Path, kind: str) -> int | None:
     return None
 
 
-def holds_ctrain(image: str, runtime: str, project: Path) -> bool | None:
-    """Whether an image file has ctrain installed (what ``python -m ctrain train`` needs on every node),
-    read from its squashfs with unsquashfs; None where that cannot be told here (a registry reference,
-    a sandbox directory, no unsquashfs, a layout this does not know)."""
+def _squashfs(image: str, runtime: str, project: Path) -> tuple[Path, int] | None:
+    """The image file and where its squashfs starts, where unsquashfs can read it here; None for a
+    registry reference, a sandbox directory, no unsquashfs, a layout this does not know."""
     from ctrain import proc
 
     if not image_is_file(image, project) or proc.which("unsquashfs") is None:
@@ -204,8 +203,32 @@ def holds_ctrain(image: str, runtime: str, project: Path) -> bool | None:
     path = image_path(image, project)
     kind = image_kind(path, runtime)
     offset = squashfs_offset(path, kind) if kind in ("SIF", "squashfs") else None
-    if offset is None:
+    return None if offset is None else (path, offset)
+
+
+def image_facts(image: str, runtime: str, project: Path) -> dict[str, object] | None:
+    """What the image says it is (:mod:`ctrain.image.facts`), read from the file; None where it does not say."""
+    from ctrain import proc
+    from ctrain.image import facts
+
+    found = _squashfs(image, runtime, project)
+    if found is None:
         return None
+    path, offset = found
+    out = proc.run(["unsquashfs", "-no-progress", "-o", str(offset), "-cat", str(path), facts.FACTS_PATH],
+                   check=False, timeout=120, binary=True)  # fmt: skip
+    return facts.parse(out.stdout) if out.returncode == 0 else None
+
+
+def holds_ctrain(image: str, runtime: str, project: Path) -> bool | None:
+    """Whether an image file has ctrain installed (what ``python -m ctrain train`` needs on every node),
+    read from its squashfs with unsquashfs; None where that cannot be told here (:func:`_squashfs`)."""
+    from ctrain import proc
+
+    found = _squashfs(image, runtime, project)
+    if found is None:
+        return None
+    path, offset = found
     listing = ["unsquashfs", "-no-progress", "-o", str(offset), "-l", "-d", "", str(path)]
     quick = proc.run([*listing, _CTRAIN_PATH], check=False, timeout=120)
     if quick.returncode != 0:

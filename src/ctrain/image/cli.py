@@ -92,12 +92,19 @@ def convert(
     """Convert the built image to an Apptainer SIF or an enroot squashfs (for pyxis).
 
     Does nothing when the output was made from the same image ID with the same settings; writes
-    atomically (an interrupted conversion leaves no file behind). Prints `path: FILE`.
+    atomically (an interrupted conversion leaves no file behind). Prints `path: FILE`, and what the
+    image says it is (`image: ctrain ..., torch ..., CUDA ... (NVIDIA driver ... or newer on the nodes)`).
     """
     from ctrain.image.service import run_convert
 
+    from ctrain.image.checks import image_facts
+    from ctrain.image.facts import describe
+
     result = run_convert(project(ctx), to=to, compression=compression, output=output, ref=ref, force=force)
     click.echo(f"path: {result.path}\nid: {result.image_id}\ncached: {str(result.cached).lower()}")
+    facts = image_facts(str(result.path), "pyxis" if result.path.suffix == ".sqsh" else "apptainer", result.path.parent)
+    if facts:
+        click.echo(f"image: {describe(facts)}")
 
 
 @click.command()

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from ctrain import protocol, slurm
 from ctrain.errors import ConfigError
-from ctrain.image.checks import MissingImage, check_image, holds_ctrain, image_is_file
+from ctrain.image.checks import MissingImage, check_image, holds_ctrain, image_facts, image_is_file
+from ctrain.image.facts import describe
 from ctrain.jobs.job import Job, node_gpus
 from ctrain.jobs.render import inside_project
 
@@ -68,14 +69,18 @@ def check(job: Job, client: slurm.Slurm | None = None, dry_run: bool = False) ->
 
 
 def check_image_has_ctrain(job: Job) -> list[str]:
-    """A job that runs ``python -m ctrain`` (a recipe, the preflight's rank checks) needs ctrain in its
-    image: an image file without it is refused (it would fail on every node after the queue wait);
+    """The image's own account of itself goes to the job's notes (ctrain's, torch's, CUDA's versions and
+    the driver CUDA needs). A job that runs ``python -m ctrain`` (a recipe, the preflight's rank
+    checks) needs ctrain in its image: an image file without it is refused (it would fail on every node after the queue wait);
     a registry reference, which cannot be looked into from here, gets a warning."""
+    image = job.settings["CTRAIN_IMAGE"]
+    stated = image_facts(image, job.runtime, job.project)  # what ctrain's images say they are
+    if stated:
+        job.notes.append(f"image: {describe(stated)}")
     command = job.command
     if command is not None and not (command[:1] == ["-m"] and command[1:2] and command[1].split(".")[0] == "ctrain"):
         return []
-    image = job.settings["CTRAIN_IMAGE"]
-    found = holds_ctrain(image, job.runtime, job.project)
+    found = True if stated else holds_ctrain(image, job.runtime, job.project)
     if found is False:
         raise ConfigError(f"image {image} holds no ctrain, and the job runs `python -m ctrain` in it on every node: "
                           "use ctrain's image (ctrain build && ctrain convert), install ctrain in yours, or run a "
