@@ -41,6 +41,9 @@ class ImageConfig:
     # cpu flavour with network: the index torch's CPU build comes from; None: download.pytorch.org's
     # CPU index; "none": only what pip is configured with.
     torch_index: str | None = None
+    # The cluster's platform (linux/amd64, linux/arm64): what an Apple-silicon laptop must ask for.
+    # None: the builder's own, this machine's (docker, podman, buildah; Apptainer builds only that).
+    platform: str | None = None
 
     @property
     def ref(self) -> str:
@@ -55,11 +58,18 @@ class ImageConfig:
                 f"image.name {self.name!r} must be a plain image name (lowercase letters, digits, . _ - and /; no "
                 f"spaces, ':' or '@'){why}"
             )
+        if self.platform is not None and not PLATFORM.fullmatch(self.platform):
+            raise ConfigError(f"image.platform {self.platform!r} is not a platform: give OS/ARCH such as linux/amd64 "
+                              "or linux/arm64 (a cluster's nodes: uname -m there)", key="image.platform")  # fmt: skip
         if not self.tag or any(c in self.tag for c in " :/@") or not TAG.fullmatch(self.tag):
             raise ConfigError(
                 f"image.tag {self.tag!r} must be a plain tag (up to 128 letters, digits, _ . -, not starting with . "
                 "or -; no spaces, ':', '/' or '@')"
             )
+
+
+#: OS/ARCH[/VARIANT] as the OCI builders take --platform.
+PLATFORM = re.compile(r"linux/(?:amd64|arm64|ppc64le|s390x|riscv64|386|arm)(?:/v[5-8])?")
 
 
 @dataclass

@@ -477,3 +477,29 @@ def test_a_long_copy_says_how_far_it_is_and_how_fast(tmp_path: Path) -> None:
     finally:
         ui.info = original
     assert shown == ["push: 1,000,000  10%  50.00MB/s    0:00:01", "push: sent 2 bytes"]
+
+
+@pytest.mark.parametrize("builder", ["buildah", "podman", "docker"])
+def test_a_build_for_the_clusters_platform_asks_the_builder_for_it(builder: str, tmp_path: Path) -> None:
+    """An Apple-silicon laptop builds for an amd64 cluster with --platform (image.platform)."""
+    cmd = build._oci_command(builder, _request(platform="linux/amd64"), tmp_path / "iid", {})
+    assert cmd[cmd.index("--platform") + 1] == "linux/amd64"
+    assert "--platform" not in build._oci_command(builder, _request(), tmp_path / "iid", {})
+
+
+@pytest.mark.parametrize(("platform", "builder", "error"), [
+    ("amd64", "buildah", "image.platform 'amd64' is not a platform: give OS/ARCH such as linux/amd64"),
+    ("linux/amd64;reboot", "buildah", "is not a platform"),
+    ("linux/amd64", "apptainer", "Apptainer builds only for this machine's platform"),
+])  # fmt: skip
+def test_a_platform_that_cannot_be_built_is_one_error(tmp_path: Path, platform: str, builder: str, error: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from click.testing import CliRunner
+
+    from ctrain.cli import main
+
+    (tmp_path / "ctrain.yaml").write_text(f"image:\n  builder: {builder}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(build, "choose", lambda name: name)
+    result = CliRunner().invoke(main, ["build", "--platform", platform])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and error in result.stderr, result.output

@@ -50,6 +50,7 @@ class BuildRequest:
     # cpu flavour: TORCH_INDEX_URL ("none": pip's configuration only); user:password@ in it is
     # passed as a build secret, never as the argument
     torch_index: str | None = None
+    platform: str | None = None  # --platform: the cluster's (linux/amd64), when this machine is another
 
 
 def available() -> list[str]:
@@ -268,6 +269,8 @@ def _oci_command(
         cmd += ["--network", "host", "--force-rm"]
     if req.no_cache:
         cmd.append("--no-cache")
+    if req.platform:
+        cmd += ["--platform", req.platform]
     cmd += ["-f", str(req.context / DOCKERFILE), "-t", req.ref, "--iidfile", str(iidfile)]
     for key, value in args.items():
         cmd += ["--build-arg", f"{key}={value}"]

@@ -26,6 +26,8 @@ from ctrain.clicore import project
 )
 @click.option("--tag", "-t", metavar="TAG|NAME:TAG", help="Default: image.name:image.tag (ctrain:latest).")
 @click.option("--no-cache", is_flag=True, help="Rebuild every layer.")
+@click.option("--platform", metavar="OS/ARCH", help="The cluster's platform, e.g. linux/amd64 from an Apple-silicon "
+              "laptop (default: image.platform, else this machine's).")  # fmt: skip
 @click.pass_context
 def build(
     ctx: click.Context,
@@ -36,6 +38,7 @@ def build(
     wheelhouse: Path | None,
     tag: str | None,
     no_cache: bool,
+    platform: str | None,
 ) -> None:
     """Build the training image (containers/Dockerfile, or the standalone Apptainer definition).
 
@@ -53,6 +56,7 @@ def build(
         wheelhouse_dir=wheelhouse,
         tag=tag,
         no_cache=no_cache,
+        platform=platform,
     )
     click.echo(f"image: {image.ref}\nid: {image.id}\ndigest: {image.digest or '-'}")
 

@@ -66,6 +66,7 @@ def run_build(
     wheelhouse_dir: Path | None = None,
     tag: str | None = None,
     no_cache: bool = False,
+    platform: str | None = None,
 ) -> store.Image:
     """Build the image of ``config.image`` with the flags on top (``tag``, ``local_base``, ``no_cache``
     are not settings); a flag's value is checked as the setting in ctrain.yaml is."""
@@ -78,6 +79,7 @@ def run_build(
             "base": base or None,
             # the flag is relative to the working directory, image.wheelhouse to ctrain.yaml
             "wheelhouse": wheelhouse_dir.absolute() if wheelhouse_dir else None,
+            "platform": platform,
         },
         where="image",
     )
@@ -92,6 +94,9 @@ def run_build(
     if cfg.torch_index:
         builder_mod.check_torch_index(cfg.torch_index)
     builder = builder_mod.choose(cfg.builder)
+    if cfg.platform and builder == "apptainer":
+        raise ConfigError(f"image.platform {cfg.platform}: Apptainer builds only for this machine's platform; build "
+                          "with docker, podman or buildah (--builder), or on a machine of the cluster's platform")  # fmt: skip
     if local_base:
         if builder == "apptainer":
             raise ConfigError("--local-base needs docker, podman or buildah (Apptainer cannot read their image store)")
@@ -109,6 +114,7 @@ def run_build(
         sif_dir=config.resolve(config.convert.output_dir),
         no_cache=no_cache,
         torch_index=cfg.torch_index,
+        platform=cfg.platform,
     )
     return builder_mod.build(request)
 
