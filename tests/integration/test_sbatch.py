@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,6 +191,69 @@ def test_single_node_apptainer(project: Project, cpu_sif: Path) -> None:
     assert launcher_line(log, 0, "node1").startswith("torchrun --nnodes=1 --nproc-per-node=2 ")
     assert not re.search(r"^1: ", log, re.MULTILINE)  # one task, one node
     assert (project.path / "outputs" / "single" / "final" / "config.json").is_file()
+
+
+# --- a new user's first day: a model and a data set from the hub, to nodes without internet ------------
+
+
+FIRST_DAY_RECIPE = """\
+task: sft
+seed: 7
+model:
+  path: org/tiny
+data:
+  source: org/sums
+  format: hub
+  eval_size: 16
+  max_length: 64
+  packing: false
+training:
+  global_batch_size: 16
+  learning_rate: 1.0e-3
+logging:
+  report_to: []
+"""
+
+
+def test_a_hub_model_and_data_set_fetched_on_the_login_node_train_on_nodes_with_the_hub_offline(
+    project: Project, cpu_sif: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recipe naming a model and a data set by hub name: `ctrain submit` refuses it with the `ctrain
+    fetch` line that fixes it; `ctrain fetch RECIPE` on the login node (here, from a local server that
+    speaks the hub's file API) puts both into the Hugging Face cache on the shared filesystem; the job
+    then trains on 2 nodes with the hub offline (HF_HUB_OFFLINE in the container), from that cache."""
+    from tests.hubserver import HubRepo, HubServer
+    from tests.plugins.train import TINY_RECIPE, run_ctrain
+
+    (tmp_path / "tiny.yaml").write_text(TINY_RECIPE)
+    trained = run_ctrain(tmp_path, "train", "tiny.yaml", "training.max_steps=2", "training.output_dir=tiny")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    final = tmp_path / "tiny" / "final"
+    model = HubRepo("model", "org/tiny", {p.name: p.read_bytes() for p in final.iterdir() if p.is_file()})
+    rows = [json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {a}?"},
+                                     {"role": "assistant", "content": str(2 * a)}]}) for a in range(200)]  # fmt: skip
+    data = HubRepo("dataset", "org/sums", {"data/train.jsonl": ("\n".join(rows) + "\n").encode()})
+    recipe = project.path / "recipes" / "first-day.yaml"
+    recipe.write_text(FIRST_DAY_RECIPE)
+    project.own(recipe)
+    home = project.path / "hf-first-day"
+    monkeypatch.setenv("HF_HOME", str(home))
+    args = ("recipes/first-day.yaml", *SHORT, "training.output_dir=/outputs/first-day")
+    refused = CliRunner().invoke(main, ["--config", str(project.path / "ctrain.yaml"), "submit", f"--image={cpu_sif}",
+                                        "--write-script", str(tmp_path / "x.sbatch"), *args])  # fmt: skip
+    assert refused.exit_code == 2 and "run ctrain fetch org/tiny datasets/org/sums first" in refused.stderr, refused.output
+    with HubServer([model, data]) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        fetched = subprocess.run([sys.executable, "-m", "ctrain", "fetch", "recipes/first-day.yaml"], cwd=project.path,
+                                 env={**env, "HF_HOME": str(home), "HF_ENDPOINT": server.url,
+                                      "HF_HUB_DISABLE_PROGRESS_BARS": "1"}, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert fetched.returncode == 0, fetched.stderr
+    project.own(home)
+    job_id = submit(project, *args, image=cpu_sif, nodes=2, job_name="first-day", env={"HF_HOME": str(home)})
+    log = finish(project, job_id)
+    assert re.search(r"training first-day .* on 4 process\(es\)", log), log[-4000:]
+    assert (project.path / "outputs" / "first-day" / "final" / "config.json").is_file()
+    assert "HF_HUB_OFFLINE" in log and "huggingface.co" not in log
 
 
 # --- accelerate and DeepSpeed, one multi-node job each ------------------------------------------------
