@@ -234,8 +234,8 @@ def fetch(ctx: click.Context, names: tuple[str, ...], dataset: bool, revision: s
     cluster = remote.resolve(cluster_name)
     if cluster is not None:
         args = ["fetch", *names, *(["--dataset"] if dataset else []), *(["--revision", revision] if revision else [])]
-        code = remote.run_there(cluster, config.root, args, version=__version__, emit=info, on_line=click.echo)
-        sys.exit(code)
+        ssh = remote.connect(cluster, __version__)
+        sys.exit(remote.run_in_project(ssh, config.root, args, emit=info, on_line=click.echo))
     refs = fetching.refs_named(list(names) or config.fetch, dataset=dataset, revision=revision, root=config.root)
     if not refs:
         raise ConfigError("nothing to fetch: name models (ORG/NAME), data sets (datasets/ORG/NAME) or a recipe, "

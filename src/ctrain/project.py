@@ -32,9 +32,9 @@ EDITED_SUFFIX = ".edited"
 OWNED_DIRS = ("sbatch", "containers")
 # The user's starters: project path -> where ctrain keeps it.
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
-USER_FILES = {Path("ctrain.yaml"): _TEMPLATES / "ctrain.yaml", Path(".gitignore"): _TEMPLATES / "gitignore"}
-USER_DIRS = ("recipes", "configs")
 GITIGNORE = Path(".gitignore")
+USER_FILES = {Path("ctrain.yaml"): _TEMPLATES / "ctrain.yaml", GITIGNORE: _TEMPLATES / "gitignore"}
+USER_DIRS = ("recipes", "configs")
 # The marks around ctrain's lines in a .gitignore that was there before ctrain init.
 BLOCK_START = "# >>> ctrain: what ctrain writes and nobody should commit (ctrain init keeps this block)"
 BLOCK_END = "# <<< ctrain"
@@ -192,10 +192,11 @@ def init(directory: Path, *, force: bool = False, emit: Callable[[str], None] = 
             "separators; choose a path without them"
         )
     plan = entries()
-    manifest = read_manifest(directory) if force else {}
+    recorded = read_manifest(directory)
+    manifest = recorded if force else {}
     # A .gitignore that init did not write is the repository's: it gets ctrain's block instead.
     gitignore = directory / GITIGNORE
-    theirs = gitignore.is_file() and not gitignore.is_symlink() and str(GITIGNORE) not in read_manifest(directory) and (
+    theirs = gitignore.is_file() and not gitignore.is_symlink() and str(GITIGNORE) not in recorded and (
         _project_text(gitignore) != USER_FILES[GITIGNORE].read_text())
     if theirs:
         plan = [e for e in plan if e.path != GITIGNORE]

@@ -416,13 +416,20 @@ def sync_project(ssh: Ssh, root: Path, *, emit: Callable[[str], None]) -> None:
         f" ({', '.join(sent[:5])}{', ...' if len(sent) > 5 else ''})" if sent else " (all up to date)"))
 
 
-def run_there(cluster: Cluster, root: Path, args: Sequence[str], *, version: str, emit: Callable[[str], None],
-              on_line: Callable[[str], None]) -> int:  # fmt: skip
-    """``ctrain ARGS`` on the cluster's login node in the project's directory there, after sending the
-    project's files (its ctrain.yaml says where the cache is); its exit code, its lines to ``on_line``."""
+def connect(cluster: Cluster, version: str) -> Ssh:
+    """The connection a command run on the cluster goes through: its project directory is set (asked
+    before connecting) and its ctrain answers, of this ``version``."""
     project_dir(cluster)
     ssh = Ssh(cluster)
     check_ctrain(ssh, version)
+    return ssh
+
+
+def run_in_project(ssh: Ssh, root: Path, args: Sequence[str], *, emit: Callable[[str], None],
+                   on_line: Callable[[str], None]) -> int:  # fmt: skip
+    """``ctrain ARGS`` on the cluster's login node in the project's directory there, after sending the
+    project's files (:func:`sync_project`); its exit code, its lines to ``on_line``."""
+    cluster = ssh.cluster
     sync_project(ssh, root, emit=emit)
     emit(f"cluster {cluster.name}: {' '.join([cluster.profile.ctrain, *args])} (in {shown(cluster.profile.project_dir)})")
     command = f"cd {shlex.quote(cluster.profile.project_dir)} && {ctrain_command(cluster, args)}"

@@ -99,10 +99,9 @@ def convert(
     atomically (an interrupted conversion leaves no file behind). Prints `path: FILE`, and what the
     image says it is (`image: ctrain ..., torch ..., CUDA ... (NVIDIA driver ... or newer on the nodes)`).
     """
-    from ctrain.image.service import run_convert
-
     from ctrain.image.checks import image_facts
     from ctrain.image.facts import describe
+    from ctrain.image.service import run_convert
 
     result = run_convert(project(ctx), to=to, compression=compression, output=output, ref=ref, force=force)
     click.echo(f"path: {result.path}\nid: {result.image_id}\ncached: {str(result.cached).lower()}")

@@ -46,7 +46,7 @@ def describe(facts: dict[str, Any]) -> str:
         words.append(f"CUDA {facts['cuda']}" + (f" (NVIDIA driver {driver} or newer on the nodes)" if driver else ""))
     else:
         words.append("CPU only")
-    return ", ".join(str(word) for word in words)
+    return ", ".join(words)
 
 
 def parse(raw: bytes) -> dict[str, Any] | None:

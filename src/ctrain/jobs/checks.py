@@ -78,7 +78,8 @@ def check_image_has_ctrain(job: Job) -> list[str]:
     if stated:
         job.notes.append(f"image: {describe(stated)}")
     command = job.command
-    if command is not None and not (command[:1] == ["-m"] and command[1:2] and command[1].split(".")[0] == "ctrain"):
+    runs_ctrain = command is None or (len(command) > 1 and command[0] == "-m" and command[1].split(".")[0] == "ctrain")
+    if not runs_ctrain:
         return []
     found = True if stated else holds_ctrain(image, job.runtime, job.project)
     if found is False:
@@ -98,7 +99,7 @@ def check_hub_cache(job: Job, refs: list[HubRef]) -> None:
     offline (CTRAIN_HF_OFFLINE, the default): its nodes cannot download one."""
     from ctrain.train.hubrefs import check_cached, parse
 
-    if job.settings.get("CTRAIN_HF_OFFLINE", "1") != "1":
+    if job.settings["CTRAIN_HF_OFFLINE"] != "1":
         return
     declared = [parse(name, setting="fetch") for name in job.needs]
     check_cached(Path(job.settings["CTRAIN_HF_CACHE"]), [*refs, *declared])
@@ -128,7 +129,7 @@ def time_limit(asked: str | None, name: str | None, partitions: list[slurm.Parti
     if not chosen:
         return f"time limit {asked} (slurm.time)" if asked else "time limit: Slurm's default (no default partition)"
     part = chosen[0]
-    ceiling = slurm.time_seconds(part.max_time) if part.max_time.upper() not in ("UNLIMITED", "INFINITE") else None
+    ceiling = slurm.time_seconds(part.max_time)  # None: UNLIMITED
     if asked:
         wanted = slurm.time_seconds(asked)
         if ceiling is not None and (wanted is None or wanted > ceiling):
@@ -164,6 +165,7 @@ def check_job_recipe(job: Job, refs: list[HubRef] | None = None) -> list[str]:
     (from the project directory, on nodes x processes per node), without torch; returns warnings, adds
     the hub repositories it names to ``refs``, and to the job's notes which DeepSpeed config the
     deepspeed launcher's ranks get."""
+    from ctrain.train.hubrefs import recipe_refs
     from ctrain.train.preflight import preflight as check_paths
     from ctrain.train.recipe import load_recipe
 
@@ -172,15 +174,12 @@ def check_job_recipe(job: Job, refs: list[HubRef] | None = None) -> list[str]:
     added = protocol.launcher_overrides(job.settings["CTRAIN_LAUNCHER"], job.settings["CTRAIN_DEEPSPEED_CONFIG"],
                                         own_command=False)  # fmt: skip
     recipe = load_recipe(path, overrides + added)
-    if refs is not None:  # the hub names it needs, for check_hub_cache
-        with _cwd(job.project):
-            from ctrain.train.hubrefs import recipe_refs
-
-            refs += recipe_refs(recipe)
     if added:  # the job's notes (not a warning): which config the ranks get
         job.notes.append(_deepspeed_note(recipe.training.deepspeed, load_recipe(path, overrides).training.deepspeed,
                                          job.settings["CTRAIN_DEEPSPEED_CONFIG"]))  # fmt: skip
     with _cwd(job.project):
+        if refs is not None:  # the hub names it needs, for check_hub_cache
+            refs += recipe_refs(recipe)
         try:
             notes = check_paths(recipe, world_size=job.world_size)
         except ConfigError as exc:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -319,12 +318,10 @@ def _command_line(ctx: click.Context, leave_out: tuple[str, ...]) -> list[str]:
 
 def _submit_there(ctx: click.Context, cluster: object) -> int:
     """``ctrain submit`` on the cluster's login node, after sending the project's files; its exit code."""
-    from ctrain import __version__, proc, remote
+    from ctrain import __version__, remote
 
     assert isinstance(cluster, remote.Cluster)
-    remote.project_dir(cluster)
-    ssh = remote.Ssh(cluster)
-    remote.check_ctrain(ssh, __version__)
+    ssh = remote.connect(cluster, __version__)
     root = project(ctx).root
     extra: list[str] = []  # a refused path stops the trip before any file is sent
     if ctx.params.get("recipe"):
@@ -333,13 +330,9 @@ def _submit_there(ctx: click.Context, cluster: object) -> int:
         if recipe.is_file():
             unsent = remote.unsent_paths(recipe, ctx.params.get("overrides", ()), root)
             extra = remote.send_unsent_paths(ssh, unsent, root, emit=info)
-    remote.sync_project(ssh, root, emit=info)
     args = ["submit", *_command_line(ctx, ("cluster_name",)), *extra]
     if COMMAND in ctx.meta:
         args += ["--", *ctx.meta[COMMAND]]
-    info(f"cluster {cluster.name}: {' '.join([cluster.profile.ctrain, *args])} "
-         f"(in {remote.shown(cluster.profile.project_dir)})")  # fmt: skip
-    remote_command = f"cd {shlex.quote(cluster.profile.project_dir)} && {remote.ctrain_command(cluster, args)}"
     submitted: list[str] = []
 
     def line(text: str) -> None:
@@ -348,4 +341,4 @@ def _submit_there(ctx: click.Context, cluster: object) -> int:
             remote.record_job(cluster.name, text)
         click.echo(text)
 
-    return proc.stream(ssh.argv(remote_command), check=False, on_line=line)
+    return remote.run_in_project(ssh, root, args, emit=info, on_line=line)

@@ -77,12 +77,11 @@ def prepare(
 def _as_typed(exc: ConfigError, changes: dict[str, object]) -> ConfigError:
     """An error about a setting the user gave as a flag names the flag typed, not the ctrain.yaml key."""
     name = (exc.key or "").removeprefix("slurm.")
-    if not exc.key or changes.get(name) is None:
+    if not exc.key or changes.get(name) is None or name not in SETTINGS:
         return exc
     from ctrain.jobs.flags import flag_names
 
-    flag = flag_names(name)[0] if name in SETTINGS else "--" + name.replace("_", "-")
-    return ConfigError(str(exc).replace(f"slurm.{name}", flag, 1), key=exc.key)
+    return ConfigError(str(exc).replace(f"slurm.{name}", flag_names(name)[0], 1), key=exc.key)
 
 
 def _sized(c: SlurmConfig, template: Path, client: slurm.Slurm | None) -> tuple[SlurmConfig, list[str]]:

@@ -170,9 +170,11 @@ def _hub_snapshot(name: str, revision: str | None) -> tuple[str, str | None]:
     try:
         return snapshot_download(name, repo_type="dataset", revision=revision, local_files_only=True), None
     except Exception as exc:  # LocalEntryNotFoundError, or a revision the cache does not know
-        shown = f"datasets/{name}" + (f"@{revision}" if revision else "")
+        from ctrain.train.hubrefs import HubRef, fetch_line
+
+        line = fetch_line([HubRef("dataset", name, revision)])
         raise ConfigError(f"data.source {name} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and the "
-                          f"hub is offline here: fetch it first, where the hub is reachable: ctrain fetch {shown}") from exc  # fmt: skip
+                          f"hub is offline here: fetch it first, where the hub is reachable: {line}") from exc  # fmt: skip
 
 
 def check_cache(recipe: Recipe) -> None:

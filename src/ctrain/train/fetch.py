@@ -182,20 +182,15 @@ def read_record(home: Path) -> dict[str, dict[str, str]]:
     return {str(k): v for k, v in data.items() if isinstance(v, dict)}
 
 
-def fetch_all(refs: list[HubRef], home: Path, emit: Callable[[str], None], *, progress: bool = True) -> list[str]:
+def fetch_all(refs: list[HubRef], home: Path, emit: Callable[[str], None], *, progress: bool = True) -> None:
     """Fetch each ref not yet in the cache at its revision (a branch is asked again: it may have moved);
-    says what each became. Returns the commits."""
-    commits = []
+    says what each became."""
     for ref in refs:
-        pinned = ref.revision is not None and cached_commit(home / "hub", ref) == ref.revision
-        if pinned:
+        if ref.revision is not None and cached_commit(home / "hub", ref) == ref.revision:
             emit(f"{ref.shown}: in {home} already (commit {ref.revision})")
-            commits.append(ref.revision or "")
             continue
         commit = fetch(ref, home, progress=progress)
         emit(f"{ref.shown}: commit {commit} in {ref.folder(home / 'hub')}")
-        commits.append(commit)
-    return commits
 
 
 def refs_named(names: list[str], *, dataset: bool, revision: str | None, root: Path) -> list[HubRef]:
