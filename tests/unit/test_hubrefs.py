@@ -64,6 +64,11 @@ def test_fetch_takes_names_as_the_hub_writes_them(typed: str, dataset: bool, rev
     ("org/a/b", "is not a hub repository name"),
     ("org/m@main;rm", "is not a branch, tag or commit"),
     ("org/m@../../x", "is not a branch, tag or commit"),
+    ("org/m\nx", "is not a hub repository name"),
+    ("org/m\n", "is not a hub repository name"),
+    ("org/m@v1\n", "is not a branch, tag or commit"),
+    ("org/m'x\"", "is not a hub repository name"),
+    ("org/m@v1\n$(reboot)", "is not a branch, tag or commit"),
 ])  # fmt: skip
 def test_a_name_that_is_no_repository_is_refused_before_any_path_is_made_of_it(typed: str, error: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(error)):

@@ -36,10 +36,10 @@ class HubRef:
     setting: str = field(default="", compare=False)  # what names it: model.path, data.source, fetch
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.name) or ".." in self.name or self.name.endswith((".", "-")):
+        if not _NAME.fullmatch(self.name) or ".." in self.name or self.name.endswith((".", "-")):
             raise ConfigError(f"{self.setting or 'a hub name'}: {self.name!r} is not a hub repository name "
                               "(ORG/NAME, letters, digits, '.', '_' and '-')")  # fmt: skip
-        if self.revision is not None and (not _REVISION.match(self.revision) or ".." in self.revision):
+        if self.revision is not None and (not _REVISION.fullmatch(self.revision) or ".." in self.revision):
             raise ConfigError(f"{self.setting or 'a hub name'}: revision {self.revision!r} is not a branch, tag "
                               "or commit")  # fmt: skip
 
@@ -88,14 +88,14 @@ def cached_commit(hub_cache: Path, ref: HubRef) -> str | None:
     that snapshot is there; None where it is not."""
     folder = ref.folder(hub_cache)
     revision = ref.revision or "main"
-    commit = revision if _COMMIT.match(revision) else None
+    commit = revision if _COMMIT.fullmatch(revision) else None
     if commit is None:
         pointer = folder / "refs" / revision
         try:
             commit = pointer.read_text(errors="replace")[:100].strip() if pointer.is_file() else None
         except OSError:
             return None
-        if not commit or not _COMMIT.match(commit):
+        if not commit or not _COMMIT.fullmatch(commit):
             return None
     return commit if (folder / "snapshots" / commit).is_dir() else None
 
