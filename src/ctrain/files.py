@@ -241,7 +241,8 @@ def check_tree(directory: Path, what: str, other: str, skip: Iterable[Path] = ()
         if len(found) > MAX_TREE_ENTRIES:  # a directory named by mistake (/, a home): do not search it all
             break
     for path in found:
-        if not _can_write(path):
+        # Gone since it was listed: another rank's probe or atomic write's temporary, not a problem.
+        if not _can_write(path) and os.path.lexists(path):
             problem, fix = _why_not(path, directory)
             raise ConfigError(f"{what} {directory} cannot be written: {problem}: {fix}, or {other}")
 

@@ -437,6 +437,28 @@ def test_a_directory_left_by_root_says_to_chown(tmp_path: Path, monkeypatch: pyt
     assert f"sudo chown -R alice {out}" in text and "or set training.output_dir" in text
 
 
+def test_a_file_another_rank_removes_while_the_tree_is_checked_is_no_problem(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank checks the shared output directory at once, and each one's writability probe is a file
+    at its top that the others may list and then find gone (a 2-node run failed so)."""
+    from ctrain import files
+
+    out = tmp_path / "outputs" / "run"
+    out.mkdir(parents=True)
+    probe = out / ".ctrain-probe-other"
+    probe.write_bytes(b"")
+    can_write = files._can_write
+
+    def removed_by_the_other_rank(path: Path) -> bool:
+        if path == probe:
+            probe.unlink()
+        return can_write(path)
+
+    monkeypatch.setattr(files, "_can_write", removed_by_the_other_rank)
+    files.check_tree(out, "training.output_dir", "set training.output_dir to a directory you can write")
+    assert not probe.exists()
+
+
 def test_the_error_line_starts_the_line_under_the_rank_prefix() -> None:
     import io
 
