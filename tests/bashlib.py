@@ -48,7 +48,13 @@ case "$1 $2" in
         "ExcNodeList=$(cat "$FAKE/excluded" 2>/dev/null || echo '(null)')" ;;
     "show config") echo "SlurmdPort              = $(cat "$FAKE/port")" ;;
     "show node") echo "NodeName=$4 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=$4" ;;
+    "write batch_script") echo "#!/bin/bash (job $3's script)" >"$4" ;;
 esac""",
+        # sbatch: its arguments to calls.log, the CTRAIN_RUN*, CTRAIN_CONT* and SLURM_* it was given
+        # to sbatch-env; answers $FAKE/sbatch-id, or refuses as a QOS limit does where that is missing.
+        "sbatch": 'echo "sbatch $*" >>"$FAKE/calls.log"; env | grep -E "^(CTRAIN_RUN|CTRAIN_CONT|SLURM_)" | sort '
+                  '>"$FAKE/sbatch-env"; [ -e "$FAKE/sbatch-id" ] || { echo "sbatch: error: QOSMaxSubmitJobPerUserLimit" '
+                  '>&2; exit 1; }; cat "$FAKE/sbatch-id"',
         "sinfo": 'echo "sinfo $*" >>"$FAKE/calls.log"; cat "$FAKE/sinfo"',
         "scancel": 'echo "scancel $*" >>"$FAKE/calls.log"',
         # A probe of a node named in $FAKE/dead hangs, as srun does for a node whose slurmd is gone;
@@ -75,7 +81,8 @@ def library(fake: Path, commands: str, conf: Path, **env: str | None) -> subproc
         "SLURM_JOB_ID": JOB, "SLURM_JOB_NODELIST": "gpu[001-002]", "SLURM_JOB_PARTITION": "p",
         "CTRAIN_NNODES": "2", "CTRAIN_MAX_REQUEUES": "10", "CTRAIN_REQUEUE_EXIT": "75",
         "CTRAIN_PROJECT_DIR": str(fake), "CTRAIN_RUN_DIR": RUN_DIR, "CTRAIN_PIDS": RUN_DIR,
-        "CTRAIN_TIMELINE": TIMELINE, "CTRAIN_STEP_GRACE": "1", "CTRAIN_BATCH_HOST": NODES[0],
+        "CTRAIN_TIMELINE": TIMELINE, "CTRAIN_STEP_GRACE": "1", "CTRAIN_BATCH_HOST": NODES[0], "CTRAIN_RUN": JOB,
+        "CTRAIN_CONTINUE": "1",
     }  # fmt: skip
     base.update(env)
     return subprocess.run(["bash", "-c", f'source "$0"; {commands}', str(LIB)], cwd=fake, capture_output=True,

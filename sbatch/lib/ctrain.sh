@@ -34,7 +34,10 @@
 #              sentinel ships every function it calls, found, not listed; the deepspeed launcher's
 #              config is a default (training.deepspeed?=FILE) that a recipe's own config overrides;
 #              the hub offline in the job (CTRAIN_HF_OFFLINE)
-CTRAIN_LIB_VERSION=6
+#   version 7: a lost node's run continues at once as a new job on the healthy nodes (CTRAIN_CONTINUE),
+#              instead of a requeue that waits minutes for Slurm to let go of the node; one run across
+#              its job ids (CTRAIN_RUN, .ctrain/RUN.holder, .ctrain/RUN.timeline)
+CTRAIN_LIB_VERSION=7
 
 # The library's files, beside this one, in the order they are sourced. `ctrain submit` inlines each
 # in place of its line (ctrain.jobs.library.assemble), and each program the nodes run in place of its
@@ -67,6 +70,7 @@ source "$CTRAIN_LIB_DIR/probe.sh" || exit 2
 source "$CTRAIN_LIB_DIR/facts.sh" || exit 2
 source "$CTRAIN_LIB_DIR/decide.sh" || exit 2
 source "$CTRAIN_LIB_DIR/requeue.sh" || exit 2
+source "$CTRAIN_LIB_DIR/chain.sh" || exit 2
 source "$CTRAIN_LIB_DIR/watch.sh" || exit 2
 source "$CTRAIN_LIB_DIR/sentinel.sh" || exit 2
 source "$CTRAIN_LIB_DIR/image.sh" || exit 2

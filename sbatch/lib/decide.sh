@@ -158,12 +158,14 @@ ctrain_unfit_lines() {
 ctrain_act_exclude() {
     local cause=$1 dir=$2 why=$3
     shift 3
+    local how=()
     if [[ $cause == preflight ]]; then
         ctrain_unfit_lines "$dir"
     else
         echo "ctrain: failure: node lost: $* (${why:-its launcher never ended and its slurmd does not answer})"
+        how=(--continue) # Slurm holds a requeued job on a node that does not answer for minutes
     fi
-    ctrain_requeue_without "$@" && return 0
+    ctrain_requeue_without "${how[@]}" "$@" && return 0
     if [[ $cause == node-lost && " $* " == *" $CTRAIN_BATCH_HOST "* ]] && ctrain_job_is RUNNING PENDING; then
         echo "ctrain: ending job $SLURM_JOB_ID (scancel): its batch script was lost with $CTRAIN_BATCH_HOST"
         scancel "$SLURM_JOB_ID"

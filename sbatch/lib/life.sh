@@ -71,13 +71,13 @@ ctrain_transition() {
     return 1
 }
 
-# ctrain_mark EVENT [ARG...]: one line of the job's timeline (CTRAIN_TIMELINE, kept across
-# requeues): `EPOCH RESTART EVENT ARG...`. The batch script (and a sentinel deciding in its place)
+# ctrain_mark EVENT [ARG...]: one line of the run's timeline (CTRAIN_TIMELINE, kept across
+# requeues and continuations; RESTART counts both): `EPOCH RESTART EVENT ARG...`. The batch script (and a sentinel deciding in its place)
 # marks each run's start, launch, step end and decision; rank 0 marks what the trainer does
 # (ctrain.train.goodput, which also names every event). `ctrain report JOB` reads it.
 ctrain_mark() {
     [[ ${CTRAIN_DRY_RUN:-0} != 1 && -n ${CTRAIN_TIMELINE:-} ]] || return 0
-    echo "$(date +%s.%N) ${SLURM_RESTART_COUNT:-0} $*" >>"$CTRAIN_PROJECT_DIR/$CTRAIN_TIMELINE" 2>/dev/null || true
+    echo "$(date +%s.%N) $(ctrain_restarts) $*" >>"$CTRAIN_PROJECT_DIR/$CTRAIN_TIMELINE" 2>/dev/null || true
 }
 
 # ctrain_submitted: when Slurm last queued the job (its SubmitTime, which a requeue renews), as

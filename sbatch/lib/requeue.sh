@@ -5,7 +5,8 @@
 # trainer exited with its requeue code after saving a checkpoint. The requeued job resumes from that
 # checkpoint.
 ctrain_requeue_if_asked() {
-    local rc=$1 restarts=${SLURM_RESTART_COUNT:-0}
+    local rc=$1 restarts
+    restarts=$(ctrain_restarts)
     if [[ $CTRAIN_SIGNAL == TERM ]]; then
         # Slurm itself requeues a job it preempted or was told to requeue; scancel means stop.
         echo "ctrain: SIGTERM came from Slurm (scancel, scontrol requeue or preemption): Slurm decides whether the job runs again"
@@ -37,7 +38,8 @@ ctrain_requeue() {
 # memory, a transient device or network fault, or a bug in the training code, which fails the same
 # way again): requeue once per job, within CTRAIN_MAX_REQUEUES; the next run resumes from the last checkpoint.
 ctrain_retry_once() {
-    local restarts=${SLURM_RESTART_COUNT:-0} marker=$CTRAIN_PROJECT_DIR/.ctrain/$SLURM_JOB_ID.retried
+    local restarts marker=$CTRAIN_PROJECT_DIR/.ctrain/$CTRAIN_RUN.retried
+    restarts=$(ctrain_restarts)
     if [[ -e $marker ]]; then
         echo "ctrain: not requeueing: the job was already retried once after a failed or hung rank; the failure" \
             "above repeats, so it is likely in the training code or the data"
@@ -51,12 +53,15 @@ ctrain_retry_once() {
     ctrain_requeue
 }
 
-# ctrain_requeue_without NODE...: requeue the job with the lost nodes excluded, where the partition
-# still has enough nodes in service without them (and without those excluded before); otherwise
-# end, naming the nodes. Requeued as it was, the job would wait for them: PENDING, with no end, on
-# nodes that are DOWN.
+# ctrain_requeue_without [--continue] NODE...: requeue the job with the nodes excluded, where the
+# partition still has enough nodes in service without them (and without those excluded before);
+# otherwise end, naming the nodes. Requeued as it was, the job would wait for them: PENDING, with no
+# end, on nodes that are DOWN. --continue (lost nodes, which Slurm holds the job on for minutes): a
+# continuation instead (ctrain_continue), and the requeue only where that cannot be.
 ctrain_requeue_without() {
-    local restarts=${SLURM_RESTART_COUNT:-0} excluded before usable=0 node state
+    local restarts excluded before usable=0 node state continue=
+    [[ ${1-} != --continue ]] || { continue=1 && shift; }
+    restarts=$(ctrain_restarts)
     before=$(scontrol show job -o "$SLURM_JOB_ID" | grep -o 'ExcNodeList=[^ ]*')
     before=${before#ExcNodeList=}
     [[ $before != "(null)" ]] || before=
@@ -75,8 +80,9 @@ ctrain_requeue_without() {
             "or on fewer nodes; $(ctrain_resumes)"
         return 1
     fi
+    [[ -z $continue ]] || ! ctrain_continue "$excluded" "$@" || return 0
     echo "ctrain: requeueing job $SLURM_JOB_ID (restart $((restarts + 1))) without $excluded" \
-        "(ExcNodeList); $(ctrain_resumes) once Slurm has let go of the lost node"
+        "(ExcNodeList); $(ctrain_resumes)${continue:+ once Slurm has let go of the lost node}"
     ctrain_requeue "$excluded" && return 0
     echo "ctrain: requeueing without $excluded failed (above)"
     return 1

@@ -8,7 +8,7 @@ ctrain_run_files() {
     export CTRAIN_PIDS=$CTRAIN_RUN_DIR
     export CTRAIN_HEARTBEATS=$CTRAIN_RUN_DIR/heartbeat # each rank's progress, written by the trainer
     export CTRAIN_EXITS=$CTRAIN_RUN_DIR/exit           # why each rank ended, written by the trainer
-    export CTRAIN_TIMELINE=.ctrain/$SLURM_JOB_ID.timeline # the job's events, kept across requeues
+    export CTRAIN_TIMELINE=.ctrain/$CTRAIN_RUN.timeline # the run's events, kept across requeues and continuations
 }
 
 # ctrain_srun_command: CTRAIN_SRUN, the training step: one task per node, in the container, running
@@ -42,6 +42,7 @@ ctrain_run() {
     [[ $CTRAIN_DRY_RUN != 1 ]] || return 0
 
     CTRAIN_SIGNAL=
+    ctrain_hold || return 0
     rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_RUN_DIR" # what a killed run of this job left
     mkdir -p "$CTRAIN_PROJECT_DIR/$CTRAIN_HEARTBEATS"
     ctrain_mark start "$(ctrain_submitted)" "$CTRAIN_NNODES" "${SLURM_GPUS_ON_NODE:-0}"
@@ -104,9 +105,9 @@ ctrain_step() {
 }
 
 # ctrain_run_end: what a run leaves once it is decided. The one retry after a failed rank counts for
-# the whole job, across requeues: its marker stays while the job is requeued.
+# the whole run, across requeues and continuations: its marker stays while the run goes on.
 ctrain_run_end() {
-    [[ $(ctrain_state) == requeued ]] || rm -f "$CTRAIN_PROJECT_DIR/.ctrain/$SLURM_JOB_ID.retried"
+    [[ $(ctrain_state) == requeued ]] || rm -f "$CTRAIN_PROJECT_DIR/.ctrain/$CTRAIN_RUN.retried"
     rm -rf "${CTRAIN_PROJECT_DIR:?}/$CTRAIN_RUN_DIR"
     rmdir "$CTRAIN_PROJECT_DIR/.ctrain" 2>/dev/null
 }
@@ -134,7 +135,7 @@ ctrain_forward() {
 }
 
 ctrain_summary() {
-    echo "ctrain: job ${SLURM_JOB_ID} '${SLURM_JOB_NAME:-}' restart ${SLURM_RESTART_COUNT:-0}" \
+    echo "ctrain: job ${SLURM_JOB_ID} '${SLURM_JOB_NAME:-}' restart $(ctrain_restarts)${CTRAIN_CONTINUES:+ (run $CTRAIN_RUN, continuing job $CTRAIN_CONTINUES)}" \
         "on $CTRAIN_NNODES node(s) [${SLURM_JOB_NODELIST}] x $CTRAIN_NPROC_PER_NODE process(es)"
     if ((${#CTRAIN_COMMAND[@]} > 0)); then
         echo "ctrain: $CTRAIN_RUNTIME image $CTRAIN_IMAGE, $CTRAIN_LAUNCHER, your command: ${CTRAIN_COMMAND[*]}" \

@@ -12,6 +12,7 @@ ctrain_settings() {
     ctrain_paths
     ctrain_arguments "$@"
     ctrain_check_settings
+    ctrain_run_identity
 }
 
 # ctrain_defaults: every CTRAIN_* setting the environment (or `ctrain submit`'s settings block) did not
@@ -37,7 +38,8 @@ ctrain_defaults() {
     : "${CTRAIN_EFA:=0}"                         # 1: AWS EFA settings for NCCL (see ctrain_environment)
     : "${CTRAIN_HF_OFFLINE:=1}"                  # 1: the hub offline in the job (its names fetched first: ctrain fetch)
     : "${CTRAIN_REQUEUE_EXIT:=75}"               # the trainer's "checkpointed, requeue me" exit code
-    : "${CTRAIN_MAX_REQUEUES:=10}"               # stop requeueing after this many restarts
+    : "${CTRAIN_MAX_REQUEUES:=10}"               # stop requeueing after this many restarts (continuations count)
+    : "${CTRAIN_CONTINUE:=1}"                    # 1: a lost node's run continues as a new job at once; 0: requeue
     : "${CTRAIN_HANG_TIMEOUT:=600}"              # seconds without a finished step before a rank counts as hung; 0: off
     : "${CTRAIN_STEP_GRACE:=10}"                 # seconds the other nodes get to end after one node's launcher failed
     : "${CTRAIN_NODE_CHECK:=30}"                 # seconds without a finished step before every node is asked; 0: off

@@ -107,6 +107,9 @@ class SlurmConfig:
     # false: the nodes reach the hub (a cloud cluster with a NAT): no check of the cache, the hub online
     hf_offline: bool | None = setting(variable="CTRAIN_HF_OFFLINE")
     max_requeues: int | None = setting(variable="CTRAIN_MAX_REQUEUES", least=0)
+    # a lost node's run goes on at once as a new job on the healthy nodes (false: the job is requeued,
+    # and waits for Slurm to let go of the lost node)
+    continue_on_node_loss: bool | None = setting(variable="CTRAIN_CONTINUE")
     # seconds without a finished step before the job's watchdog ends it
     hang_timeout: int | None = setting(variable="CTRAIN_HANG_TIMEOUT", least=0)
     # seconds without a finished step before every node is asked (0: never)

@@ -132,7 +132,7 @@ def test_the_librarys_events_are_the_ones_the_report_reads() -> None:
     library = assemble(REPO / "sbatch" / "lib" / "ctrain.sh")
     marked = set(re.findall(r"\bctrain_mark (\w+)", library)) - {"EVENT"}
     assert marked == set(goodput.BATCH_EVENTS)
-    assert "CTRAIN_TIMELINE=.ctrain/$SLURM_JOB_ID.timeline" in library
+    assert "CTRAIN_TIMELINE=.ctrain/$CTRAIN_RUN.timeline" in library
 
 
 def test_ctrain_report_prints_the_account_and_writes_it_as_json(tmp_path: Path, monkeypatch) -> None:

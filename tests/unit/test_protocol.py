@@ -108,19 +108,22 @@ def test_every_file_of_the_table_is_named_by_its_side_and_every_file_of_the_run_
     names = [f.name for f in protocol.JOB_FILES]
     # The files only Python names (NCCL's log, the report's JSON): a module uses the protocol's name.
     by_python = {f"{protocol.NCCL_LOG_PREFIX}.HOST.PID": "protocol.NCCL_LOG_PREFIX",
-                 f"../{protocol.report_file('JOBID')}": "protocol.report_file("}  # fmt: skip
+                 f"../{protocol.report_file('RUN')}": "protocol.report_file("}  # fmt: skip
     for name in names:
         assert by_python[name] in python if name in by_python else _literal(name) in bash, name
     # What the library names in the run's directory, and beside it: each has a row (a directory: the
     # rows of the files in it).
     runs = set(re.findall(r'\$(?:dir|\{?CTRAIN_RUN_DIR\}?|\{?CTRAIN_PIDS\}?)/([a-z][\w-]*)"', bash))
     runs -= protocol.IMAGE_ENTRY_FILES  # the image program's $dir is a cache entry
-    beside = set(re.findall(r"\.ctrain/\$\{?SLURM_JOB_ID\}?\.([a-z]+)\b", bash))
+    beside = set(re.findall(r"\.ctrain/\$\{?(?:SLURM_JOB_ID|job)\}?\.([a-z]+)\b", bash))
+    of_run = set(re.findall(r"\.ctrain/\$\{?CTRAIN_RUN\}?\.([a-z]+)\b", bash))
     assert {"unfit", "lost", "hung", "state", "batch-alive", "claim", "step"} <= runs, runs
-    assert {"timeline", "retried", "preflight"} <= beside, beside
+    assert {"preflight", "continuation", "run"} <= beside, beside
+    assert {"timeline", "retried", "holder", "jobs"} <= of_run, of_run
     rows = {name.rstrip("/") for name in names} | {name.split("/")[0] for name in names if "/" in name.rstrip("/")}
     assert runs <= rows, runs - rows
     assert {f"../JOBID.{word}" for word in beside} <= rows, beside
+    assert {f"../RUN.{word}" for word in of_run} <= rows, of_run
 
 
 def test_the_image_caches_entry_is_the_one_the_librarys_program_makes() -> None:

@@ -478,7 +478,7 @@ def library(fake: Path, commands: str, slurm_conf: Path, prefix: tuple[str, ...]
             "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[001-002]", "SLURM_JOB_PARTITION": "p",
             "CTRAIN_NNODES": "2", "CTRAIN_MAX_REQUEUES": "10", "CTRAIN_REQUEUE_EXIT": "75",
             "CTRAIN_PROJECT_DIR": str(fake), "CTRAIN_PIDS": "pids", "CTRAIN_RUN_DIR": "pids", "CTRAIN_STEP_GRACE": "1",
-            "CTRAIN_BATCH_HOST": "gpu001"}  # fmt: skip
+            "CTRAIN_BATCH_HOST": "gpu001", "CTRAIN_RUN": "4242", "CTRAIN_CONTINUE": "0"}  # fmt: skip
     return subprocess.run([*prefix, "bash", "-c", f'source "$0"; {commands}', LIB], env={**base, **env}, cwd=fake,
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
 

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ctrain import slurm
+from ctrain import protocol, slurm
 from ctrain.clicore import project
 from ctrain.errors import ConfigError, CtrainError, ToolNotFound
+from ctrain.jobs import chain
 from ctrain.jobs.flags import slurm_flags
 from ctrain.ui import info
 
@@ -133,7 +134,7 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], d
     click.echo(job_id)
     info(f"submitted job {job_id}: log {log} (script: {log.with_suffix('.sbatch')})\n  follow: ctrain logs -f {job_id}")
     if wait_:
-        _ended(job_id, slurm.Slurm().follow(job_id, emit=click.echo, search=[job.log_dir]))
+        _ended(*chain.follow(slurm.Slurm(), job_id, emit=click.echo, note=info, search=[job.log_dir]))
 
 
 @click.command()
@@ -208,11 +209,12 @@ def status(job_ids: tuple[str, ...], cluster_name: str | None) -> None:
     """Show jobs: the given JOB_IDS (queued, running or finished), else your queued and running jobs.
 
     For each JOB_ID, also what its batch script last logged about a failure (a lost node, a failed
-    rank, a hang) and whether it requeued the job."""
+    rank, a hang) and whether it requeued the job; and the jobs that continued its run after it."""
     from ctrain import remote
 
     client, search, cluster = _client(cluster_name)
-    jobs = client.status(job_ids)
+    asked = [slurm.check_job_id(job_id) for job_id in job_ids]
+    jobs = client.status(list(dict.fromkeys(j for job_id in asked for j in chain.jobs_from(client, job_id, search))))
     click.echo(slurm.status_table(jobs))
     for job in jobs if job_ids else []:  # the jobs asked about by id: what their batch script decided
         for event in client.job_events(job, search=search):
@@ -227,17 +229,21 @@ def status(job_ids: tuple[str, ...], cluster_name: str | None) -> None:
               "how it ended (exit 1 unless it COMPLETED).")  # fmt: skip
 @_CLUSTER
 def logs(job_id: str, follow: bool, cluster_name: str | None) -> None:
-    """Print a job's log (Slurm's StdOut, else logs/*-JOB_ID.out)."""
+    """Print a job's log (Slurm's StdOut, else logs/*-JOB_ID.out); with --follow, on into the jobs that
+    continue its run."""
     client, search, cluster = _client(cluster_name)
     try:
         if follow:
-            final = client.follow(job_id, emit=click.echo, search=search)
+            last, final = chain.follow(client, job_id, emit=click.echo, note=info, search=search)
         else:
-            click.echo(client.read_log(job_id, search=search), nl=False)
+            text = client.read_log(job_id, search=search)
+            click.echo(text, nl=False)
+            if after := protocol.continued_as(text):
+                info(f"job {job_id}: the run goes on as job {after}: ctrain logs {after}")
             return
     except CtrainError as exc:
         raise _unknown_here(job_id, cluster, exc) from None
-    _ended(job_id, final)
+    _ended(last, final)
 
 
 @click.command()
@@ -246,8 +252,11 @@ def logs(job_id: str, follow: bool, cluster_name: str | None) -> None:
               "time-limit warning does (USR1: checkpoint and requeue).")  # fmt: skip
 @_CLUSTER
 def cancel(job_id: str, signal_name: str | None, cluster_name: str | None) -> None:
-    """Cancel a job (scancel), or send its batch script a signal."""
-    client, _, cluster = _client(cluster_name)
+    """Cancel a job (scancel), or send its batch script a signal; a job whose run went on as another job
+    (a lost node's continuation), that one."""
+    client, search, cluster = _client(cluster_name)
+    job_id = slurm.check_job_id(job_id)
+    jobs = chain.jobs_from(client, job_id, search)
     try:
         client.cancel(job_id, signal=signal_name)
     except CtrainError as exc:
@@ -255,16 +264,23 @@ def cancel(job_id: str, signal_name: str | None, cluster_name: str | None) -> No
     click.echo(
         f"job {job_id}: " + (f"sent SIG{signal_name.upper().removeprefix('SIG')}" if signal_name else "cancelled")
     )
+    for later in jobs[1:]:
+        found = client.job(later)
+        if found is None or found.final:
+            continue
+        client.cancel(later, signal=signal_name)
+        click.echo(f"job {later} (the run of job {job_id}, continued): " + ("signalled" if signal_name else "cancelled"))
 
 
 @click.command()
 @click.argument("job_id")
 @click.option("--timeline", type=click.Path(dir_okay=False, path_type=Path),
-              help="The job's timeline (default: .ctrain/JOB_ID.timeline in the project).")  # fmt: skip
+              help="The run's timeline (default: .ctrain/RUN.timeline in the project, RUN being the "
+              "run's first job).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the account as JSON instead of lines.")
 @click.pass_context
 def report(ctx: click.Context, job_id: str, timeline: Path | None, as_json: bool) -> None:
-    """Where a job's time went, across its requeues: queue wait, start-up, preparation, training,
+    """Where a run's time went, across its requeues and continuations (JOB_ID: any of its jobs): queue wait, start-up, preparation, training,
     checkpoint saves, evaluation, work lost (and why) and each run's end; goodput, GPU-hours and,
     with report.gpu_hour_price in ctrain.yaml, the cost. Also written as JSON beside the timeline."""
     import json
@@ -274,11 +290,10 @@ def report(ctx: click.Context, job_id: str, timeline: Path | None, as_json: bool
 
     job_id = slurm.check_job_id(job_id, step=False)
     config = project(ctx)
-    from ctrain import protocol
-
-    path = timeline or config.root / protocol.STATE_DIR / protocol.timeline_file(job_id)
-    result, lines = goodput.report(path, job_id, gpu_hour_price=config.report.gpu_hour_price)
-    out = path.with_name(protocol.report_file(job_id))
+    run = chain.run_of(config.root / protocol.STATE_DIR, job_id)
+    path = timeline or config.root / protocol.STATE_DIR / protocol.timeline_file(run)
+    result, lines = goodput.report(path, run, gpu_hour_price=config.report.gpu_hour_price)
+    out = path.with_name(protocol.report_file(run))
     try:
         atomic_write_json(out, result)
     except (OSError, CtrainError):

@@ -43,19 +43,39 @@ def pid_file(host: str) -> str:
     return f"{host}.pid"
 
 
-def timeline_file(job: str) -> str:
-    """The job's timeline, beside the run's directory (in STATE_DIR)."""
-    return f"{job}.timeline"
+def timeline_file(run: str) -> str:
+    """The run's timeline (RUN: its first job's id), beside the run's directory (in STATE_DIR)."""
+    return f"{run}.timeline"
 
 
-def report_file(job: str) -> str:
+def report_file(run: str) -> str:
     """``ctrain report``'s account as JSON, beside the timeline."""
-    return f"{job}.goodput.json"
+    return f"{run}.goodput.json"
 
 
-def retried_file(job: str) -> str:
-    """The job's one retry after a failed or hung rank, used: beside the run's directory."""
-    return f"{job}.retried"
+def retried_file(run: str) -> str:
+    """The run's one retry after a failed or hung rank, used: beside the run's directory."""
+    return f"{run}.retried"
+
+
+def holder_file(run: str) -> str:
+    """Which job holds the run (``JOBID``, or ``after JOBID`` while JOBID hands it to its continuation)."""
+    return f"{run}.holder"
+
+
+def jobs_file(run: str) -> str:
+    """The run's jobs, its first one and each continuation, one id a line, in order."""
+    return f"{run}.jobs"
+
+
+def run_file(job: str) -> str:
+    """The run a continuation JOB belongs to (``RUN``); the run's first job has none."""
+    return f"{job}.run"
+
+
+def continuation_file(job: str) -> str:
+    """JOB's own batch script, read back from Slurm to be submitted as its continuation."""
+    return f"{job}.continuation"
 
 
 def node_check_file(job: str) -> str:
@@ -108,13 +128,22 @@ JOB_FILES: tuple[JobFile, ...] = (
             "file systems)", "the other sentinel, which then does nothing", "once, when the batch host is gone"),
     JobFile(f"../{node_check_file('JOBID')}", "`TOKEN`", "`ctrain_preflight`: a token each node must read back",
             "the node checks on every node", "before the step"),
-    JobFile(f"../{retried_file('JOBID')}", "empty", "`ctrain_retry_once`", "`ctrain_retry_once` of the requeued run",
-            "kept across requeues; removed when the job ends"),
-    JobFile(f"../{timeline_file('JOBID')}", "`EPOCH RESTART EVENT ARG...`, appended (`Mark`, `EVENTS`)",
+    JobFile(f"../{retried_file('RUN')}", "empty", "`ctrain_retry_once`", "`ctrain_retry_once` of the requeued run",
+            "kept across requeues and continuations; removed when the run ends"),
+    JobFile(f"../{timeline_file('RUN')}", "`EPOCH RESTART EVENT ARG...`, appended (`Mark`, `EVENTS`)",
             "`ctrain_mark` (the batch script, or a sentinel deciding in its place) and rank 0 "
             "(`ctrain.train.goodput.mark`)", "`ctrain report JOB`; rank 0 at the end of a finished run",
-            "every run's edges and the trainer's progress; kept after the job"),
-    JobFile(f"../{report_file('JOBID')}", "JSON", "`ctrain report JOB`", "you", "when the report runs"),
+            "every run's edges and the trainer's progress, across its jobs; kept after the run"),
+    JobFile(f"../{report_file('RUN')}", "JSON", "`ctrain report JOB`", "you", "when the report runs"),
+    JobFile(f"../{holder_file('RUN')}", "`JOBID`, or `after JOBID` (a hand-over)", "`ctrain_hold` (the run's first "
+            "job creates it; a continuation takes it), `ctrain_continue` (hands it over)",
+            "`ctrain_hold` as each job of the run starts: a job it does not name does not run", "at each job's start"),
+    JobFile(f"../{jobs_file('RUN')}", "`JOBID` a line, appended", "`ctrain_hold` (the first job), `ctrain_continue`",
+            "`ctrain status`, `logs`, `cancel`, `report` (`ctrain.jobs.chain`)", "at the run's start; per continuation"),
+    JobFile(f"../{run_file('JOBID')}", "`RUN`", "`ctrain_continue`, for the continuation it submitted",
+            "`ctrain report JOB` of a continuation (`ctrain.jobs.chain`)", "per continuation"),
+    JobFile(f"../{continuation_file('JOBID')}", "the job's batch script", "`ctrain_continue` "
+            "(`scontrol write batch_script`)", "`sbatch`, submitting the continuation", "removed once submitted"),
 )  # fmt: skip
 
 

@@ -92,6 +92,16 @@ ERROR = "error: "  # the library's own error, before anything ran (ctrain_die, e
 # lines carry srun's `N: ` label).
 FAILURE_LINE = re.compile(r"^ctrain: (failure: .*|the step was ended because .*)$", re.MULTILINE)
 DECISION_LINE = re.compile(r"^ctrain: ((?:not )?requeueing.*)$", re.MULTILINE)
+# A lost node's run continued as a new job (sbatch/lib/chain.sh, ctrain_continue): JOB, and the RUN it
+# goes on; ``ctrain status``, ``logs`` and ``cancel`` follow a run from job to job through it.
+CONTINUED_LINE = re.compile(r"^ctrain: requeueing as job ([0-9]{1,12}) \(restart [0-9]+ of run ([0-9]{1,12})\)",
+                            re.MULTILINE)  # fmt: skip
+
+
+def continued_as(text: str) -> str | None:
+    """The job that continues the run of the job whose log is TEXT (its last continuation line), else None."""
+    found = list(CONTINUED_LINE.finditer(text))
+    return found[-1].group(1) if found else None
 
 
 def status_events(text: str) -> list[str]:
