@@ -56,8 +56,8 @@ ctrain_hold() {
     return 1
 }
 
-# ctrain_continue EXCLUDED NODE...: submit the run's continuation: this job's own script, nodes,
-# partition, account, QOS and time limit, without EXCLUDED (the lost NODEs and those excluded
+# ctrain_continue EXCLUDED NODE...: submit the run's continuation: this job's own script with its
+# arguments (CTRAIN_ARGUMENTS), nodes, partition, account, QOS and time limit, without EXCLUDED (the lost NODEs and those excluded
 # before), with the run's identity; hand the run over to it and keep Slurm from running this job
 # again. Where the batch host is among the NODEs (a sentinel decides), this job is cancelled, so that
 # its healthy nodes go to the continuation. Returns 1, the run still this job's, where it cannot
@@ -89,7 +89,7 @@ ctrain_continue() {
     done < <(compgen -e)
     ctrain_hand_over "after $SLURM_JOB_ID" || return 1
     if ! out=$(env "${unset[@]}" CTRAIN_RUN="$CTRAIN_RUN" CTRAIN_CONTINUES="$SLURM_JOB_ID" \
-        CTRAIN_RUN_RESTARTS="$restarts" sbatch "${options[@]}" "$script" 2>&1) || [[ ! ${out%%;*} =~ ^[0-9]+$ ]]; then
+        CTRAIN_RUN_RESTARTS="$restarts" sbatch "${options[@]}" "$script" "${CTRAIN_ARGUMENTS[@]}" 2>&1) || [[ ! ${out%%;*} =~ ^[0-9]+$ ]]; then
         rm -f "$script"
         ctrain_hand_over "$SLURM_JOB_ID"
         echo "ctrain: no continuation: sbatch refused it (${out//$'\n'/ }); the job is requeued instead"

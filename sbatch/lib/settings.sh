@@ -69,6 +69,7 @@ ctrain_paths() {
 # '='), then KEY=VALUE recipe overrides; or `--` and a command of your own (ctrain_launcher says how
 # each form starts).
 ctrain_arguments() {
+    CTRAIN_ARGUMENTS=("$@") # as given, for the run's continuation (ctrain_continue)
     CTRAIN_COMMAND=()
     if [[ ${1-} == -- ]]; then
         shift

@@ -716,62 +716,68 @@ def test_a_lost_nodes_run_trains_again_on_the_healthy_nodes_within_90_s(sbatch_p
     RECOVERY_BUDGET seconds of the kill, resumed from the last complete checkpoint, to the end; the
     old job never runs again; ``ctrain status`` and ``logs`` of the first job follow the run to the
     continuation, and ``ctrain report`` of either tells one run, the lost node its cause.
-    The requeue-baseline (CTRAIN_CONTINUE=0) is the requeue as it was, measured in the same session."""
+    The requeue-baseline (CTRAIN_CONTINUE=0) is the requeue as it was, measured in the same session.
+    Full tier alone; CI tier: test_a_lost_node_continues_the_run_as_a_new_job_without_it and
+    test_a_run_is_held_by_one_job_the_continuation_takes_it_and_the_old_job_is_refused (Slurm's commands faked)."""
     project = sbatch_project
     testbed = project.testbed
     testbed.down()
     testbed.up(3)
-    name, steps, every = ("continued" if continuing else "requeued"), 400, 25
-    output = f"/outputs/{name}"
     try:
-        job_id = submit(project, cpu_sif, name, f"training.max_steps={steps}", "training.logging_steps=5",
-                        f"training.save_steps={every}", env={"CTRAIN_CONTINUE": "1" if continuing else "0"})  # fmt: skip
-        beats = training(project, job_id, past=3 * every + 5)
-        assert testbed.slurm.job(job_id).where == "node[1-2]"
-        testbed.kill_node("node2")
-        at_kill = min(step for step, _, _ in beats.values())
-        killed = time.monotonic()
-        complete = [int(n) for n in re.findall(rf"checkpoint {output}/checkpoint-(\d+) complete", project.log(job_id))]
-        decided = wait_until("the decision", lambda: "ctrain: requeueing" in project.log(job_id), 90)
-        log = project.log(job_id)
-        later = protocol.continued_as(log) if continuing else job_id
-        assert later is not None, batch_lines(project, job_id)
+        name, steps, every = ("continued" if continuing else "requeued"), 400, 25
+        output = f"/outputs/{name}"
+        try:
+            job_id = submit(project, cpu_sif, name, f"training.max_steps={steps}", "training.logging_steps=5",
+                            f"training.save_steps={every}", env={"CTRAIN_CONTINUE": "1" if continuing else "0"})  # fmt: skip
+            beats = training(project, job_id, past=3 * every + 5)
+            assert testbed.slurm.job(job_id).where == "node[1-2]"
+            testbed.kill_node("node2")
+            at_kill = min(step for step, _, _ in beats.values())
+            killed = time.monotonic()
+            complete = [int(n) for n in re.findall(rf"checkpoint {output}/checkpoint-(\d+) complete", project.log(job_id))]
+            decided = wait_until("the decision", lambda: "ctrain: requeueing" in project.log(job_id), 90)
+            log = project.log(job_id)
+            later = protocol.continued_as(log) if continuing else job_id
+            assert later is not None, batch_lines(project, job_id)
+            if not continuing:
+                wait_until("Slurm's requeue", lambda: restarts(project, job_id) == 1, 600, every=1)
+            first = wait_until("the run training again", lambda: bool(heartbeats(project, later))
+                               and min(step for step, _, _ in heartbeats(project, later).values()) > max(complete),
+                               600, every=0.5)  # fmt: skip
+            mode = "a continuation" if continuing else "the requeue (CTRAIN_CONTINUE=0)"
+            report(f"3 nodes, node2 of a 2-node job killed, {mode}: to the decision", f"{decided - killed:.1f} s")
+            report(f"3 nodes, node2 of a 2-node job killed, {mode}: to the run's first step again", f"{first - killed:.1f} s")
+            assert testbed.slurm.job(later).where == "node[1,3]"
+            state = testbed.wait(later, timeout=600)
+        finally:
+            testbed.start_node("node2")
+        later_log = project.log(later)
+        assert state == "COMPLETED", f"job {later} ended {state}:\n{batch_lines(project, later)}"
+        resumed = re.findall(rf"resuming from {output}/checkpoint-(\d+) ", later_log)
+        assert resumed and int(resumed[-1]) == max(complete), (resumed, complete)  # lost: the steps since it
+        report(f"3 nodes, node2 killed, {mode}: steps lost (those since the last complete checkpoint)",
+               str(at_kill - max(complete)))
         if not continuing:
-            wait_until("Slurm's requeue", lambda: restarts(project, job_id) == 1, 600, every=1)
-        first = wait_until("the run training again", lambda: bool(heartbeats(project, later))
-                           and min(step for step, _, _ in heartbeats(project, later).values()) > max(complete),
-                           600, every=0.5)  # fmt: skip
-        mode = "a continuation" if continuing else "the requeue (CTRAIN_CONTINUE=0)"
-        report(f"3 nodes, node2 of a 2-node job killed, {mode}: to the decision", f"{decided - killed:.1f} s")
-        report(f"3 nodes, node2 of a 2-node job killed, {mode}: to the run's first step again", f"{first - killed:.1f} s")
-        assert testbed.slurm.job(later).where == "node[1,3]"
-        state = testbed.wait(later, timeout=600)
+            assert first - killed > RECOVERY_BUDGET  # what the continuation is for: Slurm held the job on node2
+            return
+        assert first - killed <= RECOVERY_BUDGET, batch_lines(project, later)
+        assert f"(restart 1 of run {job_id}) without node2: a continuation" in log
+        assert f"ctrain: job {later} '{name}' restart 1 (run {job_id}, continuing job {job_id})" in later_log
+        assert restarts(project, job_id) == 0 and testbed.job_state(job_id) != "PENDING"
+        assert "Requeue=0" in testbed.slurm.run(["scontrol", "show", "job", "-o", job_id]).stdout
+        assert (project.path / ".ctrain" / f"{job_id}.holder").read_text().strip() == later
+        monkeypatch.chdir(project.path)  # where `ctrain status` and `report` are run: the project
+        status = CliRunner().invoke(main, ["status", job_id])
+        assert re.search(rf"^\s*{later}\b.*COMPLETED", status.output, re.MULTILINE), status.output
+        assert f"job {job_id}: requeueing as job {later} (restart 1 of run {job_id})" in status.output, status.output
+        for asked in (job_id, later):
+            told = CliRunner().invoke(main, ["report", asked, "--json"], catch_exceptions=False)
+            assert told.exit_code == 0, told.output
+            account = json.loads(told.output)
+            assert [r["cause"] for r in account["runs"]] == ["node-lost", "none"], account["runs"]
     finally:
-        testbed.start_node("node2")
-    later_log = project.log(later)
-    assert state == "COMPLETED", f"job {later} ended {state}:\n{batch_lines(project, later)}"
-    resumed = re.findall(rf"resuming from {output}/checkpoint-(\d+) ", later_log)
-    assert resumed and int(resumed[-1]) == max(complete), (resumed, complete)  # lost: the steps since it
-    report(f"3 nodes, node2 killed, {mode}: steps lost (those since the last complete checkpoint)",
-           str(at_kill - max(complete)))
-    if not continuing:
-        assert first - killed > RECOVERY_BUDGET  # what the continuation is for: Slurm held the job on node2
-        return
-    assert first - killed <= RECOVERY_BUDGET, batch_lines(project, later)
-    assert f"(restart 1 of run {job_id}) without node2: a continuation" in log
-    assert f"ctrain: job {later} '{name}' restart 1 (run {job_id}, continuing job {job_id})" in later_log
-    assert restarts(project, job_id) == 0 and testbed.job_state(job_id) != "PENDING"
-    assert "Requeue=0" in testbed.slurm.run(["scontrol", "show", "job", "-o", job_id]).stdout
-    assert (project.path / ".ctrain" / f"{job_id}.holder").read_text().strip() == later
-    monkeypatch.chdir(project.path)  # where `ctrain status` and `report` are run: the project
-    status = CliRunner().invoke(main, ["status", job_id])
-    assert re.search(rf"^\s*{later}\b.*COMPLETED", status.output, re.MULTILINE), status.output
-    assert f"job {job_id}: requeueing as job {later} (restart 1 of run {job_id})" in status.output, status.output
-    for asked in (job_id, later):
-        told = CliRunner().invoke(main, ["report", asked, "--json"], catch_exceptions=False)
-        assert told.exit_code == 0, told.output
-        account = json.loads(told.output)
-        assert [r["cause"] for r in account["runs"]] == ["node-lost", "none"], account["runs"]
+        testbed.down()
+        testbed.up(2)
 
 
 @pytest.mark.full

@@ -35,14 +35,16 @@ def test_a_lost_node_continues_the_run_as_a_new_job_without_it(fake: Path, conf:
     the run's identity and none of this job's SLURM_* variables; the run handed over to it; this job
     kept from running again; and the line ctrain status, logs and cancel follow the run by."""
     (fake / "sbatch-id").write_text("5151\n")
-    out = library(fake, "ctrain_requeue_without --continue gpu002 && echo requeued=1", conf, CTRAIN_CONTINUE="1",
+    commands = "CTRAIN_ARGUMENTS=(recipes/sft.yaml 'training.run_name=a b') && ctrain_requeue_without --continue gpu002"
+    out = library(fake, commands + " && echo requeued=1", conf, CTRAIN_CONTINUE="1",
                   SLURM_RESTART_COUNT="2", SLURM_JOB_NAME="sft", SLURM_SUBMIT_DIR=str(fake))  # fmt: skip
     assert "requeued=1" in out.stdout, out.stdout + out.stderr
     assert protocol.continued_as(out.stdout) == "5151", out.stdout
     assert "ctrain: requeueing as job 5151 (restart 3 of run 4242) without gpu002: a continuation" in out.stdout
     (submitted,) = calls(fake, "sbatch")
     assert submitted == (f"sbatch --parsable --exclude=gpu002 --nodes=2 --chdir={fake} --job-name=sft "
-                         f"{fake}/.ctrain/{JOB}.continuation")  # fmt: skip
+                         f"{fake}/.ctrain/{JOB}.continuation recipes/sft.yaml training.run_name=a b")  # fmt: skip
+    assert (fake / "sbatch-args").read_text().splitlines()[-2:] == ["recipes/sft.yaml", "training.run_name=a b"]
     given = (fake / "sbatch-env").read_text().splitlines()
     assert {"CTRAIN_RUN=4242", "CTRAIN_CONTINUES=4242", "CTRAIN_RUN_RESTARTS=3"} <= set(given), given
     assert [line for line in given if line.startswith("SLURM_")] == [f"SLURM_CONF={conf}"], given

@@ -18,7 +18,7 @@ RUN_DIR_ENV = "CTRAIN_RUN_DIR"  # the run's directory, relative to the project d
 RUN_DIR_OLD_ENV = "CTRAIN_PIDS"  # the same, as the library exports it to tasks and ranks
 HEARTBEATS_ENV = "CTRAIN_HEARTBEATS"  # RUN_DIR/heartbeat
 EXITS_ENV = "CTRAIN_EXITS"  # RUN_DIR/exit
-TIMELINE_ENV = "CTRAIN_TIMELINE"  # .ctrain/JOBID.timeline, kept across requeues
+TIMELINE_ENV = "CTRAIN_TIMELINE"  # .ctrain/RUN.timeline, kept across requeues and continuations
 PREFLIGHT_ENV = "CTRAIN_PREFLIGHT"  # off | quick | full: the node checks and the rank checks
 REQUEUE_EXIT_ENV = "CTRAIN_REQUEUE_EXIT"  # the exit code that asks for a requeue (EXIT_REQUEUE)
 STORE_ENV = "CTRAIN_STORE"  # HOST:PORT of the rendezvous store the first node's task hosts
@@ -47,7 +47,7 @@ VARIABLES: tuple[Variable, ...] = (
              "each node's task (`NODE.pid`, `step`, `node-N.done`); Python when `CTRAIN_RUN_DIR` is unset"),
     Variable(HEARTBEATS_ENV, "`RUN_DIR/heartbeat`", "the library", "each rank (`heartbeat/rank-R`)"),
     Variable(EXITS_ENV, "`RUN_DIR/exit`", "the library", "each rank (`exit/rank-R`)"),
-    Variable(TIMELINE_ENV, "`.ctrain/JOBID.timeline`", "the library", "`ctrain_mark`, rank 0 (`goodput.mark`)"),
+    Variable(TIMELINE_ENV, "`.ctrain/RUN.timeline`", "the library", "`ctrain_mark`, rank 0 (`goodput.mark`)"),
     Variable(PREFLIGHT_ENV, "`off`, `quick` or `full`", "`ctrain submit` (slurm.preflight), else the library's default",
              "`ctrain_preflight` (the node checks), `ctrain.train.health` (the rank checks)"),
     Variable(REQUEUE_EXIT_ENV, "75 (`EXIT_REQUEUE`)", "the library's default", "`ctrain_decide`, `ctrain_failed_node`"),

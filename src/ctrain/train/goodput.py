@@ -1,7 +1,7 @@
 """Where a job's time went: the job's timeline and the account ``ctrain report JOB`` makes of it.
 
-The timeline (``.ctrain/JOBID.timeline`` in the project, kept across requeues) has one line per
-event, ``EPOCH RESTART EVENT ARG...`` (:class:`ctrain.protocol.Mark`, which also names every event).
+The timeline (``.ctrain/RUN.timeline`` in the project, RUN being the run's first job; kept across
+requeues and continuations) has one line per event, ``EPOCH RESTART EVENT ARG...`` (:class:`ctrain.protocol.Mark`, which also names every event).
 The batch script writes the run's edges (``ctrain_mark``: :data:`BATCH_EVENTS`); rank 0 writes what
 the trainer does (:func:`mark`: :data:`TRAINER_EVENTS`). Nothing here imports torch: the report runs on a login node.
 
@@ -108,7 +108,7 @@ def read(path: Path) -> tuple[list[Run], int]:
     bounded (regular files only): --timeline may name /dev/zero or a FIFO."""
     if not os.path.lexists(path):
         raise ConfigError(f"{path} does not exist: the job was not submitted from this project (its timeline is "
-                          ".ctrain/JOBID.timeline in the project it ran from: run ctrain report there, or give "
+                          ".ctrain/RUN.timeline in the project it ran from: run ctrain report there, or give "
                           "--timeline), or its sbatch/ scripts are older than ctrain's (ctrain init --upgrade)")  # fmt: skip
     try:
         raw = read_bounded(path, MAX_BYTES, "the timeline")
