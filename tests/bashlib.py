@@ -50,9 +50,11 @@ case "$1 $2" in
     "show node") echo "NodeName=$4 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=$4" ;;
     "write batch_script") echo "#!/bin/bash (job $3's script)" >"$4" ;;
 esac""",
-        # sbatch: its arguments to calls.log (and one a line to sbatch-args), the CTRAIN_RUN*, CTRAIN_CONT* and SLURM_* it was given
-        # to sbatch-env; answers $FAKE/sbatch-id, or refuses as a QOS limit does where that is missing.
-        "sbatch": 'echo "sbatch $*" >>"$FAKE/calls.log"; printf "%s\\n" "$@" >"$FAKE/sbatch-args"; env | grep -E "^(CTRAIN_RUN|CTRAIN_CONT|SLURM_)" | sort '
+        # sbatch: its arguments to calls.log (and one a line to sbatch-args), the CTRAIN_RUN*, CTRAIN_CONT*
+        # and SLURM_* it was given to sbatch-env; answers $FAKE/sbatch-id, or refuses as a QOS limit does
+        # where that is missing; TERMs the process in $FAKE/term-pid first, as a scancel meanwhile does.
+        "sbatch": 'echo "sbatch $*" >>"$FAKE/calls.log"; printf "%s\\n" "$@" >"$FAKE/sbatch-args"; '
+                  '[ ! -e "$FAKE/term-pid" ] || kill -TERM "$(cat "$FAKE/term-pid")"; env | grep -E "^(CTRAIN_RUN|CTRAIN_CONT|SLURM_)" | sort '
                   '>"$FAKE/sbatch-env"; [ -e "$FAKE/sbatch-id" ] || { echo "sbatch: error: QOSMaxSubmitJobPerUserLimit" '
                   '>&2; exit 1; }; cat "$FAKE/sbatch-id"',
         "sinfo": 'echo "sinfo $*" >>"$FAKE/calls.log"; cat "$FAKE/sinfo"',

@@ -61,11 +61,18 @@ ctrain_hold() {
 # before), with the run's identity; hand the run over to it and keep Slurm from running this job
 # again. Where the batch host is among the NODEs (a sentinel decides), this job is cancelled, so that
 # its healthy nodes go to the continuation. Returns 1, the run still this job's, where it cannot
-# (CTRAIN_CONTINUE=0, or Slurm refused: it says why).
+# (CTRAIN_CONTINUE=0, or Slurm refused: it says why), for the requeue instead; 2 where the job was
+# told to stop (Slurm's TERM: scancel, preemption), for neither. A TERM while it submits (`ctrain
+# cancel` mid-recovery) cancels the continuation too.
 ctrain_continue() {
-    local excluded=$1 record script out job restarts field value options=() unset=() name
+    local excluded=$1 record script out job restarts field value options=() unset=() name termed= saved
     shift
     [[ $CTRAIN_CONTINUE == 1 && -n $CTRAIN_RUN ]] || return 1
+    if [[ ${CTRAIN_SIGNAL:-} == TERM ]]; then
+        echo "ctrain: no continuation: Slurm's TERM came (scancel, scontrol requeue or preemption), and Slurm" \
+            "decides whether the run goes on"
+        return 2
+    fi
     restarts=$(($(ctrain_restarts) + 1))
     record=$(scontrol show job -o "$SLURM_JOB_ID" 2>&1) || {
         echo "ctrain: no continuation: the job's record cannot be read ($record)"
@@ -88,15 +95,26 @@ ctrain_continue() {
         [[ $name != SLURM_* || $name == SLURM_CONF ]] || unset+=(-u "$name")
     done < <(compgen -e)
     ctrain_hand_over "after $SLURM_JOB_ID" || return 1
+    saved=$(trap -p TERM)
+    trap 'termed=1' TERM
     if ! out=$(env "${unset[@]}" CTRAIN_RUN="$CTRAIN_RUN" CTRAIN_CONTINUES="$SLURM_JOB_ID" \
         CTRAIN_RUN_RESTARTS="$restarts" sbatch "${options[@]}" "$script" "${CTRAIN_ARGUMENTS[@]}" 2>&1) || [[ ! ${out%%;*} =~ ^[0-9]+$ ]]; then
+        eval "${saved:-trap - TERM}"
         rm -f "$script"
         ctrain_hand_over "$SLURM_JOB_ID"
         echo "ctrain: no continuation: sbatch refused it (${out//$'\n'/ }); the job is requeued instead"
         return 1
     fi
+    eval "${saved:-trap - TERM}"
     rm -f "$script"
     job=${out%%;*}
+    if [[ -n $termed ]]; then
+        scancel "$job"
+        ctrain_hand_over "$SLURM_JOB_ID"
+        echo "ctrain: not requeueing: the job was cancelled (TERM) while its continuation, job $job, was" \
+            "submitted: job $job is cancelled too"
+        return 2
+    fi
     echo "$job" >>"$CTRAIN_PROJECT_DIR/.ctrain/$CTRAIN_RUN.jobs"
     echo "$CTRAIN_RUN" >"$CTRAIN_PROJECT_DIR/.ctrain/$job.run"
     # Slurm requeues a job it finds on a failed node: this one would start again only to find the run held.

@@ -80,7 +80,13 @@ ctrain_requeue_without() {
             "or on fewer nodes; $(ctrain_resumes)"
         return 1
     fi
-    [[ -z $continue ]] || ! ctrain_continue "$excluded" "$@" || return 0
+    if [[ -n $continue ]]; then
+        ctrain_continue "$excluded" "$@"
+        case $? in
+            0) return 0 ;;
+            2) return 1 ;;
+        esac
+    fi
     echo "ctrain: requeueing job $SLURM_JOB_ID (restart $((restarts + 1))) without $excluded" \
         "(ExcNodeList); $(ctrain_resumes)${continue:+ once Slurm has let go of the lost node}"
     ctrain_requeue "$excluded" && return 0

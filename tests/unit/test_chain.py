@@ -160,3 +160,91 @@ def test_the_run_of_a_continuation_is_read_bounded_and_checked(tmp_path: Path) -
     (tmp_path / protocol.run_file("12")).write_text("../../etc\n")
     (tmp_path / protocol.run_file("13")).write_text("1" * 5000)
     assert [chain.run_of(tmp_path, job) for job in ("11", "12", "13", "14")] == ["10", "12", "13", "14"]
+
+
+def test_a_cancel_while_the_continuation_is_submitted_cancels_it_too(fake: Path, conf: Path) -> None:
+    """`ctrain cancel` of the old job while it submits its continuation (TERM to the batch shell): the
+    continuation is cancelled at once, the run handed back, and nothing is requeued."""
+    (fake / "sbatch-id").write_text("5151\n")
+    commands = 'echo $$ >"$FAKE/term-pid"; ctrain_requeue_without --continue gpu002; echo "returned $?"'
+    out = library(fake, commands, conf, CTRAIN_CONTINUE="1")
+    assert ("ctrain: not requeueing: the job was cancelled (TERM) while its continuation, job 5151, was submitted: "
+            "job 5151 is cancelled too") in out.stdout, out.stdout + out.stderr  # fmt: skip
+    assert out.stdout.endswith("returned 1\n"), out.stdout
+    assert calls(fake, "scancel") == ["scancel 5151"] and calls(fake, "scontrol requeue") == []
+    assert holder(fake) == JOB
+
+
+def test_after_slurms_term_a_lost_node_gets_no_continuation(fake: Path, conf: Path) -> None:
+    """scancel (or preemption) came before the decision: Slurm decides; a continuation would bring back
+    a run its user cancelled."""
+    (fake / "sbatch-id").write_text("5151\n")
+    out = library(fake, "CTRAIN_SIGNAL=TERM; ctrain_requeue_without --continue gpu002; echo returned $?", conf,
+                  CTRAIN_CONTINUE="1")  # fmt: skip
+    assert "ctrain: no continuation: Slurm's TERM came" in out.stdout and out.stdout.endswith("returned 1\n")
+    assert calls(fake, "sbatch") == [] and calls(fake, "scontrol requeue") == []
+
+
+def test_a_continuation_that_loses_a_node_too_continues_the_run_without_both(fake: Path, conf: Path) -> None:
+    """Two faults in a row: the continuation (job 5151, gpu002 excluded) loses gpu003; the next one
+    leaves out both, goes on with the same run at restart 2, and is handed the run by 5151."""
+    (fake / "sbatch-id").write_text("6161\n")
+    (fake / "excluded").write_text("gpu002\n")
+    (fake / ".ctrain" / protocol.holder_file(JOB)).write_text("5151\n")
+    out = library(fake, "ctrain_requeue_without --continue gpu003", conf, CTRAIN_CONTINUE="1", SLURM_JOB_ID="5151",
+                  CTRAIN_CONTINUES=JOB, CTRAIN_RUN_RESTARTS="1", SLURM_JOB_NODELIST="gpu[001,003]")  # fmt: skip
+    assert "ctrain: requeueing as job 6161 (restart 2 of run 4242) without gpu[002-003]: a continuation" in out.stdout
+    assert "--exclude=gpu[002-003]" in calls(fake, "sbatch")[0].split()
+    given = set((fake / "sbatch-env").read_text().splitlines())
+    assert {"CTRAIN_RUN=4242", "CTRAIN_CONTINUES=5151", "CTRAIN_RUN_RESTARTS=2"} <= given, given
+    assert holder(fake) == "after 5151"
+    assert calls(fake, "scontrol update") == ["scontrol update JobId=5151 Requeue=0"]
+
+
+class Run:
+    """The job side of a Slurm client, made up: one run of three jobs (10, continued as 11, then 12),
+    their logs and states; what was cancelled, and what follow printed."""
+
+    LINE = "ctrain: requeueing as job {} (restart {} of run 10) without node2: a continuation\n"
+
+    def __init__(self) -> None:
+        self.logs = {"10": "a\n" + self.LINE.format(11, 1), "11": "b\n" + self.LINE.format(12, 2), "12": "c\n"}
+        self.states = {"10": "FAILED", "11": "FAILED", "12": "RUNNING"}
+        self.cancelled: list[str] = []
+
+    def read_log(self, job_id: str, *, search: object) -> str:
+        return self.logs[job_id]
+
+    def job(self, job_id: str) -> object:
+        from ctrain import slurm
+
+        return slurm.Job(job_id, "sft", self.states[job_id])
+
+    def cancel(self, job_id: str, *, signal: str | None = None) -> None:
+        self.cancelled.append(job_id)
+
+    def follow(self, job_id: str, *, emit: object, search: object) -> object:
+        for line in self.logs[job_id].splitlines():
+            emit(line)  # type: ignore[operator]
+        return self.job(job_id)
+
+
+def test_cancel_and_logs_follow_a_run_from_any_of_its_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from ctrain.cli import main
+    from ctrain.jobs import cli
+
+    run = Run()
+    monkeypatch.setattr(cli, "_client", lambda name: (run, [], None))
+    cancelled = CliRunner().invoke(main, ["cancel", "10"])
+    assert cancelled.exit_code == 0, cancelled.output
+    assert run.cancelled == ["10", "12"]  # 11 has ended
+    assert "job 12 (the run of job 10, continued): cancelled" in cancelled.output
+    run.states["12"] = "COMPLETED"
+    followed = CliRunner().invoke(main, ["logs", "-f", "10"])
+    assert followed.exit_code == 0, followed.output
+    lines = followed.output.splitlines()
+    assert [lines[0], lines[2], lines[3], lines[5], lines[6]] == ["a", "job 10: the run goes on as job 11", "b",
+                                                                  "job 11: the run goes on as job 12", "c"], lines
+    assert lines[-1] == "job 12: COMPLETED"
