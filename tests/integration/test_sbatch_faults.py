@@ -413,7 +413,6 @@ def test_killed_rank_on_a_live_node_is_retried_once(sbatch_project: Project, cpu
     assert "not requeueing: the job was already retried once after a failed or hung rank" in second
     assert restarts(project, job_id) == 1
     assert not (project.path / ".ctrain" / f"{job_id}.retried").exists()
-    monkeypatch.chdir(project.path)  # where `ctrain status` and `report` are run: the project
     status = CliRunner().invoke(main, ["status", job_id])  # the same story, without reading the log
     assert re.search(rf"^{job_id}\s+\S+\s+FAILED\s", status.output, re.MULTILINE), status.output
     assert f"job {job_id}: failure: a rank failed on a live node: " in status.output, status.output
@@ -438,7 +437,6 @@ def test_a_nan_loss_ends_the_job_at_once_with_the_ranks_own_error(sbatch_project
     assert "ctrain: not requeueing: a nonfinite failure repeats on a retry" in log
     assert "a rank failed on a live node" not in log and "requeueing job" not in log
     assert not (project.path / ".ctrain" / f"{job_id}.retried").exists()
-    monkeypatch.chdir(project.path)  # where `ctrain status` and `report` are run: the project
     status = CliRunner().invoke(main, ["status", job_id])
     assert f"job {job_id}: failure: rank {failure[1]} on {failure[2]} ended with 65 (nonfinite)" in status.output, (
         status.output)  # fmt: skip
@@ -606,7 +604,6 @@ def test_lost_batch_host_is_decided_from_another_node(sbatch_project: Project, c
     assert state == "CANCELLED", f"job {job_id} ended {state}:\n{log[-6000:]}"
     assert restarts(project, job_id) == 0
     assert not (project.path / ".ctrain" / job_id).exists()
-    monkeypatch.chdir(project.path)  # where `ctrain status` and `report` are run: the project
     status = CliRunner().invoke(main, ["status", job_id])
     assert f"job {job_id}: failure: node lost: node1 (the batch host" in status.output, status.output
     assert f"job {job_id}: not requeueing: partition debug has 1 node(s)" in status.output, status.output

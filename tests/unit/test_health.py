@@ -192,3 +192,29 @@ def test_the_logged_mfu_counts_6n_trained_4n_frozen_and_4bit_weights_at_their_nu
     packed.quant_state = SimpleNamespace(shape=torch.Size([8, 4]))
     model[0].weight = packed
     assert flops_per_token(model) == (4.0 * 32 + 6.0 * 16, "6N trained + 4N frozen")
+
+
+def test_a_ranks_matmul_rate_is_its_best_slice_so_a_busy_moment_does_not_name_it(monkeypatch) -> None:
+    """Another process took the rank's core for its first half second (the other test worker on CI's two
+    cores): that slice's rate is a tenth of the rest, and the rate is the rest's, not the window's mean."""
+    clock = [0.0]
+
+    class Matrix:
+        def __matmul__(self, other: object) -> Matrix:
+            clock[0] += 0.01 if clock[0] < 0.5 else 0.001  # busy, then the core to itself
+            return self
+
+    class Torch:
+        float32 = bfloat16 = None
+
+        @staticmethod
+        def randn(*_: object, **__: object) -> Matrix:
+            return Matrix()
+
+    class Device:
+        type = "cpu"
+
+    monkeypatch.setattr(health.time, "perf_counter", lambda: clock[0])
+    rate = health._matmul_rate(Torch(), Device(), 1.0)
+    free = 2 * 256**3 / 0.001 / 1e12  # one product a millisecond
+    assert 0.95 * free <= rate <= 1.05 * free, (rate, free)

@@ -44,6 +44,9 @@ PIDS_ENV = protocol.RUN_DIR_OLD_ENV
 UNFIT_FILE = protocol.UNFIT_FILE
 NCCL_LOG_PREFIX = protocol.NCCL_LOG_PREFIX
 SLOW_FRACTION = 0.5  # a rank whose matmul rate is below this share of its peers' median is named
+# A rank's matmul rate is the best of slices this long: another process on the node's cores lowers some
+# slices, a throttled or failing device every one (a CPU quota's 100 ms periods fit 2.5 times in each).
+MATMUL_SLICE_SECONDS = 0.25
 FABRIC_FRACTION = 0.25  # an all-reduce bus bandwidth below this share of the fabric's rate is a warning
 MEMORY_SHARE = 0.9  # the share of a GPU's free memory that must be allocatable
 MAX_TEXT = 1024 * 1024  # bytes read from torch's version.py or an NCCL log
@@ -304,7 +307,8 @@ def check_driver(log: Any) -> None:
 
 
 def _matmul_rate(torch: Any, device: Any, seconds: float) -> float:
-    """TFLOP/s of square matmuls on DEVICE for about SECONDS (bf16 on GPUs, fp32 on CPUs)."""
+    """TFLOP/s of square matmuls on DEVICE for about SECONDS (bf16 on GPUs, fp32 on CPUs): the best of its
+    slices of MATMUL_SLICE_SECONDS (one slice where SECONDS is shorter)."""
     cuda = device.type == "cuda"
     n = 4096 if cuda else 256
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -314,15 +318,21 @@ def _matmul_rate(torch: Any, device: Any, seconds: float) -> float:
     for _ in range(2):
         a @ b
     sync(device)
-    count, start = 0, time.perf_counter()
+    width = min(seconds, MATMUL_SLICE_SECONDS)
+    best, end = 0.0, time.perf_counter() + seconds
     while True:
-        for _ in range(8):
-            a @ b
-        count += 8
-        sync(device)
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return 2 * n**3 * count / elapsed / 1e12
+        count, start = 0, time.perf_counter()
+        while True:
+            for _ in range(8):
+                a @ b
+            count += 8
+            sync(device)
+            elapsed = time.perf_counter() - start
+            if elapsed >= width:
+                break
+        best = max(best, 2 * n**3 * count / elapsed / 1e12)
+        if time.perf_counter() >= end:
+            return best
 
 
 def _memory_problem(torch: Any, device: Any, fill: bool) -> str | None:
