@@ -224,6 +224,46 @@ def status(job_ids: tuple[str, ...], cluster_name: str | None) -> None:
 
 
 @click.command()
+@click.option("--limit", "-n", type=click.IntRange(1, 10_000), default=30, show_default=True,
+              help="Show the newest this many jobs.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON instead of a table.")
+@_CLUSTER
+@click.pass_context
+def jobs(ctx: click.Context, limit: int, as_json: bool, cluster_name: str | None) -> None:
+    """The project's jobs, past ones too, newest first: what each ran, its state, when, its wall time,
+    restarts and last training loss. From the project's own records (every `ctrain submit`), with what
+    Slurm still knows; a run continued after a lost node shows its jobs as one row."""
+    import json
+
+    from ctrain import remote
+    from ctrain.jobs import history
+    from ctrain.ui import table
+
+    client, search, cluster = _client(cluster_name)
+    if cluster is None:
+        root, runner = project(ctx).root, None
+    else:
+        profile = remote.resolve(cluster_name)
+        if profile is None or not profile.profile.project_dir:
+            raise ConfigError(f"cluster {cluster} has no project_dir in its profile ({remote.profiles_path()}): "
+                              "add it, so that ctrain jobs knows where the project's records are")  # fmt: skip
+        root, runner = Path(profile.profile.project_dir), client.runner
+    entries, skipped = history.read(root, runner)
+    rows = history.rows(client, root, entries[-limit:], search, here=cluster is None)
+    if as_json:
+        click.echo(json.dumps(history.as_json(rows), indent=2))
+        return
+    if not rows:
+        info(f"no jobs submitted with ctrain submit from {root} yet ({root / protocol.STATE_DIR / protocol.HISTORY_FILE})")
+        return
+    click.echo(table(history.HEADERS, rows))
+    if (said := history.note(client, [row[3] for row in rows])) is not None:
+        info(said)
+    if skipped:
+        info(f"warning: {skipped} line(s) of {protocol.HISTORY_FILE} are not ctrain's records; skipped")
+
+
+@click.command()
 @click.argument("job_id")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the log grows, until the job ends; then say "
               "how it ended (exit 1 unless it COMPLETED).")  # fmt: skip

@@ -218,4 +218,7 @@ def submit(job: Job, client: slurm.Slurm | None = None) -> tuple[str, Path]:
     job_id = client.sbatch([], cwd=job.project, script=job.text)
     log = client.log_path(job_id, search=[job.log_dir])
     atomic_write_text(log.with_suffix(".sbatch"), job.text)  # replaces a link there, never writes through it
+    from ctrain.jobs import history
+
+    history.record(job.project, job_id, str(job.options.get("job-name") or job.template.stem), list(job.arguments))
     return job_id, log

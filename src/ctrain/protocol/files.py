@@ -73,6 +73,9 @@ def run_file(job: str) -> str:
     return f"{job}.run"
 
 
+HISTORY_FILE = "history.jsonl"  # in STATE_DIR: every job `ctrain submit` queued from the project
+
+
 def continuation_file(job: str) -> str:
     """JOB's own batch script, read back from Slurm to be submitted as its continuation."""
     return f"{job}.continuation"
@@ -142,6 +145,8 @@ JOB_FILES: tuple[JobFile, ...] = (
             "`ctrain status`, `logs`, `cancel`, `report` (`ctrain.jobs.chain`)", "at the run's start; per continuation"),
     JobFile(f"../{run_file('JOBID')}", "`RUN`", "`ctrain_continue`, for the continuation it submitted",
             "`ctrain report JOB` of a continuation (`ctrain.jobs.chain`)", "per continuation"),
+    JobFile(f"../{HISTORY_FILE}", "a JSON object a line: `job`, `name`, `submitted`, `arguments`",
+            "`ctrain submit` (`ctrain.jobs.history.record`)", "`ctrain jobs`", "per job submitted"),
     JobFile(f"../{continuation_file('JOBID')}", "the job's batch script", "`ctrain_continue` "
             "(`scontrol write batch_script`)", "`sbatch`, submitting the continuation", "removed once submitted"),
 )  # fmt: skip

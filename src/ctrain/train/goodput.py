@@ -225,7 +225,8 @@ def account(runs: list[Run], *, now: float | None = None, gpu_hour_price: float 
     return result
 
 
-def _duration(seconds: float) -> str:
+def shown_duration(seconds: float) -> str:
+    """SECONDS as the report shows them: ``42.0 s``, ``3m05s``, ``1h02m03s``."""
     if seconds < 60:
         return f"{seconds:.1f} s"
     minutes, secs = divmod(round(seconds), 60)
@@ -245,21 +246,21 @@ def render(result: dict[str, Any], job: str) -> list[str]:
     """The account as the lines `ctrain report` prints (and rank 0 logs when a run finishes)."""
     wall = result["wall_seconds"]
     goodput = result["goodput"]
-    lines = [f"goodput: job {job}: {len(result['runs'])} run(s), {_duration(wall)} from submission to the end; "
-             f"training that counted {_duration(result['seconds']['training'])}"
+    lines = [f"goodput: job {job}: {len(result['runs'])} run(s), {shown_duration(wall)} from submission to the end; "
+             f"training that counted {shown_duration(result['seconds']['training'])}"
              + (f" ({100 * goodput:.1f}%)" if goodput is not None else "")]  # fmt: skip
-    parts = [f"{name.replace('_', '-')} {_duration(seconds)}" for name, seconds in result["seconds"].items() if seconds]
+    parts = [f"{name.replace('_', '-')} {shown_duration(seconds)}" for name, seconds in result["seconds"].items() if seconds]
     lines.append("goodput: where it went: " + ", ".join(parts))
     scale = max(wall / 48, 1e-9)
     for row in result["runs"]:
         cause = CAUSES.get(row["cause"] or "none", row["cause"])
         if (row["cause"] or "").startswith("rank-") and row["cause"] != "rank-failed":
             cause = f"a rank's own error ({row['cause'].removeprefix('rank-')})"
-        lost = f", lost {row['lost_steps']} step(s) ({_duration(row['seconds']['lost'])})" if row["lost_steps"] else ""
+        lost = f", lost {row['lost_steps']} step(s) ({shown_duration(row['seconds']['lost'])})" if row["lost_steps"] else ""
         rate = f", {row['tokens_per_second']:,.0f} tok/s" if row["tokens_per_second"] else ""
         mfu = f", MFU {100 * row['mfu']:.1f}%" if row["mfu"] else ""
         steps = f"steps {row['resumed_step'] or 0}-{row['reached_step']}" if row["reached_step"] is not None else "no step"
-        checks = f", preflight {_duration(row['preflight_seconds'])}" if row["preflight_seconds"] else ""
+        checks = f", preflight {shown_duration(row['preflight_seconds'])}" if row["preflight_seconds"] else ""
         outcome = row["outcome"] or "running"
         lines.append(f"goodput: run {row['restart']}: {chart(row, scale):<48} {steps}{lost}{rate}{mfu}{checks}; "
                      f"{outcome}{': ' + cause if cause else ''}")  # fmt: skip
