@@ -751,9 +751,14 @@ def test_a_lost_nodes_run_trains_again_on_the_healthy_nodes_within_90_s(sbatch_p
             assert later is not None, batch_lines(project, job_id)
             if not continuing:
                 wait_until("Slurm's requeue", lambda: restarts(project, job_id) == 1, 600, every=1)
-            first = wait_until("the run training again", lambda: bool(heartbeats(project, later))
-                               and min(step for step, _, _ in heartbeats(project, later).values()) > max(complete),
-                               600, every=0.5)  # fmt: skip
+            before = {pid for _, _, pid in beats.values()}  # the lost run's ranks, whose heartbeats a requeue finds
+
+            def again() -> bool:
+                now = heartbeats(project, later)
+                return (len(now) == RANKS and not {pid for _, _, pid in now.values()} & before
+                        and min(step for step, _, _ in now.values()) > max(complete))  # fmt: skip
+
+            first = wait_until("the run training again", again, 600, every=0.5)
             how = "a continuation" if continuing else "the requeue (CTRAIN_CONTINUE=0)"
             report(f"3 nodes, a 2-node job, {fault}, {how}: to the decision", f"{decided - lost:.1f} s")
             report(f"3 nodes, a 2-node job, {fault}, {how}: to the run's first step again", f"{first - lost:.1f} s")
@@ -784,17 +789,16 @@ def test_a_lost_nodes_run_trains_again_on_the_healthy_nodes_within_90_s(sbatch_p
             assert told.exit_code == 0, told.output
             account = json.loads(told.output)
             assert [r["cause"] for r in account["runs"]] == ["node-lost", "none"], account["runs"]
-        # The old job run again all the same (a Slurm that requeued it, an admin): it finds the run held.
+        # Slurm does not requeue the old job after the node failure; a job of the same run that starts all
+        # the same (the old job's script submitted again, as run R) finds the run held and trains nothing.
         testbed.wait(job_id, timeout=120)
         record = testbed.slurm.run(["scontrol", "show", "job", "-o", job_id]).stdout
-        assert " Requeue=0 " in record, record
-        testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", "Requeue=1"])
-        testbed.slurm.run(["scontrol", "requeue", job_id])
-        testbed.slurm.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{CRED_EXPIRE_S + 2}"], check=False)
-        again = testbed.wait(job_id, timeout=300)
-        rerun = project.log(job_id).split(f"ctrain: job {job_id} ")[-1]
-        assert again == "COMPLETED" and f"ctrain: not running: run {job_id} is held by {later} " in rerun, rerun[-3000:]
-        assert "step exited" not in rerun and "torchrun" not in rerun.split("ctrain: not running")[1]
+        assert " Requeue=0 " in record and " Restarts=0 " in record, record
+        stray = submit(project, cpu_sif, name, f"training.max_steps={steps}", env={"CTRAIN_RUN": job_id})
+        assert testbed.wait(stray, timeout=300) == "COMPLETED"
+        refused = project.log(stray)
+        assert f"ctrain: not running: run {job_id} is held by {later} " in refused, refused[-3000:]
+        assert "step exited" not in refused and "ctrain: preflight" not in refused
     finally:
         testbed.down()
         testbed.up(2)
