@@ -187,6 +187,8 @@ def check_job_recipe(job: Job, refs: list[HubRef] | None = None) -> list[str]:
                 raise
             notes = [f"not checked from here (a path inside the container): {exc}"]
         check_output_dir(job, recipe)
+        if "$" not in (recipe.training.output_dir or "") and (found := _on_host(recipe.output_dir, job)) is not None:
+            job.output_dir = found.absolute()  # for the project's history (ctrain results)
     return notes
 
 

@@ -264,6 +264,47 @@ def jobs(ctx: click.Context, limit: int, as_json: bool, cluster_name: str | None
 
 
 @click.command()
+@click.argument("job_ids", nargs=-1, required=True)
+@click.option("--sort", "metric", metavar="METRIC", help="Rank by this metric (default: eval_loss where the runs "
+              "have one, else the training loss); losses best at their least, accuracies and scores at their most.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of a table.")
+@click.pass_context
+def results(ctx: click.Context, job_ids: tuple[str, ...], metric: str | None, as_json: bool) -> None:
+    """Compare runs: one row per JOB_ID (any job of a run), from its output directory's metrics (the last
+    training loss, the last evaluation, eval.json, tokens/s) and its timeline (goodput, hours, cost with
+    report.gpu_hour_price), best first by one metric, the best marked *."""
+    import json
+
+    from ctrain.jobs import history
+    from ctrain.jobs import results as compare
+    from ctrain.ui import table
+
+    config = project(ctx)
+    entries = {e.job: e for e in history.read(config.root)[0]}
+    rows = []
+    for asked in dict.fromkeys(slurm.check_job_id(j, step=False) for j in job_ids):
+        run = chain.run_of(config.root / protocol.STATE_DIR, asked)
+        entry = entries.get(run)
+        if entry is None:
+            raise ConfigError(f"job {asked}: not in this project's history ({protocol.STATE_DIR}/{protocol.HISTORY_FILE}): "
+                              "ctrain results compares jobs queued with ctrain submit from this project; see ctrain jobs")  # fmt: skip
+        metrics = compare.read_metrics(entry.output) if entry.output else {}
+        rows.append({"job": asked, "run": run, "ran": entry.what, "output": str(entry.output or ""),
+                     "metrics": metrics, "account": compare.read_account(config.root, run, config.report.gpu_hour_price)})  # fmt: skip
+    rows, sorted_by = compare.rank(rows, metric)
+    if as_json:
+        click.echo(json.dumps({"sorted_by": sorted_by, "runs": rows}, indent=2))
+        return
+    header, cells = compare.table(rows)
+    click.echo(table(header, cells))
+    if sorted_by:
+        info(f"sorted by {sorted_by} ({'most' if compare.higher_is_better(sorted_by) else 'least'} first); * the best")
+    for row in rows:
+        if not row["metrics"]:
+            info(f"job {row['job']}: no metrics in {row['output'] or 'its output directory (none recorded: a command of your own)'} yet")
+
+
+@click.command()
 @click.argument("job_id")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the log grows, until the job ends; then say "
               "how it ended (exit 1 unless it COMPLETED).")  # fmt: skip

@@ -28,12 +28,14 @@ class Entry:
     name: str
     submitted: float
     what: str  # the recipe and its overrides, or `-- COMMAND`
+    output: Path | None = None  # the recipe's output directory, as submit found it
 
 
-def record(project: Path, job_id: str, name: str, arguments: list[str]) -> None:
+def record(project: Path, job_id: str, name: str, arguments: list[str], output: Path | None = None) -> None:
     """Append the job to the project's history (one JSON line, written whole); a history that cannot be
     written costs the listing, never the submission."""
-    line = json.dumps({"job": job_id, "name": name, "submitted": round(time.time(), 3), "arguments": arguments})
+    line = json.dumps({"job": job_id, "name": name, "submitted": round(time.time(), 3), "arguments": arguments,
+                       "output": str(output) if output else None})  # fmt: skip
     path = project / protocol.STATE_DIR / protocol.HISTORY_FILE
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -62,9 +64,10 @@ def parse(data: bytes) -> tuple[list[Entry], int]:
             continue
         arguments = [str(a) for a in item.get("arguments", [])]
         what = " ".join(arguments) if arguments else "(the script's defaults)"
-        submitted = item.get("submitted")
+        submitted, output = item.get("submitted"), item.get("output")
         entries.append(Entry(str(item["job"]), str(item.get("name", ""))[:64],
-                             float(submitted) if isinstance(submitted, (int, float)) else 0.0, what[:200]))  # fmt: skip
+                             float(submitted) if isinstance(submitted, (int, float)) else 0.0, what[:200],
+                             Path(output) if isinstance(output, str) and output.startswith("/") else None))  # fmt: skip
     return entries, skipped
 
 

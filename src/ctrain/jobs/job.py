@@ -32,6 +32,7 @@ class Job:
     notes: list[str] = field(default_factory=list)  # what ctrain chose for the user (resources), said once
     overrides: list[str] = field(default_factory=list)  # the recipe's KEY=VALUE overrides, as the library took them
     needs: list[str] = field(default_factory=list)  # hub names declared (ctrain.yaml's fetch:, --fetch)
+    output_dir: Path | None = None  # the recipe's output directory on this machine, once checked (None: unknown)
 
     def describe(self) -> str:
         """The sbatch command and the script, as --dry-run prints them (a shell here-document)."""

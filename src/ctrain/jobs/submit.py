@@ -220,5 +220,6 @@ def submit(job: Job, client: slurm.Slurm | None = None) -> tuple[str, Path]:
     atomic_write_text(log.with_suffix(".sbatch"), job.text)  # replaces a link there, never writes through it
     from ctrain.jobs import history
 
-    history.record(job.project, job_id, str(job.options.get("job-name") or job.template.stem), list(job.arguments))
+    history.record(job.project, job_id, str(job.options.get("job-name") or job.template.stem), list(job.arguments),
+                   job.output_dir)  # fmt: skip
     return job_id, log
