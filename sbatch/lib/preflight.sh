@@ -5,7 +5,8 @@
 # requeues the job without it, as it does a lost node. docs/reliability.md lists the checks.
 #
 # What runs on each node's host ($1 the project directory, $2 the batch host's token, $3 the MiB of
-# TMPDIR a job needs, $4 the image's cache entry or "", $5 the MiB unpacking it takes): one line per
+# TMPDIR a job needs, $4 the image's cache entry or "", $5 the MiB unpacking it takes, $6 the oldest
+# NVIDIA driver the image runs on, CTRAIN_IMAGE_MIN_DRIVER, or ""): one line per
 # failed check, "unfit NODE CHECK MESSAGE", then "ok NODE SUMMARY". POSIX sh and coreutils only.
 ctrain_program CTRAIN_PREFLIGHT_NODE node-checks.sh
 
@@ -33,7 +34,7 @@ ctrain_preflight() {
             *) echo "ctrain: preflight: $kind $host $check $message" ;; # srun's own lines
         esac
     done < <(ctrain_on_nodes "$CTRAIN_PREFLIGHT_NODE" "$CTRAIN_PROJECT_DIR" "$token" "$CTRAIN_PREFLIGHT_TMP_MB" \
-        "$entry" "$need" 2>&1)
+        "$entry" "$need" "$CTRAIN_IMAGE_MIN_DRIVER" 2>&1)
     rm -f "$shared"
     mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
     for node in "${nodes[@]}"; do

@@ -47,6 +47,7 @@ ctrain_defaults() {
     : "${CTRAIN_IMAGE_CACHE:=${APPTAINER_TMPDIR:-${TMPDIR:-/tmp}}/ctrain-images-$(id -u)}" # node-local unpacked images
     : "${CTRAIN_IMAGE_CACHE_GB:=50}"             # the cache's size limit on each node, in GiB
     : "${CTRAIN_PREFLIGHT:=quick}"               # off | quick | full: the checks before the first step (ctrain_preflight)
+    : "${CTRAIN_IMAGE_MIN_DRIVER:=}"             # the oldest NVIDIA driver the image runs on (ctrain submit reads it from the image)
     : "${CTRAIN_PREFLIGHT_TMP_MB:=1024}"         # node-local scratch (TMPDIR) a node must have free, in MiB
     : "${CTRAIN_DRY_RUN:=0}"                     # 1: print the commands instead of running them
 }
@@ -96,6 +97,8 @@ ctrain_check_settings() {
         off | quick | full) ;;
         *) ctrain_die "CTRAIN_PREFLIGHT is '$CTRAIN_PREFLIGHT'; valid: off, quick, full" ;;
     esac
+    [[ $CTRAIN_IMAGE_MIN_DRIVER =~ ^([0-9]{1,4}(\.[0-9]{1,4}){0,3})?$ ]] ||
+        ctrain_die "CTRAIN_IMAGE_MIN_DRIVER is '$CTRAIN_IMAGE_MIN_DRIVER'; give a driver version (e.g. 580.65.06), or leave it empty"
     [[ $CTRAIN_PREFLIGHT_TMP_MB =~ ^[0-9]{1,9}$ ]] ||
         ctrain_die "CTRAIN_PREFLIGHT_TMP_MB is '$CTRAIN_PREFLIGHT_TMP_MB'; give the node-local space a job needs in MiB (e.g. 1024)"
     case $CTRAIN_LAUNCHER in

@@ -951,3 +951,30 @@ def test_preflight_settings_must_be_a_level_and_a_number(slurm_conf: Path) -> No
         result = dry_run("apptainer", env={**allocation(1), name: bad}, slurm_conf=slurm_conf, check=False)
         assert result.returncode == 2 and f"{name} is" in result.stderr, (name, bad, result.stderr)
         assert "+ srun" not in result.stdout
+
+
+@pytest.mark.parametrize("driver,floor,unfit", [("570.86.15", "580.65.06", True), ("580.65.06", "580.65.06", False),
+                                                ("590.1", "580.65.06", False), ("1000.1", "580.65.06", False),
+                                                ("570.86.15", "", False)])  # fmt: skip
+def test_a_node_whose_driver_is_older_than_the_images_floor_is_unfit(tmp_path: Path, driver: str, floor: str,
+                                                                     unfit: bool) -> None:  # fmt: skip
+    """The node checks on a GPU node (nvidia-smi stood in for): a driver older than the one the image's
+    CUDA needs (CTRAIN_IMAGE_MIN_DRIVER, compared part by part: 1000 is newer than 580) is named."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(f'#!/bin/sh\ncase "$*" in *driver_version*) echo {driver} ;; '
+                                        '*ecc*) echo "0, 0" ;; *remapped*) echo "0, No" ;; esac\n')  # fmt: skip
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    (tmp_path / ".ctrain").mkdir()
+    (tmp_path / ".ctrain" / "4242.preflight").write_text("tok\n")
+    program = REPO / "sbatch" / "lib" / "programs" / "node-checks.sh"
+    out = subprocess.run(["sh", str(program), str(tmp_path), "tok", "1", "", "0", floor], capture_output=True, text=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "4242", "SLURM_GPUS_ON_NODE": "1",
+                              "SLURMD_NODENAME": "gpu001", "TMPDIR": str(tmp_path)}, check=False)  # fmt: skip
+    named = [line for line in out.stdout.splitlines() if line.startswith("unfit gpu001 driver ")]
+    assert bool(named) == unfit, out.stdout + out.stderr
+    if unfit:
+        assert named == [f"unfit gpu001 driver NVIDIA driver {driver} is older than {floor}, the oldest the image's CUDA "
+                         "runs on: ask for nodes with a newer driver (--exclude this one), or use an image built for an "
+                         "older CUDA"]  # fmt: skip
+    assert out.stdout.splitlines()[-1] == f"ok gpu001 TMPDIR {out.stdout.split('TMPDIR ')[1].split(' ')[0]} MiB free, 1 GPU(s), driver {driver}"

@@ -717,3 +717,19 @@ def test_no_script_of_ctrains_sets_a_time_limit() -> None:
     """With no slurm.time the partition's DefaultTime applies, not a limit the scripts invent."""
     for script in (REPO / "sbatch").glob("*.sbatch"):
         assert not [line for line in script.read_text().splitlines() if re.match(r"#SBATCH\s+(--time|-t)\b", line)], script
+
+
+def test_the_images_driver_floor_reaches_the_script_for_the_node_checks(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """An image that states the oldest driver its CUDA runs on: the script's settings carry it to every
+    node's checks; one that states none (a CPU build, an image not ctrain's) leaves them unchecked."""
+    config = load_config(project(tmp_path, "slurm:\n  nodes: 2\n") / "ctrain.yaml")
+    monkeypatch.setattr(submit, "image_facts", lambda *_: {"cuda": "13.0", "min_driver": "580.65.06"})
+    job = submit.prepare(config, nodes=2)
+    assert job.settings["CTRAIN_IMAGE_MIN_DRIVER"] == "580.65.06"
+    assert re.search(r"^(export )?CTRAIN_IMAGE_MIN_DRIVER=.?580\.65\.06", job.text, re.MULTILINE), job.text[:3000]
+    assert job.image_stated == {"cuda": "13.0", "min_driver": "580.65.06"}
+    monkeypatch.setattr(submit, "image_facts", lambda *_: None)
+    job = submit.prepare(config, nodes=2)
+    assert job.settings["CTRAIN_IMAGE_MIN_DRIVER"] == "" and not re.search(r"^(export )?CTRAIN_IMAGE_MIN_DRIVER=", job.text,
+                                                                            re.MULTILINE)  # fmt: skip

@@ -1,7 +1,7 @@
 # The node checks (preflight.sh): what runs on each node's host before the training step.
 # POSIX sh and coreutils only; its arguments are described where it is loaded.
 # shellcheck shell=sh
-project=$1 token=$2 tmp_mib=$3 entry=$4 entry_mib=$5 node=${SLURMD_NODENAME:-$(uname -n)}
+project=$1 token=$2 tmp_mib=$3 entry=$4 entry_mib=$5 min_driver=${6:-} node=${SLURMD_NODENAME:-$(uname -n)}
 unfit() { echo "unfit $node $1 $2"; }
 mib_free() { df -Pk "$1" 2>/dev/null | awk "NR == 2 { print int(\$4 / 1024) }"; }
 shared=$project/.ctrain/$SLURM_JOB_ID.preflight
@@ -45,7 +45,12 @@ if [ "$gpus" -gt 0 ] && command -v nvidia-smi >/dev/null 2>&1; then
         nvidia-smi --query-gpu=index,remapped_rows.pending --format=csv,noheader 2>/dev/null | while IFS=", " read -r index pending; do
             [ "$pending" != Yes ] || unfit gpu "GPU $index has a row remapping pending: reset it (nvidia-smi -r) before it trains"
         done
-        summary="$summary, $seen GPU(s), driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
+        driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+        oldest=$(printf '%s\n%s\n' "$min_driver" "$driver" | sort -t. -k1,1n -k2,2n -k3,3n | head -n 1)
+        if [ -n "$min_driver" ] && [ -n "$driver" ] && [ "$oldest" != "$min_driver" ]; then
+            unfit driver "NVIDIA driver $driver is older than $min_driver, the oldest the image's CUDA runs on: ask for nodes with a newer driver (--exclude this one), or use an image built for an older CUDA"
+        fi
+        summary="$summary, $seen GPU(s), driver $driver"
     fi
 fi
 echo "ok $node $summary"

@@ -74,7 +74,7 @@ def check_image_has_ctrain(job: Job) -> list[str]:
     checks) needs ctrain in its image: an image file without it is refused (it would fail on every node after the queue wait);
     a registry reference, which cannot be looked into from here, gets a warning."""
     image = job.settings["CTRAIN_IMAGE"]
-    stated = image_facts(image, job.runtime, job.project)  # what ctrain's images say they are
+    stated = job.image_stated if job.image_stated is not None else image_facts(image, job.runtime, job.project)
     if stated:
         job.notes.append(f"image: {describe(stated)}")
     command = job.command

@@ -23,7 +23,7 @@ from ctrain import slurm
 from ctrain.config import ProjectConfig, SlurmConfig
 from ctrain.errors import ConfigError, CtrainError
 from ctrain.files import atomic_write_text, control_problem, shorten
-from ctrain.image.checks import IMAGE_SUFFIXES, MissingImage, check_image, image_is_file  # noqa: F401
+from ctrain.image.checks import IMAGE_SUFFIXES, MissingImage, check_image, image_facts, image_is_file  # noqa: F401
 from ctrain.jobs.checks import (_CONTAINER_TARGETS, check, check_gpus, check_job_recipe,  # noqa: F401
                                 check_output_dir, check_signal, command_script)  # fmt: skip
 from ctrain.jobs.job import (MIN_CPUS_PER_GPU, Job, cpu_warning, cpus_per_gpu, gpu_resources,  # noqa: F401
@@ -67,11 +67,23 @@ def prepare(
         arguments = recipe_arguments(c, recipe, overrides)
     text, options = render(template, assemble(lib), sbatch_options(c), env, arguments)
     settings, recipe_overrides = resolve_settings(lib, runtime, arguments, env, project)
+    stated = _stated(settings["CTRAIN_IMAGE"], runtime, project)
+    if stated.get("min_driver") and "CTRAIN_IMAGE_MIN_DRIVER" not in env:  # for the node checks on each node
+        env["CTRAIN_IMAGE_MIN_DRIVER"] = settings["CTRAIN_IMAGE_MIN_DRIVER"] = str(stated["min_driver"])
+        text, options = render(template, assemble(lib), sbatch_options(c), env, arguments)
     check_mount_sources(settings)
     warning = cpu_warning(options)
     notes += [warning] if warning else []
     return Job(template, runtime, text, project, settings, arguments, options, notes, recipe_overrides,
-               [*config.fetch, *fetch])  # fmt: skip
+               [*config.fetch, *fetch], image_stated=stated)  # fmt: skip
+
+
+def _stated(image: str, runtime: str, project: Path) -> dict[str, object]:
+    """What the image says it is ({}: nothing, or no image yet: the checks say so, a dry run goes on)."""
+    try:
+        return image_facts(image, runtime, project) or {}
+    except CtrainError:
+        return {}
 
 
 def _as_typed(exc: ConfigError, changes: dict[str, object]) -> ConfigError:
