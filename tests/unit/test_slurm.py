@@ -686,18 +686,65 @@ def test_partitions_are_read_from_scontrols_records() -> None:
         slurm.parse_partitions("Name=x\n")
 
 
-@pytest.mark.parametrize(("asked", "partition", "partitions", "note"), [
+@pytest.mark.parametrize(("asked", "partition", "partitions", "note", "seconds"), [
     (None, None, PARTITIONS, "time limit 04:00:00: partition debug's DefaultTime (slurm.time or --time asks for "
-     "another, up to its MaxTime 7-00:00:00)"),
-    (None, "gpu", PARTITIONS, "time limit 2-00:00:00: partition gpu's MaxTime (it sets no DefaultTime)"),
-    (None, "long", PARTITIONS, "time limit: none (partition long sets no DefaultTime and its MaxTime is UNLIMITED)"),
-    ("1-00:00:00", "gpu", PARTITIONS, "time limit 1-00:00:00 (slurm.time), within partition gpu's MaxTime 2-00:00:00"),
-    ("30-00:00:00", "long", PARTITIONS, "time limit 30-00:00:00 (slurm.time), within partition long's MaxTime UNLIMITED"),
-    (None, None, None, "time limit: the partition's default, as Slurm applies it (no Slurm here to read it from)"),
-    ("10", None, None, "time limit 10 (slurm.time)"),
+     "another, up to its MaxTime 7-00:00:00)", 4 * 3600),
+    (None, "gpu", PARTITIONS, "time limit 2-00:00:00: partition gpu's MaxTime (it sets no DefaultTime)", 2 * 86400),
+    (None, "long", PARTITIONS, "time limit: none (partition long sets no DefaultTime and its MaxTime is UNLIMITED)",
+     None),
+    ("1-00:00:00", "gpu", PARTITIONS, "time limit 1-00:00:00 (slurm.time), within partition gpu's MaxTime 2-00:00:00",
+     86400),
+    ("30-00:00:00", "long", PARTITIONS, "time limit 30-00:00:00 (slurm.time), within partition long's MaxTime UNLIMITED",
+     30 * 86400),
+    (None, None, None, "time limit: the partition's default, as Slurm applies it (no Slurm here to read it from)", None),
+    ("10", None, None, "time limit 10 (slurm.time)", 600),
 ])  # fmt: skip
-def test_the_time_limit_a_job_gets_and_where_it_comes_from(asked, partition, partitions, note) -> None:  # type: ignore[no-untyped-def]
-    assert checks.time_limit(asked, partition, partitions) == note
+def test_the_time_limit_a_job_gets_and_where_it_comes_from(asked, partition, partitions, note, seconds) -> None:  # type: ignore[no-untyped-def]
+    assert checks.time_limit(asked, partition, partitions) == (note, seconds)
+
+
+def _paced(output: Path, steps: int, seconds_per_step: float) -> None:
+    """An earlier run's metrics in OUTPUT: a record every 10 steps up to STEPS, SECONDS_PER_STEP apart,
+    after an older run's records at another pace."""
+    output.mkdir(parents=True)
+    lines = [{"run": "old", "step": s, "time": 1000.0 + s * 99, "loss": 1.0} for s in (10, 20)]
+    lines += [{"run": "new", "step": s, "time": 5000.0 + s * seconds_per_step, "loss": 1.0} for s in range(10, steps + 1, 10)]
+    lines.append({"run": "new", "step": steps, "time": 9e9, "eval_loss": 1.0})  # an eval record: no pace
+    (output / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+@pytest.mark.parametrize(("max_steps", "limit", "requeues", "said"), [
+    (10_000, 3600, "10", "note"),  # 9,000 steps x 6 s = 15 h under 1 h: 14 requeues, more than 10
+    (10_000, 3600, "20", "note"),
+    (1_500, 3600, "10", None),  # 500 steps x 6 s = 50 min: one run
+    (10_000, None, "10", None),  # no limit: nothing to say
+])  # fmt: skip
+def test_the_requeues_a_resumed_run_needs_against_its_time_limit(tmp_path: Path, max_steps: int, limit: int | None,
+                                                                  requeues: str, said: str | None) -> None:  # fmt: skip
+    from ctrain.jobs.job import Job
+
+    _paced(tmp_path / "out", 1_000, 6.0)
+    job = Job(tmp_path / "sbatch" / "apptainer.sbatch", "apptainer", "", tmp_path, {"CTRAIN_MAX_REQUEUES": requeues},
+              [], output_dir=tmp_path / "out", limit_seconds=limit)  # fmt: skip
+    warnings = checks.requeues_needed(job, max_steps)
+    told = warnings + [n for n in job.notes if "requeue" in n]
+    if said is None:
+        assert told == []
+        return
+    (line,) = told
+    assert line.startswith("the run has about 15h00m00s to go (9000 steps at 6 s a step, as its last run in ")
+    assert "its time limit is 1h00m00s: it needs at least 14 requeue(s)" in line
+    if requeues == "10":
+        assert warnings == [line] and "more than slurm.max_requeues (10) allows, so it would stop short" in line
+    else:
+        assert warnings == [] and line.endswith("within slurm.max_requeues (20)")
+
+
+def test_a_run_never_trained_gets_no_estimate(tmp_path: Path) -> None:
+    from ctrain.jobs.job import Job
+
+    job = Job(tmp_path / "s.sbatch", "apptainer", "", tmp_path, {}, [], output_dir=tmp_path / "new", limit_seconds=60)
+    assert checks.requeues_needed(job, 10_000) == [] and job.notes == []
 
 
 @pytest.mark.parametrize(("asked", "partition", "error"), [

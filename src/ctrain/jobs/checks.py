@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,14 +110,27 @@ def check_partition(job: Job, client: slurm.Slurm) -> None:
     """The partition exists and allows the time asked for; the job's notes say which time limit it
     runs under (:func:`time_limit`)."""
     found = client.partitions() if client.runner.has("scontrol") else None
-    job.notes.append(time_limit(job.options.get("time"), job.options.get("partition"), found or None))
+    note, job.limit_seconds = time_limit(job.options.get("time"), job.options.get("partition"), found or None)
+    job.notes.append(note)
 
 
-def time_limit(asked: str | None, name: str | None, partitions: list[slurm.Partition] | None) -> str:
+def time_limit(asked: str | None, name: str | None, partitions: list[slurm.Partition] | None
+               ) -> tuple[str, int | None]:  # fmt: skip
     """Which time limit the job runs under and where it comes from (the note a dry run and a submit
-    print): the one asked for, else the partition's DefaultTime, else its MaxTime, as Slurm applies
-    them; no limit is invented. A partition that does not exist, or a limit above its MaxTime, is an
-    error that names what exists."""
+    print), and its seconds (None: none, or not known here): the one asked for, else the partition's
+    DefaultTime, else its MaxTime, as Slurm applies them; no limit is invented. A partition that does
+    not exist, or a limit above its MaxTime, is an error that names what exists."""
+    note = _time_limit_note(asked, name, partitions)
+    if asked:
+        return note, slurm.time_seconds(asked)
+    chosen = [p for p in partitions or [] if (p.name == name if name else p.default)]
+    if not chosen:
+        return note, None
+    default = chosen[0].default_time
+    return note, slurm.time_seconds(default if default.upper() != "NONE" else chosen[0].max_time)
+
+
+def _time_limit_note(asked: str | None, name: str | None, partitions: list[slurm.Partition] | None) -> str:
     if partitions is None:
         return (f"time limit {asked} (slurm.time)" if asked else
                 "time limit: the partition's default, as Slurm applies it (no Slurm here to read it from)")  # fmt: skip
@@ -189,7 +203,37 @@ def check_job_recipe(job: Job, refs: list[HubRef] | None = None) -> list[str]:
         check_output_dir(job, recipe)
         if "$" not in (recipe.training.output_dir or "") and (found := _on_host(recipe.output_dir, job)) is not None:
             job.output_dir = found.absolute()  # for the project's history (ctrain results)
+            notes += requeues_needed(job, recipe.training.max_steps)
     return notes
+
+
+def requeues_needed(job: Job, max_steps: int | None) -> list[str]:
+    """Where the run's output directory holds an earlier run's pace (metrics.jsonl) and the rest of the run
+    is longer than the time limit: a note of how many requeues that takes, or a warning where that is more
+    than CTRAIN_MAX_REQUEUES (the run would stop short). Nothing is estimated for a run never trained."""
+    from ctrain.jobs.results import pace
+
+    if job.limit_seconds is None or not max_steps or job.output_dir is None:
+        return []
+    found = pace(job.output_dir)
+    if found is None or found[0] >= max_steps:
+        return []
+    step, seconds_per_step = found
+    rest = (max_steps - step) * seconds_per_step
+    if rest <= job.limit_seconds:
+        return []
+    from ctrain.train.goodput import shown_duration
+
+    needed = math.ceil(rest / job.limit_seconds) - 1
+    allowed = int(job.settings.get("CTRAIN_MAX_REQUEUES") or 10)
+    said = (f"the run has about {shown_duration(rest)} to go ({max_steps - step} steps at {seconds_per_step:.3g} s a "
+            f"step, as its last run in {job.output_dir} trained) and its time limit is "
+            f"{shown_duration(job.limit_seconds)}: it needs at least {needed} requeue(s)")  # fmt: skip
+    if needed <= allowed:
+        job.notes.append(f"{said}, within slurm.max_requeues ({allowed})")
+        return []
+    return [f"{said}, more than slurm.max_requeues ({allowed}) allows, so it would stop short: ask for a longer "
+            "--time (up to the partition's MaxTime), or raise slurm.max_requeues"]
 
 
 def _deepspeed_note(gets: str | None, own: str | None, default: str) -> str:

@@ -33,6 +33,7 @@ class Job:
     overrides: list[str] = field(default_factory=list)  # the recipe's KEY=VALUE overrides, as the library took them
     needs: list[str] = field(default_factory=list)  # hub names declared (ctrain.yaml's fetch:, --fetch)
     output_dir: Path | None = None  # the recipe's output directory on this machine, once checked (None: unknown)
+    limit_seconds: int | None = None  # the time limit the job runs under, once checked (None: none or unknown)
     image_stated: dict[str, object] | None = None  # what the image says it is ({}: nothing); None: not read yet
 
     def describe(self) -> str:

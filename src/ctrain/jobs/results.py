@@ -27,22 +27,11 @@ def _number(value: object) -> float | None:
 def read_metrics(output: Path) -> dict[str, float]:
     """The run's last training loss (``loss``), its last evaluation (``eval_*``), its mean tokens/s and the
     step reached, from OUTPUT's metrics.jsonl; ``eval.json``'s numbers (``eval/KEY``) on top."""
-    from ctrain.train.artifacts import EVAL_FILE, METRICS_FILE
+    from ctrain.train.artifacts import EVAL_FILE
 
     found: dict[str, float] = {}
     rates: list[float] = []
-    try:
-        data = read_regular(output / METRICS_FILE, METRICS_LIMIT, -METRICS_LIMIT)
-    except OSError:
-        data = b""
-    lines = data.decode(errors="replace").splitlines()
-    for raw in lines[1:] if len(data) >= METRICS_LIMIT else lines:
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(record, dict) or json_depth_problem(record, 3):
-            continue
+    for record in _records(output):
         if (step := _number(record.get("step"))) is not None:
             found["step"] = step
         if (loss := _number(record.get("loss"))) is not None:
@@ -63,6 +52,40 @@ def read_metrics(output: Path) -> dict[str, float]:
             if (number := _number(value)) is not None:
                 found[f"eval/{str(key)[:36]}"] = number
     return found
+
+
+def _records(output: Path) -> list[dict[str, Any]]:
+    """The run's metrics records (its metrics.jsonl's end, bounded; lines that are not ctrain's skipped)."""
+    from ctrain.train.artifacts import METRICS_FILE
+
+    try:
+        data = read_regular(output / METRICS_FILE, METRICS_LIMIT, -METRICS_LIMIT)
+    except OSError:
+        return []
+    lines = data.decode(errors="replace").splitlines()
+    found = []
+    for raw in lines[1:] if len(data) >= METRICS_LIMIT else lines:
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and not json_depth_problem(record, 3):
+            found.append(record)
+    return found
+
+
+def pace(output: Path) -> tuple[int, float] | None:
+    """The step the run in OUTPUT reached and its seconds a step, from its last run's training records
+    (their steps and times); None where fewer than two say."""
+    records = [r for r in _records(output) if _number(r.get("loss")) is not None
+               and _number(r.get("step")) is not None and _number(r.get("time")) is not None]  # fmt: skip
+    if not records:
+        return None
+    last = [r for r in records if r.get("run") == records[-1].get("run")]
+    steps = float(last[-1]["step"]) - float(last[0]["step"])
+    if len(last) < 2 or steps <= 0:
+        return None
+    return int(last[-1]["step"]), (float(last[-1]["time"]) - float(last[0]["time"])) / steps
 
 
 def read_account(project: Path, run: str, gpu_hour_price: float | None) -> dict[str, float]:
