@@ -120,20 +120,10 @@ def time_limit(asked: str | None, name: str | None, partitions: list[slurm.Parti
     print), and its seconds (None: none, or not known here): the one asked for, else the partition's
     DefaultTime, else its MaxTime, as Slurm applies them; no limit is invented. A partition that does
     not exist, or a limit above its MaxTime, is an error that names what exists."""
-    note = _time_limit_note(asked, name, partitions)
-    if asked:
-        return note, slurm.time_seconds(asked)
-    chosen = [p for p in partitions or [] if (p.name == name if name else p.default)]
-    if not chosen:
-        return note, None
-    default = chosen[0].default_time
-    return note, slurm.time_seconds(default if default.upper() != "NONE" else chosen[0].max_time)
-
-
-def _time_limit_note(asked: str | None, name: str | None, partitions: list[slurm.Partition] | None) -> str:
     if partitions is None:
         return (f"time limit {asked} (slurm.time)" if asked else
-                "time limit: the partition's default, as Slurm applies it (no Slurm here to read it from)")  # fmt: skip
+                "time limit: the partition's default, as Slurm applies it (no Slurm here to read it from)",
+                slurm.time_seconds(asked) if asked else None)  # fmt: skip
     chosen = [p for p in partitions if p.name == name] if name else [p for p in partitions if p.default]
     if name and not chosen:
         names = [p.name + (" (default)" if p.default else "") for p in partitions]
@@ -141,8 +131,15 @@ def _time_limit_note(asked: str | None, name: str | None, partitions: list[slurm
         raise ConfigError(f"partition '{name}' does not exist here" + (f" (did you mean '{close[0]}'?)" if close else "")
                           + f"; the partitions: {', '.join(names) or 'none'} (slurm.partition, --partition)")  # fmt: skip
     if not chosen:
-        return f"time limit {asked} (slurm.time)" if asked else "time limit: Slurm's default (no default partition)"
+        return (f"time limit {asked} (slurm.time)" if asked else "time limit: Slurm's default (no default partition)",
+                slurm.time_seconds(asked) if asked else None)  # fmt: skip
     part = chosen[0]
+    applied = asked or (part.default_time if part.default_time.upper() != "NONE" else part.max_time)
+    return _partition_note(asked, part), slurm.time_seconds(applied)
+
+
+def _partition_note(asked: str | None, part: slurm.Partition) -> str:
+    """The note of :func:`time_limit` for partition PART; an error where ASKED is above its MaxTime."""
     ceiling = slurm.time_seconds(part.max_time)  # None: UNLIMITED
     if asked:
         wanted = slurm.time_seconds(asked)
@@ -225,7 +222,7 @@ def requeues_needed(job: Job, max_steps: int | None) -> list[str]:
     from ctrain.train.goodput import shown_duration
 
     needed = math.ceil(rest / job.limit_seconds) - 1
-    allowed = int(job.settings.get("CTRAIN_MAX_REQUEUES") or 10)
+    allowed = int(job.settings["CTRAIN_MAX_REQUEUES"])  # resolved by the library, its default included
     said = (f"the run has about {shown_duration(rest)} to go ({max_steps - step} steps at {seconds_per_step:.3g} s a "
             f"step, as its last run in {job.output_dir} trained) and its time limit is "
             f"{shown_duration(job.limit_seconds)}: it needs at least {needed} requeue(s)")  # fmt: skip

@@ -114,10 +114,11 @@ def rows(client: slurm.Slurm, project: Path, entries: Iterable[Entry], search: l
     wall time, restarts, last loss. ``here``: the project is on this machine (its timelines are read)."""
     from ctrain.jobs import chain
 
+    newest = list(reversed(list(entries)))
+    runs = [chain.jobs_from(client, entry.job, search) for entry in newest]
+    states = client.status([jobs[-1] for jobs in runs]) if runs else []  # one query for every run's last job
     listed = []
-    for entry in reversed(list(entries)):
-        jobs = chain.jobs_from(client, entry.job, search)
-        last = client.status([jobs[-1]])[0]
+    for entry, jobs, last in zip(newest, runs, states):
         try:
             loss = last_loss(client.read_log(jobs[-1], search=search))
         except CtrainError:
