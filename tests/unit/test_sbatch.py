@@ -978,3 +978,12 @@ def test_a_node_whose_driver_is_older_than_the_images_floor_is_unfit(tmp_path: P
                          "runs on: ask for nodes with a newer driver (--exclude this one), or use an image built for an "
                          "older CUDA"]  # fmt: skip
     assert out.stdout.splitlines()[-1] == f"ok gpu001 TMPDIR {out.stdout.split('TMPDIR ')[1].split(' ')[0]} MiB free, 1 GPU(s), driver {driver}"
+
+
+@pytest.mark.parametrize("value", ["580.65\n06", "580'", "$(id)", "580.65.06; reboot", "1.2.3.4.5"])
+def test_a_driver_floor_that_is_not_a_version_is_refused(fake_slurm: Path, slurm_conf: Path, value: str) -> None:
+    """CTRAIN_IMAGE_MIN_DRIVER reaches every node's checks as an argument: only a version passes."""
+    out = library(fake_slurm, "CTRAIN_RUNTIME=apptainer; ctrain_defaults; ctrain_check_settings; echo went-on",
+                  slurm_conf, CTRAIN_IMAGE_MIN_DRIVER=value)  # fmt: skip
+    assert out.returncode == 2 and "went-on" not in out.stdout, out.stdout
+    assert out.stderr.startswith("ctrain: error: CTRAIN_IMAGE_MIN_DRIVER is '"), out.stderr
