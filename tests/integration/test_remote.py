@@ -358,3 +358,78 @@ def test_remote_paths_never_pass_through_the_login_shell(login_host: LoginHost, 
     assert not [where for where in starts if (where / canary).exists()], said  # nothing ran on the login node
     assert set(odd.parent.iterdir()) - before == {odd}, said  # and nothing went anywhere else
     shutil.rmtree(odd, ignore_errors=True)
+
+
+def _cluster_ctrain_with_hub(directory: Path, endpoint: str) -> Path:
+    """The cluster's ctrain (:func:`_cluster_ctrain`) with huggingface_hub and everything it needs
+    beside it, and the hub reached at ``endpoint``, as a login node with internet reaches the Hub."""
+    import importlib.metadata as metadata
+
+    from packaging.requirements import Requirement
+
+    lib = directory / "lib-hub"
+    wanted, seen = ["huggingface_hub"], set()
+    while wanted:
+        name = wanted.pop()
+        dist = metadata.distribution(name)
+        if dist.metadata["Name"].lower() in seen:
+            continue
+        seen.add(dist.metadata["Name"].lower())
+        for file in dist.files or ():
+            if file.parts[0] == "..":  # its console scripts, outside site-packages
+                continue
+            (lib / file).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(dist.locate_file(file), lib / file)
+        for line in dist.requires or ():
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                wanted.append(requirement.name)
+    for path in (lib, *lib.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    base = _cluster_ctrain(directory).read_text().replace("PYTHONPATH=", f"PYTHONPATH={lib}:", 1)
+    launcher = directory / "bin" / "ctrain-hub"
+    launcher.write_text(base.replace("exec ", f"HF_ENDPOINT={endpoint} HF_HUB_DISABLE_PROGRESS_BARS=1 exec ", 1))
+    launcher.chmod(0o755)
+    return launcher
+
+
+def test_fetch_on_the_cluster_puts_a_model_in_the_cache_its_jobs_mount_and_nothing_on_the_laptop(
+    login_host: LoginHost, clusters: Path, sbatch_project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ctrain fetch --cluster`: the download runs on the login node (a hub server it reaches, which
+    the laptop's ctrain is never pointed at), into the slurm.hf_cache of the project there, recorded
+    with its commit; the laptop's own cache gets nothing. Run again, it downloads nothing."""
+    from tests.hubserver import HubRepo, HubServer
+
+    config = {"model_type": "gpt2", "n_embd": 8, "n_layer": 1, "n_head": 2, "vocab_size": 16, "n_positions": 32}
+    model = HubRepo("model", "org/tiny", {"config.json": json.dumps(config).encode(),
+                                          "model.safetensors": bytes(range(256)) * 400})  # fmt: skip
+    cache = Path(sbatch_project.testbed.shared_dir) / f"hf-cache-{time.monotonic_ns()}"
+    project = _laptop_project(tmp_path)
+    (project / "ctrain.yaml").write_text(f"slurm:\n  runtime: apptainer\n  hf_cache: {cache}\n")
+    monkeypatch.chdir(project)
+    laptop_home = tmp_path / "laptop-hf"
+    monkeypatch.setenv("HF_HOME", str(laptop_home))
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    try:
+        with HubServer([model]) as server:
+            profiles = yaml.safe_load(clusters.read_text())
+            fresh = profiles["clusters"]["fresh"]
+            profiles["clusters"]["hub"] = {**fresh, "ctrain": str(_cluster_ctrain_with_hub(login_host.directory,
+                                                                                            server.url))}  # fmt: skip
+            clusters.write_text(yaml.safe_dump(profiles))
+            code, out, took = _ctrain("fetch", "--cluster", "hub", "org/tiny")
+            assert code == 0, out
+            snapshot = cache / "hub" / "models--org--tiny" / "snapshots" / model.sha
+            assert f"org/tiny: commit {model.sha}" in out, out
+            assert (snapshot / "model.safetensors").read_bytes() == model.files["model.safetensors"]
+            assert json.loads((cache / "ctrain-fetched.json").read_text()), "the fetch is recorded in the cache"
+            assert (snapshot / "config.json").stat().st_uid == pwd.getpwnam(login_host.user).pw_uid  # done there
+            assert not laptop_home.exists(), "the laptop's cache got nothing"
+            gets = sum(1 for method, path, _ in server.requests if method == "GET" and "resolve" in path)
+            code, out, _ = _ctrain("fetch", "--cluster", "hub", "org/tiny")
+            assert code == 0, out
+            assert sum(1 for method, path, _ in server.requests if method == "GET" and "resolve" in path) == gets
+        print(f"remote | ctrain fetch --cluster (project sent, a 100 kB model fetched on the login node): {took:.1f} s")
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
