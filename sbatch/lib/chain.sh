@@ -43,6 +43,9 @@ ctrain_hold() {
     mkdir -p "$CTRAIN_PROJECT_DIR/.ctrain" 2>/dev/null
     if (set -C && echo "$SLURM_JOB_ID" >"$file") 2>/dev/null; then
         echo "$SLURM_JOB_ID" >>"$CTRAIN_PROJECT_DIR/.ctrain/$CTRAIN_RUN.jobs"
+        # A sweep's task: its run, found by the array's id and the task's index (ctrain results).
+        [[ -z ${SLURM_ARRAY_JOB_ID:-} || -z ${SLURM_ARRAY_TASK_ID:-} ]] ||
+            echo "$CTRAIN_RUN" >"$CTRAIN_PROJECT_DIR/.ctrain/${SLURM_ARRAY_JOB_ID}_$SLURM_ARRAY_TASK_ID.run"
         return 0
     fi
     read -r holder 2>/dev/null <"$file"
@@ -86,6 +89,8 @@ ctrain_continue() {
     fi
     options=(--parsable --exclude="$excluded" --nodes="$CTRAIN_NNODES" --chdir="$SLURM_SUBMIT_DIR")
     options+=(--job-name="$SLURM_JOB_NAME")
+    # A sweep's task goes on as a one-task array of its own index: the same line of the same table.
+    [[ -z ${SLURM_ARRAY_TASK_ID:-} ]] || options+=(--array="$SLURM_ARRAY_TASK_ID")
     for field in Partition:partition Account:account QOS:qos TimeLimit:time; do
         value=$(sed -n "s/.* ${field%%:*}=\([^ ]*\).*/\1/p" <<<"$record")
         [[ -z $value || $value == "(null)" ]] || options+=(--"${field#*:}=$value")

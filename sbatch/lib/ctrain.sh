@@ -37,7 +37,10 @@
 #   version 7: a lost node's run continues at once as a new job on the healthy nodes (CTRAIN_CONTINUE),
 #              instead of a requeue that waits minutes for Slurm to let go of the node; one run across
 #              its job ids (CTRAIN_RUN, .ctrain/RUN.holder, .ctrain/RUN.timeline)
-CTRAIN_LIB_VERSION=7
+#   version 8: a sweep's tasks, one job array: each task takes its values from the table ctrain submit
+#              wrote (CTRAIN_SWEEP, SLURM_ARRAY_TASK_ID), and goes on after a lost node as a one-task
+#              array of its own index
+CTRAIN_LIB_VERSION=8
 
 # The library's files, beside this one, in the order they are sourced. `ctrain submit` inlines each
 # in place of its line (ctrain.jobs.library.assemble), and each program the nodes run in place of its

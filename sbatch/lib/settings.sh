@@ -11,6 +11,7 @@ ctrain_settings() {
     ctrain_defaults
     ctrain_paths
     ctrain_arguments "$@"
+    ctrain_sweep_task
     ctrain_check_settings
     ctrain_run_identity
 }
@@ -49,6 +50,7 @@ ctrain_defaults() {
     : "${CTRAIN_PREFLIGHT:=quick}"               # off | quick | full: the checks before the first step (ctrain_preflight)
     : "${CTRAIN_IMAGE_MIN_DRIVER:=}"             # the oldest NVIDIA driver the image runs on (ctrain submit reads it from the image)
     : "${CTRAIN_PREFLIGHT_TMP_MB:=1024}"         # node-local scratch (TMPDIR) a node must have free, in MiB
+    : "${CTRAIN_SWEEP:=}"                        # a sweep's table of tasks (ctrain submit --sweep); empty: no sweep
     : "${CTRAIN_DRY_RUN:=0}"                     # 1: print the commands instead of running them
 }
 
@@ -86,6 +88,45 @@ ctrain_arguments() {
     if [[ $CTRAIN_RECIPE == "$CTRAIN_PROJECT_DIR"/* ]]; then
         CTRAIN_RECIPE=${CTRAIN_RECIPE#"$CTRAIN_PROJECT_DIR"/}
     fi
+}
+
+# ctrain_sweep_task: a task of a sweep (CTRAIN_SWEEP, the table `ctrain submit --sweep` wrote, a line
+# per task of the job array) takes its line (SLURM_ARRAY_TASK_ID): its arg: words are added to the
+# recipe's overrides, or are the command instead; its env: values (CTRAIN_SWEEP_* only) are exported,
+# with CTRAIN_SWEEP_NAME and CTRAIN_SWEEP_TASK. The table is data: nothing in it is run as shell text.
+ctrain_sweep_task() {
+    local table line fields=() field name words=()
+    [[ -n $CTRAIN_SWEEP ]] || return 0
+    table=$(ctrain_abspath "$CTRAIN_SWEEP")
+    [[ ${SLURM_ARRAY_TASK_ID:-} =~ ^[0-9]{1,4}$ ]] ||
+        ctrain_die "CTRAIN_SWEEP is set and this job is not a task of a job array (SLURM_ARRAY_TASK_ID is" \
+            "'${SLURM_ARRAY_TASK_ID:-}'): submit a sweep with ctrain submit --sweep, or sbatch --array=0-N"
+    [[ -f $table && ! -L $table ]] || ctrain_die "the sweep's table $table is not a file (CTRAIN_SWEEP)"
+    (($(stat -c %s "$table") <= 1048576)) || ctrain_die "the sweep's table $table is over 1 MiB"
+    line=$(sed -n "$((10#$SLURM_ARRAY_TASK_ID + 1)){p;q}" "$table")
+    [[ -n $line ]] || ctrain_die "the sweep's table $table has no task $SLURM_ARRAY_TASK_ID"
+    IFS=$'\t' read -r -a fields <<<"$line"
+    [[ ${fields[0]} =~ ^[A-Za-z0-9._+-]{1,100}$ ]] ||
+        ctrain_die "task $SLURM_ARRAY_TASK_ID of $table has no name (its line starts with '${fields[0]}')"
+    for field in "${fields[@]:1}"; do
+        case $field in
+            arg:*) words+=("${field#arg:}") ;;
+            env:*=*)
+                name=${field#env:}
+                name=${name%%=*}
+                [[ $name =~ ^CTRAIN_SWEEP_[A-Z0-9_]{1,80}$ && $name != CTRAIN_SWEEP_NAME && $name != CTRAIN_SWEEP_TASK ]] ||
+                    ctrain_die "task $SLURM_ARRAY_TASK_ID of $table sets '$name': a sweep sets CTRAIN_SWEEP_* only"
+                export "$name=${field#env:"$name"=}"
+                ;;
+            *) ctrain_die "task $SLURM_ARRAY_TASK_ID of $table has a field that is neither arg: nor env:" ;;
+        esac
+    done
+    if ((${#CTRAIN_COMMAND[@]} > 0)); then
+        CTRAIN_COMMAND=("${words[@]}")
+    else
+        CTRAIN_OVERRIDES+=("${words[@]}")
+    fi
+    export CTRAIN_SWEEP_NAME=${fields[0]} CTRAIN_SWEEP_TASK=$SLURM_ARRAY_TASK_ID
 }
 
 # ctrain_check_settings: the settings that reach the nodes' shell or srun's options, checked.

@@ -252,6 +252,10 @@ def check_sbatch_args(c: SlurmConfig) -> None:
         if problem:
             raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r} {problem}")
         option, value = parsed
+        if option == "array":
+            raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r}: an array of one recipe trains it that many "
+                              "times into one output directory; a sweep is `ctrain submit RECIPE --sweep KEY=V1,V2` "
+                              "(each task its own values and output directory, --max-parallel N)")  # fmt: skip
         problem = None if value is None else directive_problem(value, option)
         if problem:
             raise ConfigError(f"slurm.sbatch_args entry {shorten(arg)!r}: its value {problem}")

@@ -42,7 +42,10 @@ BAD = [
     ("model field", ["model.config_overrides.hiden_size=8"], {}, "llama configs have no field 'hiden_size'"),
     ("unreadable", ["training.deepspeed=broken.json"], {}, "broken.json is not valid JSON"),
     ("hub offline", ["hub.repo_id=me/adder"], {"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"),
-    ("wandb missing", ["logging.wandb_project=adder"], {}, "includes wandb, which is not installed"),
+    # wandb is installed here (for test_one_wandb_run_across_a_requeue): a package of that name that is
+    # not there, ahead of it on the path, stands for a machine without it.
+    ("wandb missing", ["logging.wandb_project=adder"], {"PYTHONPATH": "{work}/no-wandb"},
+     "includes wandb, which is not installed"),
 ]
 
 
@@ -52,6 +55,10 @@ def test_bad_recipe_is_one_error_and_no_training(tiny_recipe: Path, overrides: l
     work = tiny_recipe.parent
     (work / "qa.jsonl").write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")
     (work / "broken.json").write_text('{"zero_optimization": ')
+    (work / "no-wandb" / "wandb").mkdir(parents=True)
+    (work / "no-wandb" / "wandb" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'wandb'\", name='wandb')\n")
+    env = {key: value.format(work=work) for key, value in env.items()}
     result = subprocess.run(
         [sys.executable, "-m", "ctrain", "train", tiny_recipe.name, *overrides],
         cwd=work, env={**os.environ, **env}, capture_output=True, text=True, timeout=300, check=False,
@@ -273,6 +280,45 @@ def test_preempted_run_checkpoints_exits_75_and_resumes(tiny_recipe: Path, ctrai
     assert f"resuming from outputs/tiny/checkpoint-{step} " in again.stderr
     assert not (output / PREEMPTED_FILE).exists()
     assert json.loads((output / "final" / COMPLETE_MARKER).read_text())["step"] == 300
+
+
+def test_one_wandb_run_and_one_tensorboard_run_across_a_requeue(tiny_recipe: Path, ctrain,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """W&B in offline mode (the real package, no account): a training stopped by TERM (exit 75, as Slurm's
+    requeue or a preemption stops it) and resumed logs to one W&B run, the id kept in the output directory;
+    a training started afresh in the same directory gets a new one. TensorBoard's events of both starts are
+    in one directory (OUTPUT_DIR/runs), not one a start."""
+    from ctrain.train.artifacts import TENSORBOARD_DIR, WANDB_RUN_FILE
+
+    work = tiny_recipe.parent
+    output = work / "outputs/tiny"
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(work))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for name in ("WANDB_RUN_ID", "WANDB_RESUME", "TENSORBOARD_LOGGING_DIR", "CTRAIN_SWEEP"):
+        monkeypatch.delenv(name, raising=False)
+    args = ["train", tiny_recipe.name, "training.max_steps=300", "training.save_steps=5000",
+            "logging.report_to=[tensorboard,wandb]", "logging.wandb_project=adder"]  # fmt: skip
+    log = work / "first.log"
+    process = start(args, work, log)
+    wait_for(lambda: "step 5/300" in log.read_text(), process, "step 5")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=300) == PREEMPTED_EXIT_CODE, log.read_text()[-3000:]
+    run_id = (output / WANDB_RUN_FILE).read_text().strip()
+    again = ctrain(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from outputs/tiny/checkpoint-" in again.stderr
+    runs = sorted(p.name for p in (work / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(f"-{run_id}") for name in runs), runs
+    assert (output / WANDB_RUN_FILE).read_text().strip() == run_id
+    events = list((output / TENSORBOARD_DIR).iterdir())
+    assert len([e for e in events if e.name.startswith("events.out.tfevents")]) == 2 and all(e.is_file() for e in events)
+
+    shutil.rmtree(output)  # afresh: a new training, a new W&B run
+    fresh = ctrain("train", tiny_recipe.name, "training.max_steps=5", *args[4:])
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    new_id = (output / WANDB_RUN_FILE).read_text().strip()
+    assert new_id != run_id and any(p.name.endswith(f"-{new_id}") for p in (work / "wandb").glob("offline-run-*"))
 
 
 def _worker(launcher: subprocess.Popen[bytes], rank: int) -> int:

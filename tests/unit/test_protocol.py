@@ -109,7 +109,8 @@ def test_every_file_of_the_table_is_named_by_its_side_and_every_file_of_the_run_
     # The files only Python names (NCCL's log, the report's JSON): a module uses the protocol's name.
     by_python = {f"{protocol.NCCL_LOG_PREFIX}.HOST.PID": "protocol.NCCL_LOG_PREFIX",
                  f"../{protocol.report_file('RUN')}": "protocol.report_file(",
-                 f"../{protocol.HISTORY_FILE}": "protocol.HISTORY_FILE"}  # fmt: skip
+                 f"../{protocol.HISTORY_FILE}": "protocol.HISTORY_FILE",
+                 f"../{protocol.sweep_file('DIGEST')}": "protocol.sweep_file("}  # fmt: skip
     for name in names:
         assert by_python[name] in python if name in by_python else _literal(name) in bash, name
     # What the library names in the run's directory, and beside it: each has a row (a directory: the

@@ -73,3 +73,36 @@ def test_hostile_metrics_files_are_read_bounded_and_only_their_numbers_count(tmp
     (tmp_path / "eval.json").write_text('{"accuracy": 0.9, "name": "x", "nested": {"a": 1}}')
     assert results.read_metrics(tmp_path) == {"loss": 0.5, "eval/accuracy": 0.9}
     assert results.read_metrics(tmp_path / "missing") == {}
+
+
+def test_a_sweep_is_a_row_per_task_each_from_its_own_output_and_run(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A sweep recorded as one job array: `ctrain results ARRAY` ranks its tasks, each by its own output
+    directory and by its run's timeline (.ctrain/ARRAY_TASK.run names the task's run); ARRAY_TASK is one."""
+    (tmp_path / "ctrain.yaml").write_text("{}\n")
+    monkeypatch.chdir(tmp_path)
+    tasks = []
+    for index, (lr, eval_loss) in enumerate([("1e-3", 0.8), ("1e-2", 0.3), ("1e-4", 1.2)]):
+        output = tmp_path / "outputs" / "demo" / f"learning_rate-{lr}"
+        output.mkdir(parents=True)
+        (output / "metrics.jsonl").write_text(json.dumps({"step": 20, "loss": 1.0, "eval_loss": eval_loss}) + "\n")
+        tasks.append({"task": index, "name": output.name, "values": {"training.learning_rate": lr},
+                      "output": str(output)})  # fmt: skip
+    history.record(tmp_path, "40", "demo", ["recipes/demo.yaml"], sweep=tasks)
+    state = tmp_path / protocol.STATE_DIR
+    (state / protocol.run_file("40_1")).write_text("43\n")
+    (state / protocol.timeline_file("43")).write_text("100.0 0 start 90.0 1 0\n101.0 0 launched\n190.0 0 exited 0\n")
+    told = json.loads(CliRunner().invoke(main, ["results", "40", "--json"]).output)
+    assert [(r["job"], r["ran"], r["best"]) for r in told["runs"]] == [
+        ("40_1", "training.learning_rate=1e-2", True), ("40_0", "training.learning_rate=1e-3", False),
+        ("40_2", "training.learning_rate=1e-4", False)]  # fmt: skip
+    assert told["runs"][0]["run"] == "43" and told["runs"][0]["account"]["node_hours"] > 0
+    assert told["runs"][1]["account"] == {}  # no run of its own yet
+    one = json.loads(CliRunner().invoke(main, ["results", "40_2", "--json"]).output)
+    assert [r["job"] for r in one["runs"]] == ["40_2"]
+    from ctrain.jobs import cli
+    from tests.unit.test_history import Cluster
+
+    monkeypatch.setattr(cli, "_client", lambda name: (Cluster(), [], None))
+    listed = json.loads(CliRunner().invoke(main, ["jobs", "--json"]).output)
+    assert listed[0]["ran"] == "recipes/demo.yaml (sweep: 3 tasks)"

@@ -50,7 +50,9 @@ def check(job: Job, client: slurm.Slurm | None = None, dry_run: bool = False) ->
     check_partition(job, client)
     warnings += check_gpus(job, client)
     refs: list[HubRef] = []
-    if job.command is None:
+    if job.command is None and job.sweep:
+        warnings += check_sweep_recipe(job, refs)
+    elif job.command is None:
         warnings += check_job_recipe(job, refs)
     else:
         script = command_script(job.command)
@@ -202,6 +204,26 @@ def check_job_recipe(job: Job, refs: list[HubRef] | None = None) -> list[str]:
             job.output_dir = found.absolute()  # for the project's history (ctrain results)
             notes += requeues_needed(job, recipe.training.max_steps)
     return notes
+
+
+def check_sweep_recipe(job: Job, refs: list[HubRef]) -> list[str]:
+    """Every task of a sweep checked as its job runs it (the recipe with the task's overrides): a value the
+    recipe refuses is named with its task before the array is queued. The warnings are the first task's."""
+    from dataclasses import replace
+
+    warnings: list[str] = []
+    for task in job.sweep or []:
+        each = replace(job, overrides=[*job.overrides, *task.words], notes=[], output_dir=None, sweep=None)
+        try:
+            said = check_job_recipe(each, refs)
+        except ConfigError as exc:
+            raise ConfigError(f"sweep task {task.index} ({task.name}): {exc}", key=exc.key) from None
+        if task.index == 0:
+            warnings += said
+            job.notes += each.notes
+        if each.output_dir is not None:
+            job.sweep_outputs[task.index] = each.output_dir
+    return warnings
 
 
 def requeues_needed(job: Job, max_steps: int | None) -> list[str]:

@@ -86,10 +86,18 @@ PREFLIGHT_HELPS = {"nodes": "Number of nodes (inside an allocation: all of its n
 @click.option("--fetch", "fetch", multiple=True, metavar="NAME",
               help="A hub repository the job needs (ORG/NAME, datasets/ORG/NAME), checked to be in the cache it "
               "mounts, as a recipe's are; repeatable (ctrain.yaml: fetch:).")  # fmt: skip
+@click.option("--sweep", "sweep", multiple=True, metavar="KEY=V1,V2",
+              help="A sweep: one job array with a task per combination of the values (repeatable: a grid); each "
+              "task its own overrides and output directory (a command: CTRAIN_SWEEP_KEY and {key}).")  # fmt: skip
+@click.option("--sweep-file", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="A sweep of hand-picked sets: a line per task, KEY=VALUE words separated by spaces.")
+@click.option("--max-parallel", type=click.IntRange(1, 1000), metavar="N",
+              help="At most N of the sweep's tasks run at once (Slurm's --array=...%N).")
 @_CLUSTER
 @click.pass_context
 def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], dry_run: bool,
-           write_script: Path | None, wait_: bool, fetch: tuple[str, ...], cluster_name: str | None,
+           write_script: Path | None, wait_: bool, fetch: tuple[str, ...], sweep: tuple[str, ...],
+           sweep_file: Path | None, max_parallel: int | None, cluster_name: str | None,
            **flags: Any) -> None:  # fmt: skip
     """Train RECIPE on the cluster: render an sbatch/ script with ctrain.yaml's `slurm:` settings,
     check it, and queue it. Or, after `--`, run a training program of your own the same way.
@@ -101,6 +109,7 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], d
       ctrain submit --nodes 2 recipes/demo-addition.yaml training.max_steps=200
       ctrain submit --dry-run --nodes 16 --gpus-per-node 8 RECIPE     show exactly what would run
       ctrain submit --nodes 2 --gpus-per-node 8 -- run_clm.py --deepspeed configs/zero3.json ...
+      ctrain submit RECIPE --sweep training.learning_rate=1e-4,3e-4 --max-parallel 2
     A command runs under the launcher on every node, in the project directory (SCRIPT.py, -m MODULE,
     or any program), with the image, rendezvous, requeue and node-loss handling of a recipe.
 
@@ -122,8 +131,10 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], d
             raise click.UsageError("--write-script writes a file here; with --cluster, use --dry-run to see the script")
         sys.exit(_submit_there(ctx, cluster))
 
+    sets = _sweep_sets(sweep, sweep_file)
     job = jobs.prepare(project(ctx), recipe=recipe, overrides=overrides, command=command, client=slurm.Slurm(),
-                       fetch=fetch, **flags)  # the slurm: settings' flags (ctrain.jobs.flags)
+                       fetch=fetch, sweep=sets, max_parallel=max_parallel,
+                       **flags)  # the slurm: settings' flags (ctrain.jobs.flags)
     if _checked(job, dry_run):
         return
     if write_script:
@@ -132,6 +143,10 @@ def submit(ctx: click.Context, recipe: str | None, overrides: tuple[str, ...], d
         return
     job_id, log = jobs.submit(job)
     click.echo(job_id)
+    if job.sweep:
+        info(f"submitted sweep {job_id}: {len(job.sweep)} task(s), one job array (script: {log.with_suffix('.sbatch')})"
+             f"\n  each task's log: {job.log_dir}/NAME-TASKJOBID.out; compare them: ctrain results {job_id}")  # fmt: skip
+        return
     info(f"submitted job {job_id}: log {log} (script: {log.with_suffix('.sbatch')})\n  follow: ctrain logs -f {job_id}")
     if wait_:
         _ended(*chain.follow(slurm.Slurm(), job_id, emit=click.echo, note=info, search=[job.log_dir]))
@@ -177,6 +192,17 @@ def preflight(ctx: click.Context, quick: bool, dry_run: bool, **flags: Any) -> N
     job_id, log = jobs.submit(job)
     info(f"submitted preflight job {job_id}: log {log}")
     _ended(job_id, slurm.Slurm().follow(job_id, emit=click.echo, search=[job.log_dir]))
+
+
+def _sweep_sets(sweep: tuple[str, ...], sweep_file: Path | None) -> list[dict[str, str]] | None:
+    """The sets of values of a sweep (--sweep's grid, or --sweep-file's lines); None for one job."""
+    from ctrain.jobs import sweep as sweeps
+
+    if sweep and sweep_file:
+        raise ConfigError("give --sweep (a grid) or --sweep-file (a set a line), not both")
+    if sweep:
+        return sweeps.grid(sweep)
+    return sweeps.from_file(sweep_file) if sweep_file else None
 
 
 def _checked(job: Job, dry_run: bool) -> bool:
@@ -282,15 +308,21 @@ def results(ctx: click.Context, job_ids: tuple[str, ...], metric: str | None, as
     config = project(ctx)
     entries = {e.job: e for e in history.read(config.root)[0]}
     rows = []
+    state = config.root / protocol.STATE_DIR
     for asked in dict.fromkeys(slurm.check_job_id(j, step=False) for j in job_ids):
-        run = chain.run_of(config.root / protocol.STATE_DIR, asked)
-        entry = entries.get(run)
+        array, _, index = asked.partition("_")
+        entry = entries.get(array if array in entries and entries[array].tasks else chain.run_of(state, asked))
         if entry is None:
             raise ConfigError(f"job {asked}: not in this project's history ({protocol.STATE_DIR}/{protocol.HISTORY_FILE}): "
                               "ctrain results compares jobs queued with ctrain submit from this project; see ctrain jobs")  # fmt: skip
-        metrics = compare.read_metrics(entry.output) if entry.output else {}
-        rows.append({"job": asked, "run": run, "ran": entry.what, "output": str(entry.output or ""),
-                     "metrics": metrics, "account": compare.read_account(config.root, run, config.report.gpu_hour_price)})  # fmt: skip
+        # A sweep's row per task (JOB_TASK: that task), each from its own output directory and run.
+        runs = [(asked, entry.what, entry.output)] if not entry.tasks else [
+            (f"{entry.job}_{t.index}", t.what(), t.output) for t in entry.tasks if not index or str(t.index) == index]
+        for job, what, output in runs:
+            run = chain.run_of(state, job)
+            rows.append({"job": job, "run": run, "ran": what, "output": str(output or ""),
+                         "metrics": compare.read_metrics(output) if output else {},
+                         "account": compare.read_account(config.root, run, config.report.gpu_hour_price)})  # fmt: skip
     rows, sorted_by = compare.rank(rows, metric)
     if as_json:
         click.echo(json.dumps({"sorted_by": sorted_by, "runs": rows}, indent=2))

@@ -29,13 +29,44 @@ class Entry:
     submitted: float
     what: str  # the recipe and its overrides, or `-- COMMAND`
     output: Path | None = None  # the recipe's output directory, as submit found it
+    tasks: tuple[SweepTask, ...] = ()  # a sweep's tasks (one job array); none for one job
 
 
-def record(project: Path, job_id: str, name: str, arguments: list[str], output: Path | None = None) -> None:
-    """Append the job to the project's history (one JSON line, written whole); a history that cannot be
-    written costs the listing, never the submission."""
-    line = json.dumps({"job": job_id, "name": name, "submitted": round(time.time(), 3), "arguments": arguments,
-                       "output": str(output) if output else None})  # fmt: skip
+@dataclass(frozen=True)
+class SweepTask:
+    """One task of a sweep as ``ctrain submit`` recorded it."""
+
+    index: int
+    name: str
+    values: dict[str, str]
+    output: Path | None
+
+    def what(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.values.items())[:200]
+
+
+def _tasks(raw: object) -> tuple[SweepTask, ...]:
+    """A record's sweep tasks; an entry that is not ctrain's is left out."""
+    found = []
+    for item in raw if isinstance(raw, list) else []:
+        if not isinstance(item, dict) or not isinstance(item.get("task"), int) or not isinstance(item.get("values"), dict):
+            continue
+        output = item.get("output")
+        found.append(SweepTask(item["task"], str(item.get("name", ""))[:100],
+                               {str(k)[:64]: str(v)[:200] for k, v in list(item["values"].items())[:32]},
+                               Path(output) if isinstance(output, str) and output.startswith("/") else None))  # fmt: skip
+    return tuple(found[:1000])
+
+
+def record(project: Path, job_id: str, name: str, arguments: list[str], output: Path | None = None,
+           sweep: list[dict[str, object]] | None = None) -> None:  # fmt: skip
+    """Append the job to the project's history (one JSON line, written whole; a sweep's tasks with it);
+    a history that cannot be written costs the listing, never the submission."""
+    item: dict[str, object] = {"job": job_id, "name": name, "submitted": round(time.time(), 3),
+                               "arguments": arguments, "output": str(output) if output else None}  # fmt: skip
+    if sweep:
+        item["sweep"] = sweep
+    line = json.dumps(item)
     path = project / protocol.STATE_DIR / protocol.HISTORY_FILE
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,7 +88,7 @@ def parse(data: bytes) -> tuple[list[Entry], int]:
         except ValueError:
             skipped += 1
             continue
-        if (not isinstance(item, dict) or json_depth_problem(item, 4) or not slurm.is_job_id(str(item.get("job")),
+        if (not isinstance(item, dict) or json_depth_problem(item, 5) or not slurm.is_job_id(str(item.get("job")),
                                                                                               step=False)
                 or not isinstance(item.get("arguments", []), list)):  # fmt: skip
             skipped += 1
@@ -67,7 +98,8 @@ def parse(data: bytes) -> tuple[list[Entry], int]:
         submitted, output = item.get("submitted"), item.get("output")
         entries.append(Entry(str(item["job"]), str(item.get("name", ""))[:64],
                              float(submitted) if isinstance(submitted, (int, float)) else 0.0, what[:200],
-                             Path(output) if isinstance(output, str) and output.startswith("/") else None))  # fmt: skip
+                             Path(output) if isinstance(output, str) and output.startswith("/") else None,
+                             _tasks(item.get("sweep"))))  # fmt: skip
     return entries, skipped
 
 
@@ -126,7 +158,8 @@ def rows(client: slurm.Slurm, project: Path, entries: Iterable[Entry], search: l
         wall, restarts = _run(project, entry.job) if here else ("-", "-")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.submitted)) if entry.submitted else "-"
         ids = " -> ".join(jobs) if len(jobs) <= 3 else f"{jobs[0]} -> ... -> {jobs[-1]}"
-        listed.append([ids, entry.name, entry.what, last.state, when, wall, restarts, loss])
+        what = f"{entry.what} (sweep: {len(entry.tasks)} tasks)" if entry.tasks else entry.what
+        listed.append([ids, entry.name, what, last.state, when, wall, restarts, loss])
     return listed
 
 

@@ -9,6 +9,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ctrain import protocol, slurm
 from ctrain.errors import ConfigError
@@ -35,11 +36,26 @@ class Job:
     output_dir: Path | None = None  # the recipe's output directory on this machine, once checked (None: unknown)
     limit_seconds: int | None = None  # the time limit the job runs under, once checked (None: none or unknown)
     image_stated: dict[str, object] | None = None  # what the image says it is ({}: nothing); None: not read yet
+    sweep: list[Any] | None = None  # a sweep's tasks (ctrain.jobs.sweep.Task), one job array; None: one job
+    sweep_outputs: dict[int, Path] = field(default_factory=dict)  # each recipe task's output directory here
+
+    def sweep_record(self) -> list[dict[str, object]] | None:
+        """The sweep's tasks as the project's history keeps them (ctrain jobs, ctrain results)."""
+        if not self.sweep:
+            return None
+        return [{"task": t.index, "name": t.name, "values": t.values,
+                 "output": str(self.sweep_outputs[t.index]) if t.index in self.sweep_outputs else None}
+                for t in self.sweep]  # fmt: skip
 
     def describe(self) -> str:
         """The sbatch command and the script, as --dry-run prints them (a shell here-document)."""
         command = shlex.join(slurm.sbatch_command([]))
-        return f"# in {self.project}:\n{command} <<'CTRAIN_SCRIPT'\n{self.text}CTRAIN_SCRIPT\n"
+        shown = f"# in {self.project}:\n{command} <<'CTRAIN_SCRIPT'\n{self.text}CTRAIN_SCRIPT\n"
+        if self.sweep:
+            from ctrain.jobs.sweep import describe
+
+            shown += "".join(f"# {line}\n" for line in describe(self.sweep).splitlines())
+        return shown
 
     @property
     def command(self) -> list[str] | None:

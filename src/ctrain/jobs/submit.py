@@ -34,6 +34,8 @@ from ctrain.jobs.options import directive, render_header, sbatch_options  # noqa
 from ctrain.jobs.render import (RENDERED_MARK, check_mount_sources, choose_script, host_path,  # noqa: F401
                                 library_path, render, resolve_settings, script_runtime, scripts_dir,
                                 settings_env, split_script)  # fmt: skip
+from ctrain.jobs.sweep import Task, array_spec, table_path, table_text
+from ctrain.jobs.sweep import tasks as sweep_tasks
 from ctrain.settings import override
 from ctrain.slurmconfig import SETTINGS
 
@@ -43,13 +45,14 @@ _cpus_per_gpu = cpus_per_gpu  # its name before the split
 def prepare(
     config: ProjectConfig, *, recipe: str | None = None, overrides: tuple[str, ...] = (),
     command: tuple[str, ...] | None = None, client: slurm.Slurm | None = None, fetch: tuple[str, ...] = (),
-    **changes: object,
+    sweep: list[dict[str, str]] | None = None, max_parallel: int | None = None, **changes: object,
 ) -> Job:  # fmt: skip
     """Render the job for ``config.slurm`` with command-line ``changes`` on top: ``slurm:`` keys (nodes=,
     time=, image=, ...; the flags of submit and preflight, typed by :mod:`ctrain.jobs.flags`), checked as in
     ctrain.yaml; None leaves a setting as configured. A GPU job that names no CPUs or memory gets them from
     what ``client``'s sinfo says the nodes have. ``command``: the user's own program instead of a recipe (the
-    words after ``--``)."""
+    words after ``--``). ``sweep``: the sets of values of a sweep (:mod:`ctrain.jobs.sweep`), one job array
+    with a task each, at most ``max_parallel`` running at once."""
     try:
         c = override(config.slurm, changes, where="slurm")
     except ConfigError as exc:
@@ -65,17 +68,40 @@ def prepare(
         arguments = command_arguments(command, recipe, overrides)
     else:
         arguments = recipe_arguments(c, recipe, overrides)
-    text, options = render(template, assemble(lib), sbatch_options(c), env, arguments)
     settings, recipe_overrides = resolve_settings(lib, runtime, arguments, env, project)
+    pairs = sbatch_options(c)
+    tasks = None
+    if sweep is not None:
+        tasks = _sweep_tasks(sweep, arguments, settings, recipe_overrides, project)
+        env["CTRAIN_SWEEP"] = table_path(table_text(tasks))
+        pairs.append(("array", array_spec(len(tasks), max_parallel)))
+    elif max_parallel is not None:
+        raise ConfigError("--max-parallel is for a sweep's tasks: give --sweep KEY=V1,V2 (or --sweep-file) too")
+    text, options = render(template, assemble(lib), pairs, env, arguments)
     stated = _stated(settings["CTRAIN_IMAGE"], runtime, project)
     if stated.get("min_driver") and "CTRAIN_IMAGE_MIN_DRIVER" not in env:  # for the node checks on each node
         env["CTRAIN_IMAGE_MIN_DRIVER"] = settings["CTRAIN_IMAGE_MIN_DRIVER"] = str(stated["min_driver"])
-        text, options = render(template, assemble(lib), sbatch_options(c), env, arguments)
+        text, options = render(template, assemble(lib), pairs, env, arguments)
     check_mount_sources(settings)
     warning = cpu_warning(options)
     notes += [warning] if warning else []
     return Job(template, runtime, text, project, settings, arguments, options, notes, recipe_overrides,
-               [*config.fetch, *fetch], image_stated=stated)  # fmt: skip
+               [*config.fetch, *fetch], image_stated=stated, sweep=tasks)  # fmt: skip
+
+
+def _sweep_tasks(sets: list[dict[str, str]], arguments: list[str], settings: dict[str, str],
+                 overrides: list[str], project: Path) -> list[Task]:  # fmt: skip
+    """A sweep's tasks, a recipe's each with its output directory under the recipe's (as the job names it)."""
+    command = arguments[1:] if arguments[:1] == ["--"] else None
+    base = None
+    if command is None:
+        from ctrain.train.recipe import load_recipe
+
+        try:  # a recipe that does not load is refused by the checks, with the first thing to fix first
+            base = str(load_recipe(project / settings["CTRAIN_RECIPE"], overrides).output_dir)
+        except (ConfigError, OSError):
+            base = None
+    return sweep_tasks(sets, command=command, output_base=base)
 
 
 def _stated(image: str, runtime: str, project: Path) -> dict[str, object]:
@@ -209,6 +235,7 @@ def write_script(job: Job, path: Path) -> None:
     if problem:
         raise ConfigError(f"cannot write {path}: {problem}: give --write-script a path in a directory you can write")
     make_log_dir(job)
+    write_sweep(job)
     atomic_write_text(path, job.text)
 
 
@@ -226,12 +253,24 @@ def preflight_job(config: ProjectConfig, *, quick: bool = False, client: slurm.S
 def submit(job: Job, client: slurm.Slurm | None = None) -> tuple[str, Path]:
     """Queue the job; returns its id and its log, beside which a copy of the script is kept (.sbatch)."""
     make_log_dir(job)
+    write_sweep(job)
     client = client or slurm.Slurm()
     job_id = client.sbatch([], cwd=job.project, script=job.text)
-    log = client.log_path(job_id, search=[job.log_dir])
+    name = str(job.options.get("job-name") or job.template.stem)
+    if job.sweep:  # each task's log is named by its own job id: the script is kept by the array's
+        log = job.log_dir / f"{name}-{job_id}.out"
+    else:
+        log = client.log_path(job_id, search=[job.log_dir])
     atomic_write_text(log.with_suffix(".sbatch"), job.text)  # replaces a link there, never writes through it
     from ctrain.jobs import history
 
-    history.record(job.project, job_id, str(job.options.get("job-name") or job.template.stem), list(job.arguments),
-                   job.output_dir)  # fmt: skip
+    history.record(job.project, job_id, name, list(job.arguments), job.output_dir, sweep=job.sweep_record())
     return job_id, log
+
+
+def write_sweep(job: Job) -> None:
+    """A sweep's table, where its tasks read it (CTRAIN_SWEEP), before the array is queued."""
+    if job.sweep:
+        from ctrain.jobs.sweep import write_table
+
+        write_table(job.project, table_text(job.sweep))

@@ -73,6 +73,11 @@ def run_file(job: str) -> str:
     return f"{job}.run"
 
 
+def sweep_file(digest: str) -> str:
+    """A sweep's table of tasks (``ctrain.jobs.sweep``), named by its content's digest."""
+    return f"sweeps/{digest}.tsv"
+
+
 HISTORY_FILE = "history.jsonl"  # in STATE_DIR: every job `ctrain submit` queued from the project
 
 
@@ -143,8 +148,13 @@ JOB_FILES: tuple[JobFile, ...] = (
             "`ctrain_hold` as each job of the run starts: a job it does not name does not run", "at each job's start"),
     JobFile(f"../{jobs_file('RUN')}", "`JOBID` a line, appended", "`ctrain_hold` (the first job), `ctrain_continue`",
             "`ctrain status`, `logs`, `cancel`, `report` (`ctrain.jobs.chain`)", "at the run's start; per continuation"),
-    JobFile(f"../{run_file('JOBID')}", "`RUN`", "`ctrain_continue`, for the continuation it submitted",
-            "`ctrain report JOB` of a continuation (`ctrain.jobs.chain`)", "per continuation"),
+    JobFile(f"../{run_file('JOBID')}", "`RUN`", "`ctrain_continue`, for the continuation it submitted; "
+            "`ctrain_hold`, as `ARRAYJOBID_TASK.run`, for a sweep's task as it starts its run",
+            "`ctrain report JOB` of a continuation (`ctrain.jobs.chain`); `ctrain results` of a sweep's tasks",
+            "per continuation; per sweep task"),
+    JobFile(f"../{sweep_file('DIGEST')}", "a line per task: its name, then `arg:WORD` and `env:NAME=VALUE`, "
+            "tab-separated", "`ctrain submit --sweep` (`ctrain.jobs.sweep.write_table`), once: named by its content",
+            "`ctrain_sweep_task` in each task (the line of its `SLURM_ARRAY_TASK_ID`)", "at submission; kept"),
     JobFile(f"../{HISTORY_FILE}", "a JSON object a line: `job`, `name`, `submitted`, `arguments`",
             "`ctrain submit` (`ctrain.jobs.history.record`)", "`ctrain jobs`", "per job submitted"),
     JobFile(f"../{continuation_file('JOBID')}", "the job's batch script", "`ctrain_continue` "

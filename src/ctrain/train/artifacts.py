@@ -26,4 +26,6 @@ MERGED_DIR = "merged"  # in FINAL_DIR with peft.merge: the base model with the a
 PREPARED_DIR = "prepared"  # default place of `ctrain prepare`'s output
 METRICS_FILE = "metrics.jsonl"  # every logged step, one JSON object a line
 RECIPE_COPY = "recipe.yaml"  # the recipe as run, overrides applied
+WANDB_RUN_FILE = "wandb-run-id"  # the W&B run a training logs to, kept for its resumes (one run across requeues)
+TENSORBOARD_DIR = "runs"  # TensorBoard's event files, every resume's in one run
 EVAL_FILE = "eval.json"  # `ctrain eval`'s result (also of a base model, before any training)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from typing import Any
 
 from ctrain import protocol
 from ctrain.errors import ConfigError, CtrainError, DiskFull
-from ctrain.files import atomic_write_json, atomic_write_text, check_tree, load_json_bounded
+from ctrain.files import atomic_write_json, atomic_write_text, check_tree, load_json_bounded, read_regular
 from ctrain.settings import MAX_SETTINGS_BYTES
 from ctrain.train import checkpoint, exits, goodput, health, logs, rundir
 from ctrain.train.artifacts import (
@@ -37,6 +38,8 @@ from ctrain.train.artifacts import (
     PREVIOUS_FINAL_DIR,
     PREEMPTED_FILE,
     RECIPE_COPY,
+    TENSORBOARD_DIR,
+    WANDB_RUN_FILE,
 )
 from ctrain.train.layout import batch_layout
 from ctrain.train.preflight import check_trainer_args, preflight, trainer_config_class
@@ -136,17 +139,61 @@ def _check_peft(recipe: Recipe, device_type: str) -> None:
 
 
 def _report_to(recipe: Recipe) -> list[str]:
+    """The metric sinks, each imported here, so that one that is not installed, or does not import, is one
+    line before the run starts instead of a traceback in the trainer's first log."""
+    import importlib
     import importlib.util
 
     targets = list(dict.fromkeys(recipe.logging.report_to + (["wandb"] if recipe.logging.wandb_project else [])))
     for target in targets:
-        if importlib.util.find_spec(target) is None and not (
-            target == "tensorboard" and importlib.util.find_spec("tensorboardX")
-        ):
-            raise ConfigError(f"logging.report_to includes {target}, which is not installed (pip install {target})")
+        if target == "tensorboard" and importlib.util.find_spec("tensorboardX"):
+            continue
+        try:
+            importlib.import_module("torch.utils.tensorboard" if target == "tensorboard" else target)
+        except ModuleNotFoundError as exc:
+            if exc.name not in (target, "tensorboard"):
+                raise ConfigError(f"logging.report_to includes {target}, which does not import here ({exc}): "
+                                  f"reinstall it (pip install {target})") from None  # fmt: skip
+            raise ConfigError(f"logging.report_to includes {target}, which is not installed (pip install {target})") \
+                from None  # fmt: skip
+        except ImportError as exc:
+            raise ConfigError(f"logging.report_to includes {target}, which does not import here ({exc}): "
+                              f"reinstall it (pip install {target})") from None  # fmt: skip
     if recipe.logging.wandb_project:
         os.environ.setdefault("WANDB_PROJECT", recipe.logging.wandb_project)
     return targets
+
+
+_WANDB_ID = re.compile(r"[a-z0-9]{8,64}")
+
+
+def one_logged_run(report_to: list[str], output_dir: Path, resume: str | None) -> None:
+    """One TensorBoard and W&B run per training, however often it is requeued or continued (rank 0, which
+    logs): TensorBoard's events in OUTPUT_DIR/runs, not a directory per start; the W&B run's id kept in
+    OUTPUT_DIR/wandb-run-id and resumed when the training resumes from a checkpoint (a training started
+    afresh gets a new one). A sweep's tasks are grouped by their sweep and named by their values.
+    What the user set (WANDB_RUN_ID, TENSORBOARD_LOGGING_DIR, ...) wins."""
+    if "tensorboard" in report_to:
+        os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(output_dir / TENSORBOARD_DIR))
+    if "wandb" not in report_to:
+        return
+    path = output_dir / WANDB_RUN_FILE
+    run_id = None
+    if resume is not None and path.is_file():
+        try:
+            kept = read_regular(path, 128).decode(errors="replace").strip()
+        except OSError:
+            kept = ""
+        run_id = kept if _WANDB_ID.fullmatch(kept) else None
+    if run_id is None:
+        import uuid
+
+        run_id = uuid.uuid4().hex[:16]
+        atomic_write_text(path, run_id + "\n")
+    os.environ.setdefault("WANDB_RUN_ID", run_id)
+    os.environ.setdefault("WANDB_RESUME", "allow")
+    if os.environ.get("CTRAIN_SWEEP"):
+        os.environ.setdefault("WANDB_RUN_GROUP", Path(os.environ["CTRAIN_SWEEP"]).stem)
 
 
 def _check_hub(recipe: Recipe) -> None:
@@ -220,7 +267,9 @@ def argument_values(recipe: Recipe, layout: Layout, output_dir: Path, report_to:
         "eval_strategy": "steps" if training.eval_steps and has_eval else "no",
         "eval_steps": training.eval_steps,
         "report_to": report_to or "none",
-        "run_name": recipe.logging.run_name or recipe.run_name,
+        # A sweep's task is named by its values (CTRAIN_SWEEP_NAME, from its line of the sweep's table).
+        "run_name": recipe.logging.run_name or "/".join(filter(None, [recipe.run_name,
+                                                                      os.environ.get("CTRAIN_SWEEP_NAME")])),  # fmt: skip
         "seed": recipe.seed,
         "deepspeed": str(expand_path(training.deepspeed)) if training.deepspeed else None,
         "fsdp": training.fsdp,
@@ -626,6 +675,7 @@ def run(recipe: Recipe) -> int:
             log.info("removing %s: it has no %s (the run stopped while saving it); it is saved again", final,
                      COMPLETE_MARKER)  # fmt: skip
             checkpoint.remove([final])
+        one_logged_run(report_to, output_dir, resume)
     preemption = Preemption(signals, args.device)
     callbacks = [
         CompleteCheckpoints(output_dir, recipe.training.save_total_limit, world),
