@@ -26,7 +26,7 @@ import yaml
 
 from ctrain import install_hint, proc
 from ctrain.errors import CommandError, ConfigError, CtrainError
-from ctrain.files import atomic_write_json, atomic_write_text, control_problem, load_json_bounded
+from ctrain.files import atomic_write_json, atomic_write_text, control_problem, load_json_bounded, shorten
 from ctrain.settings import SettingsFile, build, read_settings, to_mapping
 
 PROFILES_ENV = "CTRAIN_CLUSTERS"
@@ -512,6 +512,27 @@ def _rsync(ssh: Ssh, sources: list[str], destination: str) -> list[str]:
     if out.returncode != 0:
         raise CommandError(rsync, out.returncode, out.stderr, out.stdout)
     return [line.split(maxsplit=1)[1] for line in out.stdout.splitlines() if line.startswith("<f")]
+
+
+def fetch_from(ssh: Ssh, directory: str, local: Path, includes: Sequence[str]) -> list[str]:
+    """Copy what ``includes`` (rsync patterns, anchored at DIRECTORY) match in DIRECTORY on the cluster
+    into LOCAL, nothing else: the cluster's files it brought (a second call brings only what changed;
+    a file cut off mid-way is kept in part and finished next time). A DIRECTORY that is not there
+    brings nothing."""
+    if control_problem(directory) or not directory.startswith(("/", "~")):
+        raise CtrainError(f"cluster {ssh.cluster.name}: {shorten(directory)!r} is not a directory to copy from")
+    local.mkdir(parents=True, exist_ok=True)
+    filters = [*(f"--include={pattern}" for pattern in includes), "--exclude=*"]
+    rsync = ["rsync", "--protect-args", "--recursive", "--times", "--partial", "--partial-dir=.ctrain-partial",
+             "--itemize-changes", "--prune-empty-dirs", "-e", shlex.join(ssh.ssh_args()), *filters,
+             f"{ssh.cluster.profile.host}:{on_cluster(directory.rstrip('/'))}/", f"{local}/"]  # fmt: skip
+    out = proc.run(rsync, check=False, env=proc.RSYNC_ENV)
+    ssh._raise_for_connection(out.returncode, out.stderr)
+    if out.returncode == 23 and "No such file or directory" in out.stderr and "change_dir" in out.stderr:
+        return []
+    if out.returncode != 0:
+        raise CommandError(rsync, out.returncode, out.stderr, out.stdout)
+    return [line.split(maxsplit=1)[1] for line in out.stdout.splitlines() if line.startswith(">f")]
 
 
 # --- which cluster a job went to ------------------------------------------------------------------------

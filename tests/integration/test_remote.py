@@ -18,7 +18,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from ctrain import remote, resources, slurm
+from ctrain import protocol, remote, resources, slurm
 from ctrain.cli import main
 from ctrain import __version__
 from tests.conftest import need
@@ -433,3 +433,72 @@ def test_fetch_on_the_cluster_puts_a_model_in_the_cache_its_jobs_mount_and_nothi
         print(f"remote | ctrain fetch --cluster (project sent, a 100 kB model fetched on the login node): {took:.1f} s")
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def test_pull_brings_a_sweeps_results_home_and_nothing_else_of_the_cluster(clusters: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A sweep of two tasks as its jobs left it in the cluster's project (task 0 continued as job 503):
+    `ctrain pull` over the testbed's sshd brings each task's metrics, TensorBoard events and timeline and
+    every job's log, which `ctrain results` then ranks here; never checkpoints, the final model only with
+    --models, nothing of another job, nothing in an output directory that is not ctrain's. Again, it
+    brings nothing; a file damaged here comes back whole."""
+    from ctrain.jobs import history
+
+    cluster = remote.resolve("fresh")
+    there = Path(cluster.profile.project_dir)
+    state = there / protocol.STATE_DIR
+    state.mkdir(parents=True)
+    tasks = []
+    for index, (lr, loss, run) in enumerate([("1e-3", 0.7, "501"), ("1e-2", 0.4, "502")]):
+        output = there / "outputs" / "demo" / f"learning_rate-{lr}"
+        (output / "runs").mkdir(parents=True)
+        (output / "metrics.jsonl").write_text(json.dumps({"run": run, "step": 40, "loss": loss, "eval_loss": loss}) + "\n")
+        (output / "runs" / "events.out.tfevents.1.node1").write_bytes(b"events" * 100)
+        for kept_there in ("checkpoint-20/model.safetensors", "final/model.safetensors", "notes/secret.txt"):
+            (output / kept_there).parent.mkdir(parents=True, exist_ok=True)
+            (output / kept_there).write_bytes(b"weights")
+        (output / "secret.txt").write_text("not ctrain's\n")
+        tasks.append({"task": index, "name": output.name, "values": {"training.learning_rate": lr},
+                      "output": str(output)})  # fmt: skip
+        (state / protocol.timeline_file(run)).write_text("100.0 0 start 90.0 1 0\n101.0 0 launched\n190.0 0 exited 0\n")
+        (state / protocol.run_file(f"500_{index}")).write_text(f"{run}\n")
+    history.record(there, "500", "demo", ["recipes/demo-addition.yaml"], sweep=tasks)
+    history.record(there, "600", "odd", ["recipes/demo-addition.yaml"], Path("/etc"))
+    (state / protocol.jobs_file("501")).write_text("501\n503\n")
+    (there / "logs").mkdir()
+    for job in ("501", "502", "503", "777"):
+        (there / "logs" / f"demo-{job}.out").write_text(f"step 40/40, loss 0.5 (job {job})\n")
+    (state / protocol.timeline_file("777")).write_text("another job's\n")
+    for path in (there, *there.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+    project = _laptop_project(tmp_path)
+    monkeypatch.chdir(project)
+    code, out, took = _ctrain("pull", "500", "--cluster", "fresh")
+    assert code == 0, out
+    here = project / "outputs" / "demo"
+    for lr in ("1e-3", "1e-2"):
+        task = here / f"learning_rate-{lr}"
+        assert (task / "metrics.jsonl").is_file() and (task / "runs" / "events.out.tfevents.1.node1").is_file()
+        assert not (task / "checkpoint-20").exists() and not (task / "final").exists()
+        assert not (task / "secret.txt").exists() and not (task / "notes").exists()
+    assert sorted(p.name for p in (project / "logs").glob("demo-*")) == ["demo-501.out", "demo-502.out", "demo-503.out"]
+    assert not (project / ".ctrain" / protocol.timeline_file("777")).exists()
+    told = json.loads(CliRunner().invoke(main, ["results", "500", "--json"]).output)
+    assert [(r["job"], r["run"], r["best"]) for r in told["runs"]] == [("500_1", "502", True), ("500_0", "501", False)]
+    assert told["runs"][0]["account"]["node_hours"] > 0 and told["runs"][0]["output"] == str(here / "learning_rate-1e-2")
+    print(f"remote | ctrain pull --cluster (a 2-task sweep's results): {took:.1f} s")
+
+    (here / "learning_rate-1e-3" / "metrics.jsonl").write_text("damaged")
+    code, out, _ = _ctrain("pull", "500", "--cluster", "fresh", "--models")
+    assert code == 0 and "3 file(s) new or changed" in out, out  # the damaged file and the two final models
+    assert json.loads((here / "learning_rate-1e-3" / "metrics.jsonl").read_text())["loss"] == 0.7
+    assert (here / "learning_rate-1e-2" / "final" / "model.safetensors").read_bytes() == b"weights"
+    assert not (here / "learning_rate-1e-2" / "checkpoint-20").exists()
+    assert len([e for e in history.read(project)[0] if e.job == "500"]) == 1  # recorded once
+
+    code, out, _ = _ctrain("pull", "600", "--cluster", "fresh")  # a history line naming /etc as its output
+    assert code == 0 and "0 file(s) new or changed" in out, out
+    assert not any((project / "pulled").rglob("passwd")) and not any((project / "pulled").rglob("shadow"))
+    code, out, _ = _ctrain("pull", "999", "--cluster", "fresh")
+    assert code == 2 and "error: job 999: not in the history of fresh's project" in out, out

@@ -248,3 +248,23 @@ def test_cancel_and_logs_follow_a_run_from_any_of_its_jobs(monkeypatch: pytest.M
     assert [lines[0], lines[2], lines[3], lines[5], lines[6]] == ["a", "job 10: the run goes on as job 11", "b",
                                                                   "job 11: the run goes on as job 12", "c"], lines
     assert lines[-1] == "job 12: COMPLETED"
+
+
+def test_a_sweeps_task_continues_as_a_one_task_array_of_its_index_and_names_its_run(fake: Path,
+                                                                                   conf: Path) -> None:  # fmt: skip
+    """A task of a sweep (job 4242, task 2 of array 4240) that lost a node goes on as `--array=2` of the
+    same script, so the continuation reads the same line of the sweep's table; as the task starts its
+    run, .ctrain/4240_2.run names the run, which `ctrain results 4240` reads for that task."""
+    (fake / "sbatch-id").write_text("5151\n")
+    started = library(fake, "ctrain_hold && echo held", conf, SLURM_ARRAY_JOB_ID="4240", SLURM_ARRAY_TASK_ID="2",
+                      CTRAIN_RUN=JOB, CTRAIN_PROJECT_DIR=str(fake))  # fmt: skip
+    assert "held" in started.stdout, started.stdout + started.stderr
+    assert chain.run_of(fake / ".ctrain", "4240_2") == JOB
+    commands = "CTRAIN_ARGUMENTS=(recipes/sft.yaml) && ctrain_requeue_without --continue gpu002"
+    out = library(fake, commands + " && echo requeued=1", conf, CTRAIN_CONTINUE="1", SLURM_JOB_NAME="sft",
+                  SLURM_SUBMIT_DIR=str(fake), SLURM_ARRAY_JOB_ID="4240", SLURM_ARRAY_TASK_ID="2")  # fmt: skip
+    assert "requeued=1" in out.stdout, out.stdout + out.stderr
+    (submitted,) = calls(fake, "sbatch")
+    assert " --job-name=sft --array=2 " in submitted, submitted
+    given = (fake / "sbatch-env").read_text().splitlines()
+    assert not [line for line in given if line.startswith("SLURM_ARRAY")], given  # the new array's own

@@ -338,6 +338,36 @@ def results(ctx: click.Context, job_ids: tuple[str, ...], metric: str | None, as
 
 @click.command()
 @click.argument("job_id")
+@click.option("--models", is_flag=True, help="Also the final model or adapters (OUTPUT_DIR/final); never checkpoints.")
+@_CLUSTER
+@click.pass_context
+def pull(ctx: click.Context, job_id: str, models: bool, cluster_name: str | None) -> None:
+    """Bring a job's results home from the cluster: its metrics, evaluation, TensorBoard logs, logs,
+    timeline and report (a sweep's: every task's) into this project, where ctrain results, ctrain report
+    and TensorBoard read them. Only the job's own files are read there; a second pull brings only what
+    changed, and one cut off goes on where it stopped.
+
+    \b
+      ctrain pull 4242 --cluster hpc && ctrain results 4242
+    """
+    from ctrain import __version__, remote
+    from ctrain.jobs import pull as pulling
+
+    job = slurm.check_job_id(job_id, step=False)
+    if "_" in job:
+        raise ConfigError(f"job {job}: give the sweep's id ({job.split('_')[0]}), which brings every task")
+    cluster = remote.resolve(cluster_name)
+    if cluster is None:
+        raise ConfigError("ctrain pull copies from a cluster: give --cluster NAME (~/.config/ctrain/clusters.yaml), "
+                          "or set a default there; on the login node the files are already here")  # fmt: skip
+    root = project(ctx).root
+    done = pulling.pull(remote.connect(cluster, __version__), job, root, models=models, emit=info)
+    info(f"pulled job {job} from {cluster.name}: {done.files} file(s) new or changed, {done.outputs} output "
+         f"director{'y' if done.outputs == 1 else 'ies'}, into {root}\n  compare: ctrain results {job}")  # fmt: skip
+
+
+@click.command()
+@click.argument("job_id")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the log grows, until the job ends; then say "
               "how it ended (exit 1 unless it COMPLETED).")  # fmt: skip
 @_CLUSTER

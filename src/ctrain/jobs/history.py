@@ -30,6 +30,7 @@ class Entry:
     what: str  # the recipe and its overrides, or `-- COMMAND`
     output: Path | None = None  # the recipe's output directory, as submit found it
     tasks: tuple[SweepTask, ...] = ()  # a sweep's tasks (one job array); none for one job
+    arguments: tuple[str, ...] = ()  # as submitted
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,11 @@ def _tasks(raw: object) -> tuple[SweepTask, ...]:
 
 
 def record(project: Path, job_id: str, name: str, arguments: list[str], output: Path | None = None,
-           sweep: list[dict[str, object]] | None = None) -> None:  # fmt: skip
+           sweep: list[dict[str, object]] | None = None, submitted: float | None = None) -> None:  # fmt: skip
     """Append the job to the project's history (one JSON line, written whole; a sweep's tasks with it);
     a history that cannot be written costs the listing, never the submission."""
-    item: dict[str, object] = {"job": job_id, "name": name, "submitted": round(time.time(), 3),
+    item: dict[str, object] = {"job": job_id, "name": name,
+                               "submitted": round(time.time() if submitted is None else submitted, 3),
                                "arguments": arguments, "output": str(output) if output else None}  # fmt: skip
     if sweep:
         item["sweep"] = sweep
@@ -99,7 +101,7 @@ def parse(data: bytes) -> tuple[list[Entry], int]:
         entries.append(Entry(str(item["job"]), str(item.get("name", ""))[:64],
                              float(submitted) if isinstance(submitted, (int, float)) else 0.0, what[:200],
                              Path(output) if isinstance(output, str) and output.startswith("/") else None,
-                             _tasks(item.get("sweep"))))  # fmt: skip
+                             _tasks(item.get("sweep")), tuple(a[:4096] for a in arguments[:256])))  # fmt: skip
     return entries, skipped
 
 
