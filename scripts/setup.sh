@@ -19,7 +19,7 @@ fi
 .venv/bin/pip install -q -c containers/constraints.txt torch
 # ctrain installs as ctrain-slurm; an environment made when it was called ctrain drops that first.
 .venv/bin/pip uninstall -q -y ctrain 2>/dev/null || true
-.venv/bin/pip install -q -c containers/constraints.txt -e ".[train,test,aws]"
+.venv/bin/pip install -q -c containers/constraints.txt -e ".[train,test,aws,plot]"
 # deepspeed's sdist imports torch while building, so it builds against the torch installed above.
 .venv/bin/pip install -q -c containers/constraints.txt --no-build-isolation deepspeed
 # bitsandbytes (QLoRA) beside the environment, not in it: tests/qlora puts it on its path

@@ -13,17 +13,15 @@ import threading
 import time
 from pathlib import Path
 
-import click
 import pytest
 import yaml
 from click.testing import CliRunner
 
-from ctrain import protocol, remote, resources, slurm
+from ctrain import protocol, remote, slurm
 from ctrain.cli import main
 from ctrain import __version__
-from tests.conftest import need
 from tests.plugins.image import free_port
-from tests.plugins.remote import LoginHost
+from tests.plugins.remote import LoginHost, user_ctrain
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,7 +35,7 @@ def clusters(login_host: LoginHost, sbatch_project, tmp_path: Path, monkeypatch:
     path = tmp_path / "clusters.yaml"
     project_dir = str(sbatch_project.path)
     fresh = Path(sbatch_project.testbed.shared_dir) / f"laptop-project-{time.monotonic_ns()}"
-    launcher = _cluster_ctrain(login_host.directory)
+    launcher = user_ctrain(login_host.directory)
     full = login_host.directory / "full"  # a file system of 1 MiB, as a full disk on the cluster
     full.mkdir(exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "tmpfs", str(full)], check=True)
@@ -66,30 +64,6 @@ def clusters(login_host: LoginHost, sbatch_project, tmp_path: Path, monkeypatch:
         remote.Ssh(remote.resolve(name, path)).close()
     shutil.rmtree(fresh, ignore_errors=True)
     subprocess.run(["umount", str(full)], check=True)
-
-
-def _cluster_ctrain(directory: Path) -> Path:
-    """ctrain as installed on the cluster, for the job user: this checkout's source and the two
-    packages a login node's ctrain imports (click, PyYAML), copied where that user can read them
-    (the checkout and its venv may not be), run by the system's Python."""
-    launcher = directory / "bin" / "ctrain"
-    if launcher.exists():  # made for an earlier test of the session
-        return launcher
-    python = shutil.which("python3", path="/usr/bin:/bin")
-    need(python is not None, "python3 in /usr/bin (apt-get install python3)")
-    lib = directory / "lib"
-    shutil.copytree(REPO / "src" / "ctrain", lib / "ctrain", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in resources.DIRECTORIES:  # ctrain's own files, where a wheel puts them (setup.py)
-        shutil.copytree(REPO / name, lib / "ctrain" / "_data" / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for module in (click, yaml):
-        shutil.copytree(Path(module.__file__).parent, lib / module.__name__,
-                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-    launcher.parent.mkdir(mode=0o755, exist_ok=True)
-    launcher.write_text(f"#!/bin/sh\nPYTHONPATH={lib} exec {python} -m ctrain \"$@\"\n")
-    for path in (directory / "bin", lib, *lib.rglob("*")):
-        path.chmod(0o755 if path.is_dir() or path == launcher else 0o644)
-    launcher.chmod(0o755)
-    return launcher
 
 
 def _other_ctrain(directory: Path) -> Path:
@@ -361,7 +335,7 @@ def test_remote_paths_never_pass_through_the_login_shell(login_host: LoginHost, 
 
 
 def _cluster_ctrain_with_hub(directory: Path, endpoint: str) -> Path:
-    """The cluster's ctrain (:func:`_cluster_ctrain`) with huggingface_hub and everything it needs
+    """The cluster's ctrain (:func:`tests.plugins.remote.user_ctrain`) with huggingface_hub and everything it needs
     beside it, and the hub reached at ``endpoint``, as a login node with internet reaches the Hub."""
     import importlib.metadata as metadata
 
@@ -386,7 +360,7 @@ def _cluster_ctrain_with_hub(directory: Path, endpoint: str) -> Path:
                 wanted.append(requirement.name)
     for path in (lib, *lib.rglob("*")):
         path.chmod(0o755 if path.is_dir() else 0o644)
-    base = _cluster_ctrain(directory).read_text().replace("PYTHONPATH=", f"PYTHONPATH={lib}:", 1)
+    base = user_ctrain(directory).read_text().replace("PYTHONPATH=", f"PYTHONPATH={lib}:", 1)
     launcher = directory / "bin" / "ctrain-hub"
     launcher.write_text(base.replace("exec ", f"HF_ENDPOINT={endpoint} HF_HUB_DISABLE_PROGRESS_BARS=1 exec ", 1))
     launcher.chmod(0o755)

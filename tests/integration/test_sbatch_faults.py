@@ -34,6 +34,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -953,3 +954,89 @@ def test_through_pyxis_faults_behave_as_under_apptainer(sbatch_project: Project,
             assert "ctrain: failure: node lost: node2 (its launcher never ended and its slurmd does not answer)" in run
             not_requeued(run, "node2")
     assert not re.search(r"slurmstepd-node\d: error: pyxis", log), log[-6000:]
+
+
+def _tasks(project: Project, array: str) -> dict[int, dict[str, str]]:
+    """The array's tasks as Slurm's record has them: index -> JobId, JobState, NodeList, ... (array ids
+    of one-task continuations included, by their ArrayTaskId, the newest job last)."""
+    out = project.testbed.slurm.run(["scontrol", "show", "job", "-o", array], check=False).stdout
+    found: dict[int, dict[str, str]] = {}
+    for line in out.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if fields.get("ArrayTaskId", "").isdigit():
+            found[int(fields["ArrayTaskId"])] = fields
+    return found
+
+
+@pytest.mark.full  # a 3-node testbed and four 2-node trainings, one after another: some five minutes
+def test_a_sweep_survives_a_lost_node_task_by_task_and_its_results_rank_every_task(
+    sbatch_project: Project, cpu_sif: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ctrain submit --sweep` (run as the job user, as on a login node): four learning rates of the demo,
+    one job array of 2-node tasks, --max-parallel 2. Node2 is killed under the first task past its first
+    checkpoint: that task goes on as a one-task array of its own index on the healthy nodes, resumed from
+    its checkpoint, and the other tasks go on; every task finishes in its own output directory, `ctrain
+    results ARRAY` ranks the four, the best marked, and `ctrain jobs` lists the sweep.
+    Full tier alone; CI tier: test_a_sweeps_task_continues_as_a_one_task_array_of_its_index_and_names_its_run
+    and test_each_task_of_a_recipe_gets_its_overrides_and_its_own_output_directory (the library, Slurm faked)."""
+    from tests.plugins.remote import user_ctrain
+
+    project = sbatch_project
+    testbed = project.testbed
+    testbed.down()
+    testbed.up(3)
+    rates = ["1e-3", "3e-3", "1e-2", "3e-2"]
+    try:
+        launcher = user_ctrain(Path(testbed.shared_dir) / "ctrain-for-the-user")
+        command = [str(launcher), "submit", f"--image={cpu_sif}", "--nodes=2", f"--ntasks-per-node={PER_NODE}",
+                   "--job-name=sweep", "--max-parallel", "2", DEMO, "training.max_steps=80", "training.logging_steps=5",
+                   "training.save_steps=25", "--sweep", f"training.learning_rate={','.join(rates)}"]  # fmt: skip
+        runner = testbed.user_runner()
+        submitted = subprocess.run(runner.argv(command), cwd=project.path, capture_output=True, text=True,
+                                   timeout=300, check=False)  # fmt: skip
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        array = submitted.stdout.split()[0]
+        assert f"submitted sweep {array}: 4 task(s), one job array" in submitted.stderr, submitted.stderr
+        record = testbed.slurm.run(["scontrol", "show", "job", "-o", array]).stdout
+        assert "ArrayTaskThrottle=2" in record, record
+        wait_until("task 0 running", lambda: _tasks(project, array).get(0, {}).get("JobState") == "RUNNING", 300)
+        first = _tasks(project, array)[0]["JobId"]
+        assert _tasks(project, array)[0]["NodeList"] == "node[1-2]"
+        training(project, first, past=30)
+        try:
+            testbed.kill_node("node2")
+            lost = time.monotonic()
+            wait_until("task 0's continuation", lambda: protocol.continued_as(project.log(first)) is not None, 120)
+            later = protocol.continued_as(project.log(first))
+            again = _tasks(project, later)
+            assert list(again) == [0], again  # a one-task array of the same index
+            training(project, later, past=30)
+            report("a sweep's 2-node task, node2 killed: to its first step again", f"{time.monotonic() - lost:.1f} s")
+            assert testbed.slurm.job(later).where == "node[1,3]"
+        finally:
+            testbed.start_node("node2")
+        state = testbed.wait(later, timeout=JOB_TIMEOUT)
+        assert state == "COMPLETED", batch_lines(project, later)
+        assert re.search(r"resuming from \S+/learning_rate-1e-3/checkpoint-25 ", project.log(later)), project.log(later)[-3000:]
+        # Task 0 went on as job `later`; the other three each in their own job of the array.
+        wait_until("every task", lambda: [_tasks(project, array).get(i, {}).get("JobState") for i in (1, 2, 3)]
+                   == ["COMPLETED"] * 3, 3 * JOB_TIMEOUT, every=2,
+                   detail=lambda: str({k: v.get("JobState") for k, v in _tasks(project, array).items()}))  # fmt: skip
+        for rate in rates:
+            final = project.path / "outputs" / "demo-addition" / f"learning_rate-{rate}" / "final"
+            assert json.loads((final / "ctrain-complete.json").read_text())["step"] == 80, rate
+        for index in (1, 2, 3):  # the other tasks: each one run, never requeued
+            assert restarts(project, _tasks(project, array)[index]["JobId"]) == 0
+    finally:
+        testbed.down()
+        testbed.up(2)
+    monkeypatch.chdir(project.path)
+    told = CliRunner().invoke(main, ["results", array, "--json"], catch_exceptions=False)
+    assert told.exit_code == 0, told.output
+    runs = json.loads(told.output)["runs"]
+    assert sorted(r["job"] for r in runs) == [f"{array}_{i}" for i in range(4)]
+    assert all("loss" in r["metrics"] and r["metrics"]["step"] == 80 for r in runs), runs
+    assert runs[0]["best"] and runs[0]["metrics"]["loss"] == min(r["metrics"]["loss"] for r in runs)
+    assert next(r for r in runs if r["job"] == f"{array}_0")["run"] == first  # the run across its two jobs
+    listed = CliRunner().invoke(main, ["jobs", "--json"], catch_exceptions=False)
+    assert any(row["ran"].endswith("(sweep: 4 tasks)") for row in json.loads(listed.output)), listed.output

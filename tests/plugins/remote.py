@@ -17,11 +17,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
 import pytest
+import yaml
 
+from ctrain import resources
 from ctrain.testbed.plan import CONTROLLER_IP
 
 LOGIN_ADDRESS = str(CONTROLLER_IP)
+REPO = Path(__file__).resolve().parents[2]
 from tests.conftest import need, need_root
 from tests.plugins.image import _stop, free_port, wait_for_port
 
@@ -88,3 +92,27 @@ def login_host(testbed) -> Iterator[LoginHost]:
     finally:
         _stop(server)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def user_ctrain(directory: Path) -> Path:
+    """ctrain as installed on the cluster, for the job user: this checkout's source and the two
+    packages a login node's ctrain imports (click, PyYAML), copied where that user can read them
+    (the checkout and its venv may not be), run by the system's Python."""
+    launcher = directory / "bin" / "ctrain"
+    if launcher.exists():  # made for an earlier test of the session
+        return launcher
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    need(python is not None, "python3 in /usr/bin (apt-get install python3)")
+    lib = directory / "lib"
+    shutil.copytree(REPO / "src" / "ctrain", lib / "ctrain", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in resources.DIRECTORIES:  # ctrain's own files, where a wheel puts them (setup.py)
+        shutil.copytree(REPO / name, lib / "ctrain" / "_data" / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for module in (click, yaml):
+        shutil.copytree(Path(module.__file__).parent, lib / module.__name__,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    launcher.parent.mkdir(mode=0o755, exist_ok=True)
+    launcher.write_text(f"#!/bin/sh\nPYTHONPATH={lib} exec {python} -m ctrain \"$@\"\n")
+    for path in (directory / "bin", lib, *lib.rglob("*")):
+        path.chmod(0o755 if path.is_dir() or path == launcher else 0o644)
+    launcher.chmod(0o755)
+    return launcher

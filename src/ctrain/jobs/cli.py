@@ -294,8 +294,12 @@ def jobs(ctx: click.Context, limit: int, as_json: bool, cluster_name: str | None
 @click.option("--sort", "metric", metavar="METRIC", help="Rank by this metric (default: eval_loss where the runs "
               "have one, else the training loss); losses best at their least, accuracies and scores at their most.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of a table.")
+@click.option("--plot", type=click.Path(path_type=Path), metavar="FILE",
+              help="Also draw every run's training and evaluation loss against steps: FILE.png, .svg, or .html (a "
+              "self-contained page with the table); needs matplotlib (pip install 'ctrain-slurm[plot]').")  # fmt: skip
 @click.pass_context
-def results(ctx: click.Context, job_ids: tuple[str, ...], metric: str | None, as_json: bool) -> None:
+def results(ctx: click.Context, job_ids: tuple[str, ...], metric: str | None, as_json: bool,
+            plot: Path | None) -> None:  # fmt: skip
     """Compare runs: one row per JOB_ID (any job of a run), from its output directory's metrics (the last
     training loss, the last evaluation, eval.json, tokens/s) and its timeline (goodput, hours, cost with
     report.gpu_hour_price), best first by one metric, the best marked *."""
@@ -305,6 +309,10 @@ def results(ctx: click.Context, job_ids: tuple[str, ...], metric: str | None, as
     from ctrain.jobs import results as compare
     from ctrain.ui import table
 
+    if plot is not None:
+        from ctrain.jobs import plots
+
+        plots.check_target(plot)
     config = project(ctx)
     entries = {e.job: e for e in history.read(config.root)[0]}
     rows = []
@@ -324,6 +332,9 @@ def results(ctx: click.Context, job_ids: tuple[str, ...], metric: str | None, as
                          "metrics": compare.read_metrics(output) if output else {},
                          "account": compare.read_account(config.root, run, config.report.gpu_hour_price)})  # fmt: skip
     rows, sorted_by = compare.rank(rows, metric)
+    if plot is not None:
+        drawn = plots.loss_curves(rows, plot, f"ctrain results {' '.join(job_ids)}")
+        info(f"plot: {drawn} curve(s) of {len(rows)} run(s) in {plot}")
     if as_json:
         click.echo(json.dumps({"sorted_by": sorted_by, "runs": rows}, indent=2))
         return
@@ -421,8 +432,11 @@ def cancel(job_id: str, signal_name: str | None, cluster_name: str | None) -> No
               help="The run's timeline (default: .ctrain/RUN.timeline in the project, RUN being the "
               "run's first job).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the account as JSON instead of lines.")
+@click.option("--plot", type=click.Path(path_type=Path), metavar="FILE",
+              help="Also draw the runs one after another, each segment in its colour: FILE.png, .svg or .html; "
+              "needs matplotlib (pip install 'ctrain-slurm[plot]').")  # fmt: skip
 @click.pass_context
-def report(ctx: click.Context, job_id: str, timeline: Path | None, as_json: bool) -> None:
+def report(ctx: click.Context, job_id: str, timeline: Path | None, as_json: bool, plot: Path | None) -> None:
     """Where a run's time went, across its requeues and continuations (JOB_ID: any of its jobs): queue wait, start-up, preparation, training,
     checkpoint saves, evaluation, work lost (and why) and each run's end; goodput, GPU-hours and,
     with report.gpu_hour_price in ctrain.yaml, the cost. Also written as JSON beside the timeline."""
@@ -435,7 +449,15 @@ def report(ctx: click.Context, job_id: str, timeline: Path | None, as_json: bool
     config = project(ctx)
     run = chain.run_of(config.root / protocol.STATE_DIR, job_id)
     path = timeline or config.root / protocol.STATE_DIR / protocol.timeline_file(run)
+    if plot is not None:
+        from ctrain.jobs import plots
+
+        plots.check_target(plot)
     result, lines = goodput.report(path, run, gpu_hour_price=config.report.gpu_hour_price)
+    if plot is not None:
+        plots.timeline(result, plot, f"ctrain report {job_id}: run {run}, goodput {100 * result['goodput']:.1f}%"
+                       if result.get("goodput") is not None else f"ctrain report {job_id}: run {run}")  # fmt: skip
+        info(f"plot: {len(result['runs'])} run(s) in {plot}")
     out = path.with_name(protocol.report_file(run))
     try:
         atomic_write_json(out, result)
