@@ -790,6 +790,7 @@ def test_a_lost_nodes_run_trains_again_on_the_healthy_nodes_within_90_s(sbatch_p
             assert told.exit_code == 0, told.output
             account = json.loads(told.output)
             assert [r["cause"] for r in account["runs"]] == ["node-lost", "none"], account["runs"]
+            assert account["runs"][1]["reached_step"] == steps and account["runs"][0]["reached_step"] < steps
         # Slurm does not requeue the old job after the node failure; a job of the same run that starts all
         # the same (the old job's script submitted again, as run R) finds the run held and trains nothing.
         testbed.wait(job_id, timeout=120)
@@ -956,6 +957,10 @@ def test_through_pyxis_faults_behave_as_under_apptainer(sbatch_project: Project,
     assert not re.search(r"slurmstepd-node\d: error: pyxis", log), log[-6000:]
 
 
+def _hostnames(project: Project, nodes: str) -> list[str]:
+    return project.testbed.slurm.run(["scontrol", "show", "hostnames", nodes]).stdout.split()
+
+
 def _tasks(project: Project, array: str) -> dict[int, dict[str, str]]:
     """The array's tasks as Slurm's record has them: index -> JobId, JobState, NodeList, ... (array ids
     of one-task continuations included, by their ArrayTaskId, the newest job last)."""
@@ -973,9 +978,10 @@ def test_a_sweep_survives_a_lost_node_task_by_task_and_its_results_rank_every_ta
     sbatch_project: Project, cpu_sif: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`ctrain submit --sweep` (run as the job user, as on a login node): four learning rates of the demo,
-    one job array of 2-node tasks, --max-parallel 2. Node2 is killed under the first task past its first
-    checkpoint: that task goes on as a one-task array of its own index on the healthy nodes, resumed from
-    its checkpoint, and the other tasks go on; every task finishes in its own output directory, `ctrain
+    one job array of 2-node tasks, --max-parallel 2 (two run at once: a testbed node holds two 1-process
+    jobs). Node2 is killed under the first task past its first checkpoint: each task on node2 goes on as a
+    one-task array of its own index on the healthy nodes, resumed from its checkpoint, and the other tasks
+    are not touched; every task finishes in its own output directory, `ctrain
     results ARRAY` ranks the four, the best marked, and `ctrain jobs` lists the sweep.
     Full tier alone; CI tier: test_a_sweeps_task_continues_as_a_one_task_array_of_its_index_and_names_its_run
     and test_each_task_of_a_recipe_gets_its_overrides_and_its_own_output_directory (the library, Slurm faked)."""
@@ -1004,29 +1010,37 @@ def test_a_sweep_survives_a_lost_node_task_by_task_and_its_results_rank_every_ta
         assert _tasks(project, array)[0]["NodeList"] == "node[1-2]"
         training(project, first, past=30)
         try:
+            running = {k: t for k, t in _tasks(project, array).items() if t.get("JobState") == "RUNNING"}
             testbed.kill_node("node2")
             lost = time.monotonic()
+            # Every task on node2 goes on as a one-task array of its own index; the others are not touched.
+            hit = {k for k, t in running.items() if "node2" in _hostnames(project, t["NodeList"])}
+            assert 0 in hit, running
             wait_until("task 0's continuation", lambda: protocol.continued_as(project.log(first)) is not None, 120)
             later = protocol.continued_as(project.log(first))
-            again = _tasks(project, later)
-            assert list(again) == [0], again  # a one-task array of the same index
+            assert list(_tasks(project, later)) == [0], _tasks(project, later)  # a one-task array of the same index
             training(project, later, past=30)
             report("a sweep's 2-node task, node2 killed: to its first step again", f"{time.monotonic() - lost:.1f} s")
             assert testbed.slurm.job(later).where == "node[1,3]"
         finally:
             testbed.start_node("node2")
-        state = testbed.wait(later, timeout=JOB_TIMEOUT)
-        assert state == "COMPLETED", batch_lines(project, later)
-        assert re.search(r"resuming from \S+/learning_rate-1e-3/checkpoint-25 ", project.log(later)), project.log(later)[-3000:]
-        # Task 0 went on as job `later`; the other three each in their own job of the array.
-        wait_until("every task", lambda: [_tasks(project, array).get(i, {}).get("JobState") for i in (1, 2, 3)]
-                   == ["COMPLETED"] * 3, 3 * JOB_TIMEOUT, every=2,
-                   detail=lambda: str({k: v.get("JobState") for k, v in _tasks(project, array).items()}))  # fmt: skip
+        assert re.search(r"resuming from \S+/learning_rate-1e-3/checkpoint-25 ", project.log(later)), \
+            project.log(later)[-3000:]  # fmt: skip
+        ends = {}
+        for index in range(4):  # each task to its end, through its continuation where it had one
+            wait_until(f"task {index}", lambda: index in _tasks(project, array), 3 * JOB_TIMEOUT, every=2)
+            job = _tasks(project, array)[index]["JobId"]
+            assert testbed.wait(job, timeout=JOB_TIMEOUT) in ("COMPLETED", "FAILED", "NODE_FAIL"), job
+            chain_of = [job]
+            while (after := protocol.continued_as(project.log(chain_of[-1]))) is not None:
+                chain_of.append(after)
+            ends[index] = testbed.wait(chain_of[-1], timeout=JOB_TIMEOUT)
+            assert ends[index] == "COMPLETED", batch_lines(project, chain_of[-1])
+            assert (len(chain_of) > 1) == (index in hit), (index, chain_of, hit)  # only the tasks on node2 went on
+            assert restarts(project, job) == 0
         for rate in rates:
             final = project.path / "outputs" / "demo-addition" / f"learning_rate-{rate}" / "final"
             assert json.loads((final / "ctrain-complete.json").read_text())["step"] == 80, rate
-        for index in (1, 2, 3):  # the other tasks: each one run, never requeued
-            assert restarts(project, _tasks(project, array)[index]["JobId"]) == 0
     finally:
         testbed.down()
         testbed.up(2)
@@ -1038,5 +1052,13 @@ def test_a_sweep_survives_a_lost_node_task_by_task_and_its_results_rank_every_ta
     assert all("loss" in r["metrics"] and r["metrics"]["step"] == 80 for r in runs), runs
     assert runs[0]["best"] and runs[0]["metrics"]["loss"] == min(r["metrics"]["loss"] for r in runs)
     assert next(r for r in runs if r["job"] == f"{array}_0")["run"] == first  # the run across its two jobs
+    account = json.loads(CliRunner().invoke(main, ["report", first, "--json"], catch_exceptions=False).output)
+    assert [r["cause"] for r in account["runs"]] == ["node-lost", "none"], account["runs"]
+    assert account["runs"][0]["reached_step"] < 80 and account["runs"][1]["reached_step"] == 80, account["runs"]
+    assert account["runs"][1]["resumed_step"] == 25, account["runs"]  # the continuation's steps are its own run's
     listed = CliRunner().invoke(main, ["jobs", "--json"], catch_exceptions=False)
     assert any(row["ran"].endswith("(sweep: 4 tasks)") for row in json.loads(listed.output)), listed.output
+    plotted = CliRunner().invoke(main, ["results", array, "--plot", str(tmp_path / "sweep.html")])
+    assert plotted.exit_code == 0 and "of 4 run(s)" in plotted.output, plotted.output
+    page = (tmp_path / "sweep.html").read_text()
+    assert all(f'id="train-{array}_{index}"' in page for index in range(4)), "a curve per task"

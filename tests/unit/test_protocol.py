@@ -176,6 +176,18 @@ def test_python_reads_the_run_directory_under_its_new_name_and_its_old_one() -> 
     assert protocol.restart_count({"SLURM_RESTART_COUNT": "²"}) == 0 == protocol.restart_count({})
 
 
+@pytest.mark.parametrize(("run_restarts", "requeues"), [("0", "0"), ("0", "2"), ("1", "0"), ("3", "2")])
+def test_rank_0s_marks_count_a_runs_restarts_as_the_library_does(tmp_path: Path, run_restarts: str,
+                                                                 requeues: str) -> None:  # fmt: skip
+    """A continuation (CTRAIN_RUN_RESTARTS, which ctrain_continue gives it) requeued by Slurm
+    (SLURM_RESTART_COUNT): rank 0's timeline marks (goodput.mark) carry the same restart as the batch
+    script's (ctrain_mark, ctrain_restarts), so the report puts the continuation's steps in its own run."""
+    env = {"CTRAIN_RUN_RESTARTS": run_restarts, "SLURM_RESTART_COUNT": requeues}
+    out = subprocess.run(["bash", "-c", f"source {bashlib.LIB} && ctrain_restarts"], capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], **env}, check=True)  # fmt: skip
+    assert protocol.restart_count(env) == int(out.stdout) == int(run_restarts) + int(requeues)
+
+
 def test_the_rank_checks_find_the_run_directory_under_either_name(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.delenv("CTRAIN_RUN_DIR", raising=False)
     monkeypatch.setenv("CTRAIN_PIDS", str(tmp_path / "old"))

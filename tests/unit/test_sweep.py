@@ -194,3 +194,24 @@ def test_an_array_in_sbatch_args_is_refused_for_the_sweep_that_does_it_right(pro
     result = CliRunner().invoke(main, ["submit", "--dry-run", "recipes/demo-addition.yaml"])
     assert result.exit_code == 2 and "a sweep is `ctrain submit RECIPE --sweep KEY=V1,V2`" in result.output, \
         result.output  # fmt: skip
+
+
+def test_a_sweeps_tasks_are_one_wandb_group_each_task_one_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer's W&B settings for a task: grouped by the sweep's table (the same for every task and
+    its continuations), its run id kept in its output directory and resumed with its checkpoint."""
+    from ctrain.train import trainer
+
+    for name in ("WANDB_RUN_ID", "WANDB_RESUME", "WANDB_RUN_GROUP"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CTRAIN_SWEEP", ".ctrain/sweeps/0123456789abcdef.tsv")
+    trainer.one_logged_run(["wandb"], tmp_path, resume=None)
+    first = os.environ["WANDB_RUN_ID"]
+    assert os.environ["WANDB_RUN_GROUP"] == "0123456789abcdef" and os.environ["WANDB_RESUME"] == "allow"
+    for name in ("WANDB_RUN_ID", "WANDB_RUN_GROUP"):
+        monkeypatch.delenv(name)
+    trainer.one_logged_run(["wandb"], tmp_path, resume=str(tmp_path / "checkpoint-25"))
+    assert os.environ["WANDB_RUN_ID"] == first  # resumed: the same run
+    monkeypatch.delenv("WANDB_RUN_ID")
+    (tmp_path / "wandb-run-id").write_text("$(reboot)\n")  # not an id: a new run, not this text
+    trainer.one_logged_run(["wandb"], tmp_path, resume=str(tmp_path / "checkpoint-25"))
+    assert re.fullmatch(r"[0-9a-f]{16}", os.environ["WANDB_RUN_ID"])

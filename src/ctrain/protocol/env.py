@@ -24,6 +24,7 @@ REQUEUE_EXIT_ENV = "CTRAIN_REQUEUE_EXIT"  # the exit code that asks for a requeu
 STORE_ENV = "CTRAIN_STORE"  # HOST:PORT of the rendezvous store the first node's task hosts
 IMAGE_CACHE_ENV = "CTRAIN_IMAGE_CACHE"  # the node-local image cache (IMAGE_ENTRY_FILES)
 RESTART_ENV = "SLURM_RESTART_COUNT"  # Slurm's: which run of the job this is (0 for the first)
+RUN_RESTARTS_ENV = "CTRAIN_RUN_RESTARTS"  # the run's restarts before this job (its continuations'), set by ctrain_continue
 NODE_NAME_ENV = "SLURMD_NODENAME"  # Slurm's: this node's name, as the job's node list spells it
 JOB_ID_ENV = "SLURM_JOB_ID"
 
@@ -54,6 +55,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(STORE_ENV, "`HOST:PORT` of the rendezvous store", "the library, for the first node's task",
              "the first node's task"),
     Variable(RESTART_ENV, "which run of the job this is", "Slurm", "`ctrain_mark`, `ctrain_transition`, `goodput.mark`"),
+    Variable(RUN_RESTARTS_ENV, "the run's restarts before this job (a continuation's)", "`ctrain_continue`, for the "
+             "continuation it submits", "`ctrain_restarts`, and so `ctrain_mark`; `goodput.mark` (`restart_count`)"),
     Variable(NODE_NAME_ENV, "this node's name in the job's node list", "Slurm",
              "the node checks, the rank checks (`health.host_name`)"),
 )  # fmt: skip
@@ -88,9 +91,14 @@ def timeline_path(env: Mapping[str, str] = os.environ) -> Path | None:
 
 
 def restart_count(env: Mapping[str, str] = os.environ) -> int:
-    """Which run of the job this is (``SLURM_RESTART_COUNT``, 0 when unset or not a count)."""
-    value = env.get(RESTART_ENV, "0")
-    return int(value) if RESTART_PATTERN.fullmatch(value) else 0
+    """Which start of the run this is, as the library counts it (``ctrain_restarts``): its continuations'
+    restarts before this job (``CTRAIN_RUN_RESTARTS``) and Slurm's requeues of this job
+    (``SLURM_RESTART_COUNT``); a value that is not a count is 0."""
+    found = 0
+    for name in (RUN_RESTARTS_ENV, RESTART_ENV):
+        value = env.get(name, "0")
+        found += int(value) if RESTART_PATTERN.fullmatch(value) else 0
+    return found
 
 
 # --- exit codes --------------------------------------------------------------------------------------
