@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from ctrain import protocol
@@ -975,14 +976,15 @@ def _tasks(project: Project, array: str) -> dict[int, dict[str, str]]:
 
 @pytest.mark.full  # a 3-node testbed and four 2-node trainings, one after another: some five minutes
 def test_a_sweep_survives_a_lost_node_task_by_task_and_its_results_rank_every_task(
-    sbatch_project: Project, cpu_sif: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sbatch_project: Project, cpu_sif: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     """`ctrain submit --sweep` (run as the job user, as on a login node): four learning rates of the demo,
     one job array of 2-node tasks, --max-parallel 2 (two run at once: a testbed node holds two 1-process
     jobs). Node2 is killed under the first task past its first checkpoint: each task on node2 goes on as a
     one-task array of its own index on the healthy nodes, resumed from its checkpoint, and the other tasks
     are not touched; every task finishes in its own output directory, `ctrain
-    results ARRAY` ranks the four, the best marked, and `ctrain jobs` lists the sweep.
+    results ARRAY` ranks the four, the best marked, its plot has a curve per task, `ctrain jobs` lists the
+    sweep, and `ctrain pull` over the testbed's sshd brings every task's results to a laptop project.
     Full tier alone; CI tier: test_a_sweeps_task_continues_as_a_one_task_array_of_its_index_and_names_its_run
     and test_each_task_of_a_recipe_gets_its_overrides_and_its_own_output_directory (the library, Slurm faked)."""
     from tests.plugins.remote import user_ctrain
@@ -1062,3 +1064,25 @@ def test_a_sweep_survives_a_lost_node_task_by_task_and_its_results_rank_every_ta
     assert plotted.exit_code == 0 and "of 4 run(s)" in plotted.output, plotted.output
     page = (tmp_path / "sweep.html").read_text()
     assert all(f'id="train-{array}_{index}"' in page for index in range(4)), "a curve per task"
+
+    # From a laptop: the sweep's results over the login host's sshd, ranked there the same.
+    from ctrain import remote
+
+    login_host = request.getfixturevalue("login_host")
+    clusters = tmp_path / "clusters.yaml"
+    clusters.write_text(yaml.safe_dump({"clusters": {"tb": login_host.profile(project_dir=str(project.path),
+                                                                              ctrain=str(launcher))}}))  # fmt: skip
+    monkeypatch.setenv(remote.PROFILES_ENV, str(clusters))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    laptop = tmp_path / "laptop"
+    laptop.mkdir()
+    (laptop / "ctrain.yaml").write_text("{}\n")
+    monkeypatch.chdir(laptop)
+    try:
+        pulled = CliRunner().invoke(main, ["pull", array, "--cluster", "tb"], catch_exceptions=False)
+        assert pulled.exit_code == 0 and f"pulled job {array} from tb" in pulled.output, pulled.output
+        home = json.loads(CliRunner().invoke(main, ["results", array, "--json"], catch_exceptions=False).output)
+        assert [(r["job"], r["metrics"]["loss"]) for r in home["runs"]] == [(r["job"], r["metrics"]["loss"]) for r in runs]
+        assert all(Path(r["output"]).is_relative_to(laptop) for r in home["runs"]), home["runs"]
+    finally:
+        remote.Ssh(remote.resolve("tb", clusters)).close()
