@@ -504,14 +504,26 @@ def _rsync(ssh: Ssh, sources: list[str], destination: str) -> list[str]:
     """rsync SOURCES to DESTINATION on the cluster over the shared connection; the files it sent.
 
     The remote path reaches the cluster's rsync as an argument (--protect-args, :data:`proc.RSYNC_ENV`)."""
-    rsync = ["rsync", "--protect-args", "--recursive", "--links", "--times", "--perms", "--chmod=Dg+rx,Fg+r",
-             "--itemize-changes", "-e", shlex.join(ssh.ssh_args()), *sources,
-             f"{ssh.cluster.profile.host}:{destination}"]  # fmt: skip
+    out = _run_rsync(ssh, ["--recursive", "--links", "--times", "--perms", "--chmod=Dg+rx,Fg+r", *sources,
+                           f"{ssh.cluster.profile.host}:{destination}"])  # fmt: skip
+    return _transferred(out.stdout, "<f")
+
+
+def _run_rsync(ssh: Ssh, args: list[str], *, missing_source_ok: bool = False) -> subprocess.CompletedProcess[str]:
+    """rsync ARGS over the shared connection, its changes itemized; ssh's failures named, rsync's a
+    CommandError (with MISSING_SOURCE_OK, a source directory that is not there is no failure)."""
+    rsync = ["rsync", "--protect-args", "--itemize-changes", "-e", shlex.join(ssh.ssh_args()), *args]
     out = proc.run(rsync, check=False, env=proc.RSYNC_ENV)
     ssh._raise_for_connection(out.returncode, out.stderr)
-    if out.returncode != 0:
+    missing = out.returncode == 23 and "change_dir" in out.stderr and "No such file or directory" in out.stderr
+    if out.returncode != 0 and not (missing_source_ok and missing):
         raise CommandError(rsync, out.returncode, out.stderr, out.stdout)
-    return [line.split(maxsplit=1)[1] for line in out.stdout.splitlines() if line.startswith("<f")]
+    return out
+
+
+def _transferred(itemized: str, prefix: str) -> list[str]:
+    """The files rsync's itemized changes say it sent (``<f``) or received (``>f``)."""
+    return [line.split(maxsplit=1)[1] for line in itemized.splitlines() if line.startswith(prefix)]
 
 
 def fetch_from(ssh: Ssh, directory: str, local: Path, includes: Sequence[str]) -> list[str]:
@@ -523,16 +535,10 @@ def fetch_from(ssh: Ssh, directory: str, local: Path, includes: Sequence[str]) -
         raise CtrainError(f"cluster {ssh.cluster.name}: {shorten(directory)!r} is not a directory to copy from")
     local.mkdir(parents=True, exist_ok=True)
     filters = [*(f"--include={pattern}" for pattern in includes), "--exclude=*"]
-    rsync = ["rsync", "--protect-args", "--recursive", "--times", "--partial", "--partial-dir=.ctrain-partial",
-             "--itemize-changes", "--prune-empty-dirs", "-e", shlex.join(ssh.ssh_args()), *filters,
-             f"{ssh.cluster.profile.host}:{on_cluster(directory.rstrip('/'))}/", f"{local}/"]  # fmt: skip
-    out = proc.run(rsync, check=False, env=proc.RSYNC_ENV)
-    ssh._raise_for_connection(out.returncode, out.stderr)
-    if out.returncode == 23 and "No such file or directory" in out.stderr and "change_dir" in out.stderr:
-        return []
-    if out.returncode != 0:
-        raise CommandError(rsync, out.returncode, out.stderr, out.stdout)
-    return [line.split(maxsplit=1)[1] for line in out.stdout.splitlines() if line.startswith(">f")]
+    out = _run_rsync(ssh, ["--recursive", "--times", "--partial", "--partial-dir=.ctrain-partial", "--prune-empty-dirs",
+                           *filters, f"{ssh.cluster.profile.host}:{on_cluster(directory.rstrip('/'))}/", f"{local}/"],
+                     missing_source_ok=True)  # fmt: skip
+    return _transferred(out.stdout, ">f")
 
 
 # --- which cluster a job went to ------------------------------------------------------------------------

@@ -132,6 +132,8 @@ def test_a_task_whose_line_is_not_ctrains_ends_with_one_line(tmp_path: Path, lin
 
 
 def test_a_table_over_its_bound_is_refused_by_the_task(tmp_path: Path) -> None:
+    bound = re.search(r'\(\(\$\(stat -c %s "\$table"\) <= (\d+)\)\)', (LIB.parent / "settings.sh").read_text())
+    assert bound and int(bound.group(1)) == sweep.MAX_FILE_BYTES  # the library's bound is the sweep file's
     out = _task_sees(tmp_path, "t0\targ:x=1\n" * 150_000, 0, "recipes/demo.yaml")
     assert out.returncode != 0 and "is over 1 MiB" in out.stderr, out.stderr
 

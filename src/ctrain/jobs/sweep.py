@@ -150,8 +150,13 @@ def table_path(text: str) -> str:
 
 
 def write_table(project: Path, text: str) -> Path:
+    """The table where its tasks read it; one already there with this content is kept (its name is its digest)."""
     path = project / table_path(text)
-    if not path.is_file() or path.read_text() != text:
+    try:
+        same = read_regular(path, MAX_FILE_BYTES + 1) == text.encode()
+    except OSError:
+        same = False
+    if not same:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, text)
     return path
