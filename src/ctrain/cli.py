@@ -187,22 +187,33 @@ def doctor(workflows: tuple[str, ...]) -> None:
 @click.argument("page", required=False)
 def docs(page: str | None) -> None:
     """ctrain's documentation as installed: each page with its path, or the text of one PAGE
-    (e.g. `ctrain docs sbatch` for docs/sbatch.md, which the scripts and errors cite)."""
+    (e.g. `ctrain docs sbatch` for docs/sbatch.md, which the scripts and errors cite; `ctrain docs
+    offline-nodes` or `ctrain docs guides/offline-nodes` for a guide by task)."""
     import difflib
 
     from ctrain import resources
 
-    pages = {p.stem: resources.root() / p for p in resources.files("docs") if p.suffix == ".md"}
+    # Named by their path under docs/ without .md: sbatch, guides/offline-nodes, log/2026-11-21-image.
+    pages = {p.relative_to("docs").with_suffix("").as_posix(): resources.root() / p
+             for p in resources.files("docs") if p.suffix == ".md"}  # fmt: skip
+    group = {n: 2 if n.startswith("log/") else 1 if "/" in n else 0 for n in pages}  # pages, guides, logs
+    order = sorted(pages, key=lambda n: (group[n], n))
     if page is None:
-        for name, path in pages.items():
-            click.echo(f"{name:<14} {path}")
+        width = {g: max(len(n) for n in pages if group[n] == g) for g in group.values()}  # aligned in each group
+        for name in order:
+            click.echo(f"{name:<{max(14, width[group[name]])}} {pages[name]}")
         return
     name = page.removeprefix("docs/").removesuffix(".md")
-    if name not in pages:
-        close = difflib.get_close_matches(name, list(pages), n=1)
+    # A guide or a log by its own name too (`ctrain docs offline-nodes`); a top-level page comes first.
+    by_name = {full.rsplit("/", 1)[-1]: full for full in reversed(order)}
+    found = name if name in pages else by_name.get(name)
+    if found is None:
+        shown = [n for n in order if not n.startswith("log/")]
+        close = difflib.get_close_matches(name, shown + [n.rsplit("/", 1)[-1] for n in shown], n=1)
         raise ConfigError(f"no documentation page '{page}'" + (f" (did you mean '{close[0]}'?)" if close else "")
-                          + f"; the pages: {', '.join(pages)}")  # fmt: skip
-    click.echo(pages[name].read_text(), nl=False)
+                          + f"; the pages: {', '.join(shown)}; and the measurement logs (log/...), "
+                          "which ctrain docs lists")  # fmt: skip
+    click.echo(pages[found].read_text(), nl=False)
 
 
 @main.command()

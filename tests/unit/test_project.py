@@ -410,6 +410,30 @@ def test_docs_lists_the_installed_pages_and_names_the_closest_to_a_misspelt_one(
     assert err.startswith("error: no documentation page 'sbach' (did you mean 'sbatch'?); the pages: ")
 
 
+def test_docs_lists_and_shows_the_guides_by_their_path_or_their_own_name() -> None:
+    """The guides by task (docs/guides/) are installed pages too: listed as guides/NAME after the
+    top-level pages, shown by guides/NAME, docs/guides/NAME.md or NAME alone, and a misspelt one is
+    named; a top-level page keeps its short name."""
+    guides = sorted(p.stem for p in (REPO / "docs" / "guides").glob("*.md"))
+    assert {"offline-nodes", "choose-a-strategy", "move-to-pyxis", "read-a-failure-line", "run-a-sweep"} <= set(guides)
+    code, out, err = ctrain("docs")
+    assert code == 0, err
+    names = [line.split(maxsplit=1)[0] for line in out.splitlines()]
+    listed = dict(line.split(maxsplit=1) for line in out.splitlines())
+    for name in guides:
+        assert listed[f"guides/{name}"] == str(resources.root() / "docs" / "guides" / f"{name}.md")
+    assert names.index("sbatch") < names.index("guides/offline-nodes") < names.index("log/2026-11-21-image")
+    text = (REPO / "docs" / "guides" / "offline-nodes.md").read_text()
+    for asked in ("guides/offline-nodes", "docs/guides/offline-nodes.md", "offline-nodes"):
+        code, out, err = ctrain("docs", asked)
+        assert code == 0 and out == text, (asked, err)
+    code, out, _ = ctrain("docs", "training")
+    assert code == 0 and out == (REPO / "docs" / "training.md").read_text()
+    code, _, err = ctrain("docs", "ofline-nodes")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "(did you mean 'offline-nodes'?)" in err and "guides/run-a-sweep" in err, err
+
+
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
 
