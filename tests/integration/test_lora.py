@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ctrain.train.artifacts import COMPLETE_MARKER
-from tests.plugins.train import REPO, TINY_RECIPE, TORCHRUN, losses, run_ctrain, start, wait_for
+from tests.plugins.train import REPO, TINY_RECIPE, TORCHRUN, assert_same_state, losses, run_ctrain, start, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -106,6 +106,26 @@ def test_lora_preempted_and_resumed_matches_an_uninterrupted_run(base: Path, tmp
     assert digest(base) == before, "training adapters changed the base model's files"
     assert (stopped / "final/adapter_model.safetensors").is_file()
     assert json.loads((stopped / "final" / COMPLETE_MARKER).read_text())["step"] == 40
+
+
+def test_a_background_save_writes_the_adapter_a_blocking_save_writes(base: Path, tmp_path: Path) -> None:
+    """training.save_async on and off: checkpoint-10 holds the same adapter, bit for bit (all 28 of
+    its tensors, none of the frozen base's) and the same optimizer state."""
+    import torch
+    from safetensors.torch import load_file
+
+    lora_recipe(tmp_path, base)
+    common = ["train", "lora.yaml", "data.prepared_dir=prepared", "training.max_steps=10"]
+    for name, setting in (("background", "true"), ("blocking", "false")):
+        run = run_ctrain(tmp_path, *common, f"training.output_dir=outputs/{name}", f"training.save_async={setting}")
+        assert run.returncode == 0, run.stderr[-4000:]
+    ours, theirs = tmp_path / "outputs/background/checkpoint-10", tmp_path / "outputs/blocking/checkpoint-10"
+    assert (ours / COMPLETE_MARKER).is_file() and (theirs / COMPLETE_MARKER).is_file()
+    adapter = load_file(ours / "adapter_model.safetensors")
+    assert len(adapter) == 28 and all("lora_" in key for key in adapter), sorted(adapter)
+    assert (ours / "adapter_model.safetensors").read_bytes() == (theirs / "adapter_model.safetensors").read_bytes()
+    assert_same_state(torch.load(ours / "optimizer.pt"), torch.load(theirs / "optimizer.pt"), "optimizer.pt")
+    assert not (ours / "model.safetensors").exists()
 
 
 def test_lora_on_the_fast_engine_with_checkpointing(base: Path, tmp_path: Path) -> None:

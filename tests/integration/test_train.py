@@ -20,7 +20,17 @@ import pytest
 
 from ctrain.train import checkpoint
 from ctrain.train.artifacts import COMPLETE_MARKER, NONFINITE_EXIT_CODE, PREEMPTED_EXIT_CODE, PREEMPTED_FILE
-from tests.plugins.train import REPO, TINY_RECIPE, TORCHRUN, losses, run_ctrain, start, train_env, wait_for
+from tests.plugins.train import (
+    REPO,
+    TINY_RECIPE,
+    TORCHRUN,
+    assert_same_state,
+    losses,
+    run_ctrain,
+    start,
+    train_env,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -404,6 +414,117 @@ def test_fast_engine_on_two_processes_matches_trls_own_metrics(tiny_recipe: Path
     for name in ("deferred", "trl"):  # the saved trainer state carries the exact count too
         state = json.loads((work / f"outputs/{name}/checkpoint-3/trainer_state.json").read_text())
         assert state["num_input_tokens_seen"] == runs["trl"][3]["num_input_tokens_seen"], name
+
+
+# --- checkpoints written in the background (ctrain.train.asyncsave) --------------------------------
+
+
+def test_a_background_save_writes_what_a_blocking_save_writes(tiny_recipe: Path, ctrain) -> None:
+    """The same run with training.save_async on (the default) and off: at every checkpoint the
+    weights and the optimizer state are the same bytes, every file the blocking save writes is
+    there, and both are marked complete; only the background one says training went on."""
+    import torch
+
+    work = tiny_recipe.parent
+    common = [tiny_recipe.name, "training.max_steps=20", "data.prepared_dir=prepared"]
+    background = ctrain("train", *common, "training.output_dir=outputs/background")
+    blocking = ctrain("train", *common, "training.output_dir=outputs/blocking", "training.save_async=false")
+    assert background.returncode == 0, background.stderr
+    assert blocking.returncode == 0, blocking.stderr
+    assert re.search(r"checkpoint-10: training stopped [0-9.]+ s to copy its 0\.4 MiB of tensors into host "
+                     r"memory \(buffers kept for the next save\); written in the background", background.stderr)
+    assert "checkpoint-10 complete (written and checksummed in the background in " in background.stderr
+    assert re.search(r"checkpoint-10 complete \(checksummed in [0-9.]+ s; training stopped [0-9.]+ s to write "
+                     r"and check it\)", blocking.stderr), blocking.stderr  # fmt: skip
+    assert "checkpoints are written with training stopped: training.save_async is false" in blocking.stderr
+    for step in (10, 20):
+        ours, theirs = work / f"outputs/background/checkpoint-{step}", work / f"outputs/blocking/checkpoint-{step}"
+        assert complete(ours) and complete(theirs)
+        assert sorted(p.name for p in ours.iterdir()) == sorted(p.name for p in theirs.iterdir())
+        for name in ("model.safetensors", "scheduler.pt", "rng_state.pth"):
+            assert (ours / name).read_bytes() == (theirs / name).read_bytes(), f"checkpoint-{step}/{name}"
+        # The same state, in a zip archive of another inner name (torch.save of a file, not a path).
+        assert_same_state(torch.load(ours / "optimizer.pt"), torch.load(theirs / "optimizer.pt"), f"checkpoint-{step}")
+    (ours,), (theirs,) = losses(work / "outputs/background").values(), losses(work / "outputs/blocking").values()
+    assert ours == theirs, "a background save changed the training"
+
+
+def _block_optimizer_write(output: Path, step: int) -> Path:
+    """A FIFO where checkpoint-STEP's optimizer state goes: its writer blocks in ``open`` until a
+    reader comes, as a write to a hung file system would, while training goes on."""
+    directory = output / f"checkpoint-{step}"
+    directory.mkdir(parents=True)
+    os.mkfifo(directory / "optimizer.pt")
+    return directory / "optimizer.pt"
+
+
+def _kill_all(launcher: subprocess.Popen[bytes]) -> None:
+    import psutil
+
+    workers = psutil.Process(launcher.pid).children(recursive=True)
+    for process in [*workers, psutil.Process(launcher.pid)]:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    launcher.wait(timeout=60)
+
+
+def test_a_kill_during_a_background_save_resumes_from_the_checkpoint_before(tiny_recipe: Path, ctrain) -> None:
+    """Two processes (torchrun, gloo): checkpoint-20's write hangs in the background while both ranks
+    train on past step 25; killed then (SIGKILL, every process), checkpoint-20 has no marker, and
+    the same command removes it and resumes from checkpoint-10 to the end."""
+    work = tiny_recipe.parent
+    output = work / "outputs/tiny"
+    args = ["train", tiny_recipe.name, "training.max_steps=60"]
+    log = work / "killed.log"
+    launcher = start(args, work, log, launcher=TORCHRUN)
+    wait_for(lambda: "on 2 process(es)" in log.read_text(), launcher, "the training line")  # after the start's cleanup
+    _block_optimizer_write(output, 20)
+    wait_for(lambda: "step 25/60" in log.read_text(), launcher, "step 25")
+    text = log.read_text()
+    assert "checkpoint-20: training stopped" in text and "written in the background" in text, text[-3000:]
+    assert complete(output / "checkpoint-10") and not complete(output / "checkpoint-20")
+    _kill_all(launcher)
+
+    again = ctrain(*args, launcher=TORCHRUN)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert f"ignoring {output.relative_to(work)}/checkpoint-20: no {COMPLETE_MARKER}" in again.stderr
+    assert "resuming from outputs/tiny/checkpoint-10 " in again.stderr, again.stderr[-4000:]
+    runs = losses(output)
+    assert sorted(runs[max(runs)]) == list(range(11, 61))
+    assert complete(output / "checkpoint-60") and complete(output / "final")
+    assert not (output / "checkpoint-20").exists() or complete(output / "checkpoint-20")
+
+
+def test_a_preemption_waits_for_the_background_save_in_flight(tiny_recipe: Path) -> None:
+    """SIGUSR1 while checkpoint-20's write hangs: the run does not exit (nor start its own save)
+    until that write is done; let go, checkpoint-20 is sealed (the FIFO in it found not to be a
+    file: never marked), the preemption's checkpoint is written and marked, the run exits 75 and
+    its checkpoint verifies (the preemption tests resume from one)."""
+    import threading
+
+    work = tiny_recipe.parent
+    output = work / "outputs/tiny"
+    args = ["train", tiny_recipe.name, "training.max_steps=400", "training.save_steps=20"]
+    log = work / "preempted.log"
+    process = start(args, work, log)
+    wait_for(lambda: "on 1 process(es)" in log.read_text(), process, "the training line")
+    fifo = _block_optimizer_write(output, 20)
+    wait_for(lambda: "step 25/400" in log.read_text(), process, "step 25")
+    process.send_signal(signal.SIGUSR1)
+    time.sleep(3)
+    assert process.poll() is None, "the run exited with a save in flight"
+    assert not list(output.glob(f"checkpoint-*/{PREEMPTED_FILE}")) and not (output / PREEMPTED_FILE).exists()
+    drained = threading.Thread(target=lambda: fifo.open("rb").read(), daemon=True)
+    drained.start()
+    assert process.wait(timeout=120) == PREEMPTED_EXIT_CODE, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "checkpoint-20 was written but cannot be read back (optimizer.pt: not a regular file)" in text
+    step = json.loads((output / PREEMPTED_FILE).read_text())["step"]
+    assert step > 25 and complete(output / f"checkpoint-{step}") and not complete(output / "checkpoint-20")
+    assert text.index("checkpoint-20 was written") < text.index(f"checkpoint-{step}: training stopped")
+    assert checkpoint.verify(output / f"checkpoint-{step}").damage is None
 
 
 # --- damaged checkpoints, NaN, restarts at the end -------------------------------------------------

@@ -160,6 +160,24 @@ def losses(output_dir: Path) -> dict[str, dict[int, float]]:
     return runs
 
 
+def assert_same_state(ours: object, theirs: object, where: str) -> None:
+    """Nested state (dicts, lists, tensors, numbers) equal value for value, tensors bit for bit."""
+    import torch
+
+    if isinstance(theirs, torch.Tensor):
+        assert isinstance(ours, torch.Tensor) and torch.equal(ours, theirs) and ours.dtype == theirs.dtype, where
+    elif isinstance(theirs, dict):
+        assert isinstance(ours, dict) and list(ours) == list(theirs), where
+        for key in theirs:
+            assert_same_state(ours[key], theirs[key], f"{where}/{key}")
+    elif isinstance(theirs, (list, tuple)):
+        assert type(ours) is type(theirs) and len(ours) == len(theirs), where
+        for index, (a, b) in enumerate(zip(ours, theirs)):
+            assert_same_state(a, b, f"{where}/{index}")
+    else:
+        assert ours == theirs, where
+
+
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
 
 

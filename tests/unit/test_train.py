@@ -221,6 +221,13 @@ def test_seal_marks_what_opens_and_leaves_a_broken_file_unmarked(tmp_path: Path)
     assert checkpoint.read_marker(bad) is None
     (bad / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00[]")  # a header, not an object
     assert checkpoint.seal(bad, {"step": 6}).reason == "unreadable"
+    fifo = tmp_path / "checkpoint-7"
+    fifo.mkdir()
+    (fifo / "config.json").write_text("{}")
+    os.mkfifo(fifo / "optimizer.pt")  # a writer that never finished, or a trap: reading it would block
+    damage = checkpoint.seal(fifo, {"step": 7})
+    assert damage is not None and (damage.file, damage.detail) == ("optimizer.pt", "not a regular file")
+    assert checkpoint.read_marker(fifo) is None
 
 
 def test_checksums_match_the_standard_tools(tmp_path: Path) -> None:

@@ -38,13 +38,14 @@ _SUMS = ("label_tokens", "entropy", "correct")
 
 
 @functools.cache
-def trainer_class() -> type:
-    """``FastSFTTrainer``, built on first use so that importing ctrain needs no TRL."""
+def trainer_class(mixins: tuple[type, ...] = ()) -> type:
+    """``FastSFTTrainer``, built on first use so that importing ctrain needs no TRL; ``mixins`` come
+    between it and ``SFTTrainer`` (the trainer's background saves)."""
     import datasets
     import torch
     from trl import SFTTrainer
 
-    class FastSFTTrainer(SFTTrainer):
+    class FastSFTTrainer(*mixins, SFTTrainer):
         """``SFTTrainer`` whose steps never wait for the GPU, with rank-balanced batches (module docstring)."""
 
         def __init__(self, *args: Any, fast_settings: FastSettings, **kwargs: Any) -> None:
@@ -324,9 +325,9 @@ def deal(rows: np.ndarray, costs: np.ndarray, world: int) -> np.ndarray:
     return np.concatenate([by_cost[rank == r] for r in range(world)])
 
 
-def build(settings: FastSettings, **kwargs: Any) -> Any:
+def build(settings: FastSettings, mixins: tuple[type, ...] = (), **kwargs: Any) -> Any:
     """The fast path's SFT trainer over ``SFTTrainer``'s keyword arguments."""
-    trainer = trainer_class()(fast_settings=settings, **kwargs)
+    trainer = trainer_class(mixins)(fast_settings=settings, **kwargs)
     tune_ddp(trainer, settings)
     tune_fsdp(trainer, settings)
     if fsdp_plugin(trainer) is not None:

@@ -56,6 +56,14 @@ def barrier() -> None:
         dist.barrier()
 
 
+def _group_barrier(group: Any) -> None:
+    """A barrier on ``group`` (None: no other ranks)."""
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.barrier(group=group)
+
+
 def peak_tflops(configured: float | None) -> float | None:
     """The recipe's ``training.peak_tflops``, else the datasheet value of this GPU; None on CPU or unknown GPUs."""
     if configured is not None:
@@ -198,15 +206,23 @@ class Progress(TrainerCallback):
 
 class CompleteCheckpoints(TrainerCallback):
     """After every rank has written a checkpoint, the ranks check and checksum it, rank 0 marks it
-    complete and only then drops the oldest (:func:`checkpoint.seal`, :func:`checkpoint.rotate`)."""
+    complete and only then drops the oldest (:func:`checkpoint.seal`, :func:`checkpoint.rotate`).
 
-    def __init__(self, output_dir: Path, keep: int | None, world_size: int) -> None:
+    With a background ``writer`` (:mod:`ctrain.train.asyncsave`) that holds the checkpoint, the
+    check, marker and rotation are its next job, on its own process group; a failure of that
+    writer ends the run at the next step (:meth:`on_step_end`), as a failed blocking save would.
+    """
+
+    def __init__(self, output_dir: Path, keep: int | None, world_size: int, writer: Any = None) -> None:
         self.output_dir = output_dir
         self.keep = keep
         self.world_size = world_size
+        self.writer = writer
         self._step_ended = 0.0
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.writer is not None:
+            self.writer.after_step()
         # A save comes right after a step's end, asked for here or by a callback after this one
         # (preemption): the save's time starts at the step's end either way.
         self._step_ended = time.perf_counter()
@@ -215,29 +231,58 @@ class CompleteCheckpoints(TrainerCallback):
         self._step_ended = time.perf_counter()  # the Trainer evaluates before it saves: the save starts here
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        barrier()
         directory = self.output_dir / f"checkpoint-{state.global_step}"
         info = {"step": state.global_step, "world_size": self.world_size}
+        writer = self.writer
+        if writer is not None and writer.directory == directory:
+            blocked = time.perf_counter() - (self._step_ended or time.perf_counter())
+            if state.is_world_process_zero:
+                goodput.mark("save", state.global_step, f"{blocked:.3f}")
+                log.info(
+                    "%s: training stopped %.2f s to copy its %.1f MiB of tensors into host memory (buffers kept "
+                    "for the next save); written in the background", directory.name, blocked, writer.staged / 2**20,
+                )  # fmt: skip
+            zero, rank, staged = state.is_world_process_zero, args.process_index, time.perf_counter()
+            writer.submit(lambda: self._complete(directory, info, rank, zero, writer.group, staged))
+            return
+        barrier()
         started = time.perf_counter()
         damage = checkpoint.seal(directory, info, args.process_index, self.world_size)
         if state.is_world_process_zero:
-            if damage is not None:
-                log.warning(
-                    "%s was written but cannot be read back (%s): not marked complete; older checkpoints kept",
-                    directory, damage,
-                )  # fmt: skip
-            else:
-                removed = checkpoint.rotate(self.output_dir, self.keep, directory)
-                took = time.perf_counter() - (self._step_ended or started)
+            took = time.perf_counter() - (self._step_ended or started)
+            if damage is None:
                 goodput.mark("save", state.global_step, f"{took:.3f}")
-                log.info(
-                    "checkpoint %s complete (checksummed in %.2f s)%s", directory, time.perf_counter() - started,
-                    f"; removed older {', '.join(p.name for p in removed)}" if removed else "",
-                )  # fmt: skip
-                self._warn_if_the_next_will_not_fit(directory)
+            self._sealed(directory, damage, f"checksummed in {time.perf_counter() - started:.2f} s; training "
+                         f"stopped {took:.2f} s to write and check it")  # fmt: skip
         # No rank moves on (and may exit, ending rank 0 through the launcher) before the marker is written.
         barrier()
 
+    def _complete(self, directory: Path, info: dict[str, Any], rank: int, zero: bool, group: Any,
+                  staged: float) -> None:  # fmt: skip
+        """The background writer's last job of a checkpoint: every rank's files are written (the
+        first barrier), checked and marked (seal), and no rank starts the next save or exits before
+        the marker is there (the second)."""
+        _group_barrier(group)
+        damage = checkpoint.seal(directory, info, rank, self.world_size, group)
+        if zero:
+            self._sealed(directory, damage, f"written and checksummed in the background in "
+                         f"{time.perf_counter() - staged:.2f} s")  # fmt: skip
+        _group_barrier(group)
+
+    def _sealed(self, directory: Path, damage: Any, how: str) -> None:
+        """Rank 0, once ``directory`` is sealed: say so, and rotate the older checkpoints away."""
+        if damage is not None:
+            log.warning(
+                "%s was written but cannot be read back (%s): not marked complete; older checkpoints kept",
+                directory, damage,
+            )  # fmt: skip
+            return
+        removed = checkpoint.rotate(self.output_dir, self.keep, directory)
+        log.info(
+            "checkpoint %s complete (%s)%s", directory, how,
+            f"; removed older {', '.join(p.name for p in removed)}" if removed else "",
+        )  # fmt: skip
+        self._warn_if_the_next_will_not_fit(directory)
 
     def _warn_if_the_next_will_not_fit(self, newest: Path) -> None:
         """The next checkpoint is written before the oldest is removed, so it needs as much free

@@ -229,21 +229,21 @@ def _collective() -> Any:
     return dist if dist is not None and dist.is_available() and dist.is_initialized() else None
 
 
-def _from_rank0(value: Any) -> Any:
+def _from_rank0(value: Any, group: Any = None) -> Any:
     dist = _collective()
     if dist is None:
         return value
     box = [value]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
 
 
-def _gather(value: Any) -> list[Any]:
+def _gather(value: Any, group: Any = None) -> list[Any]:
     dist = _collective()
     if dist is None:
         return [value]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
     return out
 
 
@@ -282,6 +282,11 @@ def _listing(directory: Path) -> dict[str, int]:
     }
 
 
+def _not_regular(directory: Path) -> list[str]:
+    """The entries of a checkpoint that are neither files nor directories (a FIFO, a socket, a device)."""
+    return [str(p.relative_to(directory)) for p in sorted(directory.rglob("*")) if not (p.is_file() or p.is_dir())]
+
+
 def manifest(directory: Path, algorithm: str = DIGEST) -> Manifest:
     """Size and checksum(s) of every file in ``directory``, read in threads by this process alone."""
     sizes = _listing(directory)
@@ -317,14 +322,17 @@ def read_marker(directory: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def seal(directory: Path, info: dict[str, Any], rank: int = 0, world: int = 1) -> Damage | None:
+def seal(directory: Path, info: dict[str, Any], rank: int = 0, world: int = 1, group: Any = None) -> Damage | None:
     """Check a just-written checkpoint and mark it complete; every rank calls it, after a barrier.
 
     Rank 0 lists the files; each rank checks the containers of its share and checksums them; rank
     0 writes the marker from all the checksums. A file that cannot be opened leaves the checkpoint
     unmarked (never trusted, removed on the next start); the damage found is returned on every rank.
+    ``group`` is the process group of the collectives (a background writer's own; else the default).
     """
-    sizes = _from_rank0(_listing(directory) if rank == 0 else None)
+    sizes, odd = _from_rank0((_listing(directory), _not_regular(directory)) if rank == 0 else None, group)
+    if odd:  # a FIFO or a device where a file should be: never read, never trusted
+        return Damage(odd[0], "unreadable", "not a regular file")
 
     def work(piece: Piece) -> tuple[Piece, Damage | None, str | None]:
         name, index = piece
@@ -336,7 +344,7 @@ def seal(directory: Path, info: dict[str, Any], rank: int = 0, world: int = 1) -
         except OSError as exc:  # every rank must reach the gather below, whatever one of them finds
             return piece, Damage(name, "unreadable", str(exc)), None
 
-    results = [r for part in _gather(_each(share(pieces(sizes), rank, world), work)) for r in part]
+    results = [r for part in _gather(_each(share(pieces(sizes), rank, world), work), group) for r in part]
     damages = sorted((d for _, d, _ in results if d is not None), key=lambda d: d.file)
     if damages:
         return damages[0]

@@ -299,6 +299,9 @@ class TrainingSettings:
     save_steps: int = 500
     #: Complete checkpoints kept (older ones deleted once a newer one is whole); None: all.
     save_total_limit: int | None = 2
+    #: Write each checkpoint in the background: training stops only to copy the tensors into host
+    #: memory (ctrain.train.asyncsave); false, or FSDP/DeepSpeed: the blocking save.
+    save_async: bool = True
     #: Evaluate every N steps (needs ``data.eval_split`` or ``data.eval_size``); None: not while training.
     eval_steps: int | None = None
     #: ``auto``: from the newest complete checkpoint in the output directory, if that run had the same
@@ -687,7 +690,8 @@ RESUME_WORDS = ("auto", "continue", "never")
 #: (``ctrain.train.rundir``).
 RUN_INDEPENDENT = frozenset({
     "name", "logging", "hub", "eval", "data.num_proc", "data.prepared_dir", "training.output_dir",
-    "training.logging_steps", "training.save_steps", "training.save_total_limit", "training.eval_steps",
+    "training.logging_steps", "training.save_steps", "training.save_total_limit", "training.save_async",
+    "training.eval_steps",
     "training.resume", "training.preemption_signals", "training.dataloader_workers", "training.ddp_timeout_minutes",
     "training.peak_tflops", "fast.sync_metrics", "fast.gc_every", "fast.ddp_bucket_mb", "peft.merge",
     "model.save_dtype",

@@ -12,6 +12,7 @@ loss or gradient norm before saving it, 2 recipe errors (nothing was trained or 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -320,17 +321,25 @@ def build_trainer(recipe: Recipe, layout: Layout, args: Any, model: Any, data: A
         "processing_class": data.tokenizer,
         "callbacks": callbacks,
     }
+    from ctrain.train.asyncsave import AsyncSaves
+
     if layout.engine == "fast":
         from ctrain.fast import trainer as fast_trainer
 
-        return fast_trainer.build(recipe.fast, **common)
+        return fast_trainer.build(recipe.fast, mixins=(AsyncSaves,), **common)
     if recipe.task == "sft":
         from trl import SFTTrainer
 
-        return SFTTrainer(**common)
+        return _with(AsyncSaves, SFTTrainer)(**common)
     from transformers import Trainer, default_data_collator
 
-    return Trainer(data_collator=default_data_collator, **common)
+    return _with(AsyncSaves, Trainer)(data_collator=default_data_collator, **common)
+
+
+@functools.cache
+def _with(mixin: type, base: type) -> type:
+    """``base`` with ``mixin``'s methods in front of its own, made once per pair."""
+    return type(base.__name__, (mixin, base), {"__doc__": base.__doc__})
 
 
 # --- data on every rank ---------------------------------------------------------------------------
@@ -610,6 +619,7 @@ def run(recipe: Recipe) -> int:
     # 2. With the training stack: device, precision, the model's config, reporting, the hub.
     from transformers import PrinterCallback, set_seed
 
+    from ctrain.train.asyncsave import Writer, attach
     from ctrain.train.callbacks import (
         AlreadyTrained,
         CompleteCheckpoints,
@@ -677,8 +687,9 @@ def run(recipe: Recipe) -> int:
             checkpoint.remove([final])
         one_logged_run(report_to, output_dir, resume)
     preemption = Preemption(signals, args.device)
+    writer = Writer()
     callbacks = [
-        CompleteCheckpoints(output_dir, recipe.training.save_total_limit, world),
+        CompleteCheckpoints(output_dir, recipe.training.save_total_limit, world, writer),
         preemption,
         StopAtMaxSteps(),
         FiniteGuard(check_grad_norm=layout.precision != "fp16"),  # last: after every callback that asks to save
@@ -689,6 +700,9 @@ def run(recipe: Recipe) -> int:
         heartbeat = Heartbeat(beats, rank)
         callbacks.append(heartbeat)
     trainer = build_trainer(recipe, layout, args, model, data, callbacks)
+    blocking = attach(trainer, writer) if recipe.training.save_async else "training.save_async is false"
+    if rank == 0 and blocking is not None:
+        log.info("checkpoints are written with training stopped: %s", blocking)
     logs.keep_until_exit(trainer)  # never freed: the process ends through os._exit (see keep_until_exit)
     progress = Progress(
         output_dir, world, rank, peak_tflops(recipe.training.peak_tflops), recipe.logging.memory, run_id
