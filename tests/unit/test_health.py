@@ -78,6 +78,16 @@ def test_a_rank_below_half_its_peers_median_is_named() -> None:
     assert health.slow_ranks([health.Finding("n", r, "CPU", 0.1 + r / 100) for r in range(4)]) == []
 
 
+def test_cpu_ranks_of_one_host_are_one_peer_and_a_slow_host_is_still_named() -> None:
+    # Two ranks sharing one busy host's cores differ by what they take from each other: not a finding.
+    busy = [health.Finding("vm", 0, "CPU", 0.0237), health.Finding("vm", 1, "CPU", 0.0842)]
+    assert health.slow_ranks(busy) == []
+    # Hosts are compared by their best rank: node2 at 15% of node1 is named, with every rank it has.
+    nodes = [health.Finding("node1", 0, "CPU", 0.08), health.Finding("node1", 1, "CPU", 0.03),
+             health.Finding("node2", 2, "CPU", 0.012), health.Finding("node2", 3, "CPU", 0.011)]  # fmt: skip
+    assert [f.rank for f, _ in health.slow_ranks(nodes)] == [2, 3]
+
+
 def test_bus_bandwidth_is_nccl_tests_definition() -> None:
     # 512 MiB in 1.721 ms on 2 ranks (scripts/gpu-preflight.sh on 2 H200): 2(n-1)/n = 1.
     assert health.bus_bandwidth(512 * 2**20, 0.001721, 2) == pytest.approx(2495.1, rel=1e-3)

@@ -256,12 +256,22 @@ def ask_nccl_for_its_transports(directory: Path | None) -> bool:
 
 
 def slow_ranks(findings: list[Finding]) -> list[tuple[Finding, float]]:
-    """The ranks whose matmul rate is under SLOW_FRACTION of the median rate of all ranks."""
-    rates = [f.rate for f in findings if f.rate > 0]
-    if len(rates) < 2:
+    """The ranks whose matmul rate is under SLOW_FRACTION of the median rate of their peers.
+
+    Each GPU is a peer of its own; the CPU ranks of one host share its cores, so a host is one
+    peer, at its best rank's rate: two CPU ranks of one busy host differ by what they take from
+    each other, which says nothing of the host."""
+    rate: dict[Any, float] = {}
+    for f in findings:
+        if f.rate > 0:
+            unit = (f.host,) if f.device == "CPU" else (f.host, f.rank)
+            rate[unit] = max(rate.get(unit, 0.0), f.rate)
+    if len(rate) < 2:
         return []
-    median = statistics.median(rates)
-    return [(f, median) for f in findings if f.rate < SLOW_FRACTION * median]
+    median = statistics.median(rate.values())
+    slow = {unit for unit, r in rate.items() if r < SLOW_FRACTION * median}
+    return [(f, median) for f in findings
+            if ((f.host,) if f.device == "CPU" else (f.host, f.rank)) in slow or f.rate <= 0 < median]  # fmt: skip
 
 
 def bus_bandwidth(nbytes: int, seconds: float, world: int) -> float:
