@@ -50,17 +50,10 @@ def _distributed() -> Any:
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def barrier() -> None:
+def barrier(group: Any = None) -> None:
+    """A barrier of every rank (of ``group``: a background writer's own; else the default group)."""
     dist = _distributed()
     if dist is not None:
-        dist.barrier()
-
-
-def _group_barrier(group: Any) -> None:
-    """A barrier on ``group`` (None: no other ranks)."""
-    if group is not None:
-        import torch.distributed as dist
-
         dist.barrier(group=group)
 
 
@@ -262,12 +255,12 @@ class CompleteCheckpoints(TrainerCallback):
         """The background writer's last job of a checkpoint: every rank's files are written (the
         first barrier), checked and marked (seal), and no rank starts the next save or exits before
         the marker is there (the second)."""
-        _group_barrier(group)
+        barrier(group)
         damage = checkpoint.seal(directory, info, rank, self.world_size, group)
         if zero:
             self._sealed(directory, damage, f"written and checksummed in the background in "
                          f"{time.perf_counter() - staged:.2f} s")  # fmt: skip
-        _group_barrier(group)
+        barrier(group)
 
     def _sealed(self, directory: Path, damage: Any, how: str) -> None:
         """Rank 0, once ``directory`` is sealed: say so, and rotate the older checkpoints away."""

@@ -261,17 +261,17 @@ def slow_ranks(findings: list[Finding]) -> list[tuple[Finding, float]]:
     Each GPU is a peer of its own; the CPU ranks of one host share its cores, so a host is one
     peer, at its best rank's rate: two CPU ranks of one busy host differ by what they take from
     each other, which says nothing of the host."""
-    rate: dict[Any, float] = {}
+    def peer(f: Finding) -> tuple[Any, ...]:
+        return (f.host,) if f.device == "CPU" else (f.host, f.rank)
+
+    rate: dict[tuple[Any, ...], float] = {}
     for f in findings:
         if f.rate > 0:
-            unit = (f.host,) if f.device == "CPU" else (f.host, f.rank)
-            rate[unit] = max(rate.get(unit, 0.0), f.rate)
+            rate[peer(f)] = max(rate.get(peer(f), 0.0), f.rate)
     if len(rate) < 2:
         return []
     median = statistics.median(rate.values())
-    slow = {unit for unit, r in rate.items() if r < SLOW_FRACTION * median}
-    return [(f, median) for f in findings
-            if ((f.host,) if f.device == "CPU" else (f.host, f.rank)) in slow or f.rate <= 0 < median]  # fmt: skip
+    return [(f, median) for f in findings if f.rate <= 0 or rate[peer(f)] < SLOW_FRACTION * median]
 
 
 def bus_bandwidth(nbytes: int, seconds: float, world: int) -> float:
